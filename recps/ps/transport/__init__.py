@@ -1,0 +1,25 @@
+"""Moving tensors between processes: ZeroMQ with raw frames, a typed header, a cluster token.
+
+Layer L0, a sibling of recps.ps.table: neither imports the other. recps.ps.node builds the
+parameter server's verbs (pull, push, barrier, ...) on top of `TransportServer` and `TransportClient`.
+The wire format is in `wire`; nothing received is unpickled.
+"""
+
+from recps.ps.transport.client import Handle, Reply, TransportClient, wait_all
+from recps.ps.transport.server import PING, Handler, TransportServer
+from recps.ps.transport.wire import DTYPE_CODES, TOKEN_ENV, Status, WireError, resolve_token
+
+__all__ = [
+    "TransportServer",
+    "TransportClient",
+    "Handle",
+    "Handler",
+    "Reply",
+    "wait_all",
+    "PING",
+    "Status",
+    "WireError",
+    "DTYPE_CODES",
+    "TOKEN_ENV",
+    "resolve_token",
+]

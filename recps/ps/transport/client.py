@@ -1,0 +1,303 @@
+"""TransportClient: sends requests to S servers and returns handles to wait on.
+
+Contract (ps-lite style):
+
+- `request(server, verb, table, tensors, meta)` queues the request and returns a `Handle` at
+  once; many requests may be in flight, to one server or to all of them (fan out, then wait).
+- `Handle.wait(timeout)` blocks until the reply arrives and returns a `Reply(tensors, meta)`,
+  or raises: PSError for an error reply (handler error, token mismatch, malformed request),
+  PSTimeoutError after `timeout` seconds, naming the server, the verb, the table and the key
+  count (the length of the request's first tensor). A timed-out request is abandoned: its late
+  reply is dropped and later waits on the handle raise the same error.
+- Thread-safe: each calling thread gets its own sockets (one DEALER per server), created on its
+  first request, so threads never contend for a socket and a reply needs no hop through a helper
+  thread. A handle may be waited on from another thread (its owner's sockets are then borrowed
+  under a lock), which delays the owner's next request until that wait returns.
+- Tensors are sent without a copy (64 KiB and more): do not modify them before the reply arrives.
+  Reply tensors share memory with the received message (no copy) and are writable.
+- Only requests fail on a dead server; detect one with `ping(server, timeout)`.
+
+>>> import torch
+>>> from recps.ps.transport import TransportServer
+>>> rows = torch.arange(12.0).view(6, 2)                           # (rows, D) the server's table
+>>> pull = lambda verb, table, tensors, meta: [rows[tensors[0]]]   # (K, D)
+>>> with TransportServer(pull, token="t") as s0, TransportServer(pull, token="t") as s1, \\
+...         TransportClient([s0.endpoint, s1.endpoint], token="t", timeout_s=5.0) as client:
+...     handles = [client.request(i, "pull", "emb", [torch.tensor([i, 5])]) for i in range(2)]
+...     [r.tensors[0].tolist() for r in wait_all(handles)]
+[[[0.0, 1.0], [10.0, 11.0]], [[2.0, 3.0], [10.0, 11.0]]]
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import torch
+import zmq
+
+from recps.errors import PSError, PSTimeoutError
+from recps.ps.transport import wire
+from recps.ps.transport.server import PING
+from recps.ps.transport.wire import MetaValue, Status
+
+__all__ = ["TransportClient", "Handle", "Reply", "wait_all"]
+
+logger = logging.getLogger(__name__)
+
+_SLICE_S = 0.05  # a borrowed channel is released this often while a wait polls it
+_SNDHWM = 10_000  # requests queued to one unreachable server before request() refuses more
+
+
+@dataclass
+class Reply:
+    """A server's answer: the handler's tensors and meta."""
+
+    tensors: list[torch.Tensor] = field(default_factory=list)
+    meta: dict[str, MetaValue] = field(default_factory=dict)
+
+
+class Handle:
+    """One request in flight. `wait(timeout)` returns its Reply or raises; see the module docstring."""
+
+    __slots__ = ("server", "endpoint", "verb", "table", "num_keys", "request_id", "_channel", "_event", "_reply", "_error", "_timeout_s")
+
+    def __init__(self, channel: "_Channel", server: int, endpoint: str, verb: str, table: str, num_keys: int, rid: int, timeout_s: float):
+        self.server, self.endpoint, self.verb, self.table = server, endpoint, verb, table
+        self.num_keys, self.request_id = num_keys, rid
+        self._channel = channel
+        self._event = threading.Event()
+        self._reply: Reply | None = None
+        self._error: PSError | None = None
+        self._timeout_s = timeout_s
+
+    def done(self) -> bool:
+        """Whether the reply (or an error) is in; never blocks beyond a zero-timeout poll."""
+        if not self._event.is_set() and self._channel.lock.acquire(blocking=False):
+            try:
+                self._channel.pump(self, time.monotonic())
+            finally:
+                self._channel.lock.release()
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> Reply:
+        """The reply, within `timeout` seconds (default: the client's timeout_s)."""
+        timeout = self._timeout_s if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        channel = self._channel
+        while not self._event.is_set():
+            if channel.lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                try:
+                    if channel.client._closed:
+                        self._fail(PSError(f"the transport client was closed while {self.verb} to {self.endpoint} was in flight"))
+                    elif not self._event.is_set():
+                        channel.pump(self, deadline)
+                        if not self._event.is_set() and time.monotonic() >= deadline:
+                            self._fail(self._timeout_error(timeout))
+                finally:
+                    channel.lock.release()
+            elif not self._event.is_set():
+                # Another thread held this channel until our deadline; it may still complete us.
+                with channel.lock:
+                    if not self._event.is_set():
+                        self._fail(self._timeout_error(timeout))
+        if self._error is not None:
+            raise self._error
+        return self._reply
+
+    def _timeout_error(self, timeout: float) -> PSTimeoutError:
+        return PSTimeoutError(
+            f"server {self.endpoint} did not answer {self.verb} on table {self.table!r} "
+            f"({self.num_keys} keys) within {timeout:g} s; is it alive? (ping it, or raise the timeout)"
+        )
+
+    def _fail(self, error: PSError) -> None:
+        """Abandon the request (channel lock held): its late reply will be dropped."""
+        self._channel.pending.pop(self.request_id, None)
+        self._error = error
+        self._event.set()
+
+    def _complete(self, msg: wire.Message) -> None:
+        if msg.status == Status.OK:
+            self._reply = Reply(msg.tensors, msg.meta)
+        elif msg.status == Status.TOKEN_MISMATCH:
+            self._error = PSError(f"server {self.endpoint} refused {self.verb} on table {self.table!r}: {msg.text}")
+        else:
+            self._error = PSError(f"server {self.endpoint} failed {self.verb} on table {self.table!r} ({self.num_keys} keys): {msg.text}")
+        self._event.set()
+
+    def __repr__(self) -> str:
+        state = "done" if self._event.is_set() else "pending"
+        return f"Handle({self.verb} {self.table!r} {self.num_keys} keys -> {self.endpoint}, {state})"
+
+
+def wait_all(handles: Sequence[Handle], timeout: float | None = None) -> list[Reply]:
+    """The replies of `handles` in order, all within one `timeout` (default: each handle's client timeout).
+
+    Raises the first error met, after which the remaining handles are left to their own waits.
+    """
+    if timeout is None:
+        return [h.wait() for h in handles]
+    deadline = time.monotonic() + timeout
+    return [h.wait(max(0.0, deadline - time.monotonic())) for h in handles]
+
+
+class _Channel:
+    """One thread's sockets (a DEALER per server) and the requests it has in flight."""
+
+    def __init__(self, client: "TransportClient") -> None:
+        self.client = client
+        self.lock = threading.Lock()
+        self.sockets: dict[int, zmq.Socket] = {}
+        self.poller = zmq.Poller()
+        self.pending: dict[int, Handle] = {}
+
+    def socket(self, server: int) -> zmq.Socket:
+        sock = self.sockets.get(server)
+        if sock is None:
+            sock = self.client._ctx.socket(zmq.DEALER)
+            sock.linger = 0
+            sock.sndhwm = _SNDHWM
+            sock.connect(self.client.endpoints[server])
+            self.sockets[server] = sock
+            self.poller.register(sock, zmq.POLLIN)
+        return sock
+
+    def pump(self, target: Handle, deadline: float) -> None:
+        """Receive replies, completing their handles, until `target` is done, `deadline` passes or
+        one slice ends (the caller holds the lock and releases it between slices)."""
+        end = min(deadline, time.monotonic() + _SLICE_S)
+        while True:
+            ms = max(0.0, end - time.monotonic()) * 1000
+            for sock, _ in self.poller.poll(ms):
+                self._drain(sock)
+            if target._event.is_set() or time.monotonic() >= end:
+                return
+
+    def _drain(self, sock: zmq.Socket) -> None:
+        while True:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                msg = wire.decode(frames)
+            except wire.WireError as e:
+                rid = wire.peek_request_id(frames[0])
+                handle = self.pending.pop(rid, None) if rid is not None else None
+                logger.warning("malformed reply from %s: %s", handle.endpoint if handle else "a server", e)
+                if handle is not None:
+                    handle._error = PSError(f"server {handle.endpoint} sent a malformed reply to {handle.verb}: {e}")
+                    handle._event.set()
+                continue
+            handle = self.pending.pop(msg.request_id, None)
+            if handle is None:
+                logger.debug("dropped a late reply (request %d)", msg.request_id)
+                continue
+            handle._complete(msg)
+
+    def close(self) -> None:
+        for sock in self.sockets.values():
+            sock.close()
+        self.sockets.clear()
+
+
+class TransportClient:
+    """Talks to the servers at `endpoints` (index = server id). Thread-safe.
+
+    Args:
+        endpoints: ZeroMQ endpoints of the servers ("tcp://127.0.0.1:40123", "ipc:///tmp/s0.sock").
+        token: the cluster token (str or bytes); None reads $RECPS_CLUSTER_TOKEN.
+        timeout_s: default timeout of Handle.wait and ping.
+    """
+
+    def __init__(self, endpoints: Sequence[str], token: str | bytes | None = None, timeout_s: float = 30.0) -> None:
+        if not endpoints:
+            raise ValueError("no server endpoints; pass at least one, e.g. ['tcp://127.0.0.1:7000']")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s={timeout_s}; a positive number of seconds is needed")
+        self.endpoints = list(endpoints)
+        self.timeout_s = float(timeout_s)
+        self._digest = wire.token_digest(token)
+        self._ctx = zmq.Context()
+        self._local = threading.local()
+        self._channels: list[_Channel] = []
+        self._channels_lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._closed = False
+
+    def _channel(self) -> _Channel:
+        channel = getattr(self._local, "channel", None)
+        if channel is None:
+            channel = self._local.channel = _Channel(self)
+            with self._channels_lock:
+                self._channels.append(channel)
+        return channel
+
+    def request(
+        self,
+        server: int,
+        verb: str,
+        table: str = "",
+        tensors: Sequence[torch.Tensor] = (),
+        meta: Mapping[str, MetaValue] | None = None,
+    ) -> Handle:
+        """Send `verb` for `table` with `tensors` and `meta` to server `server`; returns at once."""
+        if self._closed:
+            raise PSError("the transport client is closed; create a new one")
+        if not 0 <= server < len(self.endpoints):
+            raise ValueError(f"server {server} out of range; this client knows {len(self.endpoints)} servers")
+        if not verb or (verb.startswith("__") and verb != PING):
+            raise ValueError(f"verb {verb!r} is empty or reserved (names starting with '__' belong to the transport)")
+        rid = next(self._ids)
+        frames = wire.encode(wire.REQUEST, rid, verb=verb, text=table, tensors=tensors, meta=meta, token_digest=self._digest)
+        num_keys = int(tensors[0].shape[0]) if len(tensors) and tensors[0].dim() else 0
+        channel = self._channel()
+        handle = Handle(channel, server, self.endpoints[server], verb, table, num_keys, rid, self.timeout_s)
+        with channel.lock:
+            sock = channel.socket(server)
+            channel.pending[rid] = handle
+            try:
+                sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                del channel.pending[rid]
+                raise PSError(
+                    f"server {self.endpoints[server]}: {_SNDHWM} requests queued and unanswered; "
+                    "it is unreachable or overloaded"
+                ) from None
+        return handle
+
+    def call(self, server: int, verb: str, table: str = "", tensors: Sequence[torch.Tensor] = (),
+             meta: Mapping[str, MetaValue] | None = None, timeout: float | None = None) -> Reply:
+        """request(...).wait(timeout)."""
+        return self.request(server, verb, table, tensors, meta).wait(timeout)
+
+    def ping(self, server: int, timeout: float | None = None) -> float:
+        """Round-trip seconds of an empty request answered by server `server`'s handler threads.
+
+        Raises PSTimeoutError if it does not answer within `timeout`, PSError if it refuses the token.
+        """
+        start = time.perf_counter()
+        self.request(server, PING).wait(timeout)
+        return time.perf_counter() - start
+
+    def close(self) -> None:
+        """Close every socket; call once no thread uses the client any more. Pending handles time out."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._channels_lock:
+            for channel in self._channels:
+                with channel.lock:
+                    channel.close()
+        self._ctx.term()
+
+    def __enter__(self) -> "TransportClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,299 @@
+"""TransportServer: answers requests from TransportClients with a handler, on several threads.
+
+    clients (DEALER) --tcp/ipc--> ROUTER  [front thread]  --queue--> handler threads (num_threads)
+                                  ROUTER <--inproc PUSH/PULL--------  each reply
+
+The front thread only moves messages (zero-copy); handler threads decode, check the token,
+call `handler` and encode the reply, so requests are served concurrently (the handler must be
+thread-safe). A malformed or unauthenticated request gets an error reply; it never reaches the
+handler and never stops the server.
+
+Handler contract:
+
+    handler(verb: str, table: str, tensors: list[Tensor], meta: dict[str, int | float | bool | str])
+        -> list[Tensor]  |  (list[Tensor], meta dict)  |  None (no tensors)
+        |  a concurrent.futures.Future resolving to one of these (a deferred reply: the handler
+           thread is released at once, the reply leaves when the future completes; use it for
+           verbs that wait on other clients, such as a barrier or a synchronous push)
+
+The request's tensors may share memory with the received message; the handler may keep them.
+The tensors it returns are sent without a copy: it must not modify them afterwards
+(return a fresh tensor or a slice it will not write to). An exception raised by the handler
+(or set on its future) becomes an error reply "<Type>: <message>" that the client raises as PSError.
+"""
+
+from __future__ import annotations
+
+import hmac
+import itertools
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from typing import Callable, Mapping, Sequence
+
+import torch
+import zmq
+
+from recps.errors import PSError
+from recps.ps.transport import wire
+from recps.ps.transport.wire import Status
+
+__all__ = ["TransportServer", "Handler", "PING"]
+
+logger = logging.getLogger(__name__)
+
+PING = "__ping__"  # answered by the transport itself; verbs starting with "__" are reserved
+
+Handler = Callable[[str, str, list, dict], object]
+
+_server_ids = itertools.count()
+_POLL_MS = 1000  # the front thread re-checks its stop flag at least this often
+
+
+def _endpoint(bind: str, port: int) -> str:
+    """The endpoint to bind, from a host and port (0 = any free port) or a full ZeroMQ endpoint."""
+    if "://" in bind:
+        return bind
+    return f"tcp://{bind}:{port if port else '*'}"  # "*": the OS picks a free port
+
+
+class TransportServer:
+    """Serves one handler on one endpoint. Thread-safe handler required when num_threads > 1.
+
+    Args:
+        handler: see the module docstring.
+        token: the cluster token (str or bytes); None reads $RECPS_CLUSTER_TOKEN. Every request
+            must carry the same token, else it is refused with Status.TOKEN_MISMATCH.
+        bind: a host to bind on TCP ("127.0.0.1", the default, accepts local clients only), or a
+            full ZeroMQ endpoint ("tcp://10.0.0.5:7000", "ipc:///tmp/recps-s0.sock").
+        port: TCP port when `bind` is a host; 0 picks a free one (read `endpoint` after start()).
+        num_threads: handler threads serving requests concurrently.
+
+    >>> import torch
+    >>> from recps.ps.transport import TransportClient
+    >>> double = lambda verb, table, tensors, meta: [tensors[0] * 2]
+    >>> with TransportServer(double, token="t") as server, TransportClient([server.endpoint], "t") as client:
+    ...     client.request(0, "pull", "emb", [torch.arange(3)]).wait(5.0).tensors[0].tolist()
+    [0, 2, 4]
+    """
+
+    def __init__(
+        self,
+        handler: Handler,
+        token: str | bytes | None = None,
+        bind: str = "127.0.0.1",
+        port: int = 0,
+        num_threads: int = 2,
+    ) -> None:
+        if num_threads < 1:
+            raise ValueError(f"num_threads={num_threads}; at least 1 handler thread is needed")
+        self._handler = handler
+        self._digest = wire.token_digest(token)
+        self._bind = _endpoint(bind, port)
+        self._num_threads = num_threads
+        self._name = f"recps-server-{next(_server_ids)}"
+        self._ctx: zmq.Context | None = None
+        self._endpoint: str | None = None
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._stopping = threading.Event()
+
+    @property
+    def endpoint(self) -> str:
+        """The endpoint clients connect to, e.g. "tcp://127.0.0.1:40123" (known after start())."""
+        if self._endpoint is None:
+            raise PSError(f"server on {self._bind} has no endpoint yet; call start() first")
+        return self._endpoint
+
+    def start(self) -> "TransportServer":
+        """Bind and start serving; raises PSError if the endpoint cannot be bound."""
+        if self._ctx is not None:
+            raise PSError(f"server {self._endpoint} already started")
+        ctx = zmq.Context()
+        router = ctx.socket(zmq.ROUTER)
+        router.linger = 0
+        try:
+            router.bind(self._bind)
+            self._endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
+        except zmq.ZMQError as e:
+            router.close()
+            ctx.term()
+            raise PSError(f"cannot bind server to {self._bind}: {e}; pick another port or address") from None
+        replies = ctx.socket(zmq.PULL)
+        replies.linger = 0
+        replies.rcvhwm = 0
+        replies.bind(f"inproc://{self._name}-replies")
+        control = ctx.socket(zmq.PULL)
+        control.linger = 0
+        control.bind(f"inproc://{self._name}-control")
+        self._ctx = ctx
+        # Sockets created here move to the front thread; Thread.start() is the memory barrier zmq asks for.
+        front = threading.Thread(target=self._front, args=(router, replies, control), name=f"{self._name}-front", daemon=True)
+        self._threads = [front] + [
+            threading.Thread(target=self._work, name=f"{self._name}-handler-{i}", daemon=True)
+            for i in range(self._num_threads)
+        ]
+        for t in self._threads:
+            t.start()
+        logger.info("server listening on %s with %d handler threads", self._endpoint, self._num_threads)
+        return self
+
+    def stop(self, timeout: float = 5.0) -> bool:
+        """Stop serving; in-flight requests may go unanswered. True if every thread ended within `timeout`."""
+        if self._ctx is None or self._stopping.is_set():
+            return True
+        self._stopping.set()
+        ctl = self._ctx.socket(zmq.PUSH)
+        ctl.linger = 0
+        ctl.connect(f"inproc://{self._name}-control")
+        try:
+            ctl.send(b"stop", zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # the front thread also polls the stop flag
+        ctl.close()
+        for _ in range(self._num_threads):
+            self._queue.put(None)
+        deadline = time.monotonic() + timeout
+        clean = True
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+            clean &= not t.is_alive()
+        if clean:
+            self._ctx.term()
+        else:
+            # A handler is still running: terminating the context would block until it returns.
+            logger.warning("server %s: a handler did not return within %.1fs; its threads are left behind", self._endpoint, timeout)
+        logger.info("server %s stopped", self._endpoint)
+        return clean
+
+    def __enter__(self) -> "TransportServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- front thread: move messages between the network and the handler threads --------------
+
+    def _front(self, router: zmq.Socket, replies: zmq.Socket, control: zmq.Socket) -> None:
+        poller = zmq.Poller()
+        for s in (router, replies, control):
+            poller.register(s, zmq.POLLIN)
+        try:
+            while not self._stopping.is_set():
+                events = dict(poller.poll(_POLL_MS))
+                if control in events:
+                    break
+                if router in events:
+                    while True:
+                        try:
+                            self._queue.put(router.recv_multipart(zmq.NOBLOCK, copy=False))  # [identity, *frames]
+                        except zmq.Again:
+                            break
+                if replies in events:
+                    while True:
+                        try:
+                            frames = replies.recv_multipart(zmq.NOBLOCK, copy=False)
+                        except zmq.Again:
+                            break
+                        # ROUTER drops (never blocks on) a reply to a peer that left or is full.
+                        router.send_multipart(frames, zmq.NOBLOCK, copy=False)
+        except Exception:  # noqa: BLE001 - the thread must close its sockets whatever happened
+            logger.exception("server %s: front thread failed", self._endpoint)
+            self._stopping.set()
+            for _ in range(self._num_threads):
+                self._queue.put(None)
+        finally:
+            for s in (router, replies, control):
+                s.close()
+
+    # -- handler threads ----------------------------------------------------------------------
+
+    def _work(self) -> None:
+        out = self._ctx.socket(zmq.PUSH)
+        out.linger = 0
+        out.sndhwm = 0  # unbounded: a reply is never dropped while the front thread runs
+        out.connect(f"inproc://{self._name}-replies")
+        try:
+            while True:
+                item = self._queue.get()  # a None per thread comes from stop()
+                if item is None or self._stopping.is_set():
+                    return  # requests still queued at stop go unanswered
+                if isinstance(item, tuple):  # a deferred reply whose future completed
+                    identity, rid, verb, table, future = item
+                    reply = self._deferred_reply(rid, verb, table, future)
+                else:
+                    identity = item[0]
+                    reply = self._serve(identity, item[1:])
+                if reply is None:
+                    continue
+                try:
+                    out.send_multipart([identity, *reply], zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    logger.debug("server %s: reply dropped, the server is stopping", self._endpoint)
+        finally:
+            out.close()
+
+    def _serve(self, identity, frames: Sequence) -> list | None:
+        """The reply frames to one request, or None when the handler deferred it."""
+        try:
+            msg = wire.decode(frames)
+            if msg.kind != wire.REQUEST:
+                raise wire.WireError(f"message kind {msg.kind} sent to a server; requests are kind {wire.REQUEST}")
+        except wire.WireError as e:
+            rid = wire.peek_request_id(frames[0]) if frames else None
+            status = Status.VERSION_MISMATCH if "protocol version" in str(e) else Status.BAD_MESSAGE
+            logger.warning("server %s: rejected a malformed message: %s", self._endpoint, e)
+            return _error(rid or 0, status, f"malformed request: {e}")
+        if not _same(msg.token_digest, self._digest):
+            logger.warning("server %s: refused %s on %r: token mismatch", self._endpoint, msg.verb, msg.text)
+            return _error(
+                msg.request_id,
+                Status.TOKEN_MISMATCH,
+                f"token mismatch; set the same {wire.TOKEN_ENV} / cluster.token on every process",
+            )
+        if msg.verb == PING:
+            return wire.encode(wire.REPLY, msg.request_id)
+        try:
+            result = self._handler(msg.verb, msg.text, msg.tensors, msg.meta)
+            if isinstance(result, Future):
+                deferred = (identity, msg.request_id, msg.verb, msg.text)
+                result.add_done_callback(lambda f: self._queue.put((*deferred, f)))
+                return None
+            return _reply(msg.request_id, result)
+        except Exception as e:  # noqa: BLE001 - every handler error goes back to the client
+            return _handler_error(self._endpoint, msg.request_id, msg.verb, msg.text, e)
+
+    def _deferred_reply(self, rid: int, verb: str, table: str, future: Future) -> list:
+        try:
+            return _reply(rid, future.result(timeout=0))
+        except Exception as e:  # noqa: BLE001
+            return _handler_error(self._endpoint, rid, verb, table, e)
+
+
+def _same(a: bytes, b: bytes) -> bool:
+    return hmac.compare_digest(a, b)
+
+
+def _reply(rid: int, result) -> list:
+    meta: Mapping | None = None
+    if result is None:
+        tensors: Sequence[torch.Tensor] = ()
+    elif isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], Mapping):
+        tensors, meta = result
+    elif isinstance(result, torch.Tensor):
+        raise TypeError("the handler returned a Tensor; return a list of tensors")
+    else:
+        tensors = result
+    return wire.encode(wire.REPLY, rid, tensors=list(tensors), meta=meta)
+
+
+def _error(rid: int, status: Status, text: str) -> list:
+    return wire.encode(wire.REPLY, rid, status=status, text=text[: wire.MAX_TEXT_BYTES // 4])
+
+
+def _handler_error(endpoint, rid: int, verb: str, table: str, e: Exception) -> list:
+    logger.warning("server %s: %s on %r failed: %s: %s", endpoint, verb, table, type(e).__name__, e)
+    logger.debug("handler traceback", exc_info=e)
+    return _error(rid, Status.HANDLER_ERROR, f"{type(e).__name__}: {e}")

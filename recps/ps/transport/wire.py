@@ -1,0 +1,358 @@
+"""The wire format: how a request or reply travels as one multipart ZeroMQ message.
+
+    frame 0   header   fixed part (_FIXED) + one descriptor per tensor: dtype code u8, ndim u8, ndim x u64
+    frame 1   verb     UTF-8 ("pull", "push", ...; empty in replies)
+    frame 2   text     UTF-8: the table name in a request, the error message in an error reply
+    frame 3   meta     a flat dict[str, int | float | bool | str] in a tiny binary encoding (_encode_meta)
+    frame 4+  tensors  the raw bytes of each tensor, C order, little-endian, one frame per tensor
+
+Fixed header, little-endian, 34 bytes: magic b"RCPS", version u8, kind u8 (1 request, 2 reply),
+status u16 (`Status`), request id u64, token digest 16 bytes (zeros in replies), tensor count u16.
+
+Nothing received is unpickled or evaluated. `decode` checks the magic, the version, the frame count,
+every length, every dtype code and that each tensor frame holds exactly numel x itemsize bytes;
+anything else raises `WireError`. Tensor frames become tensors without a copy
+(np.frombuffer -> torch.from_numpy) when the frame's address suits the dtype's alignment;
+small frames, which ZeroMQ stores unaligned inside the message struct, are copied.
+
+Sending is zero-copy too (frames of 64 KiB and more): a tensor passed to `encode` must not be
+modified until the message has left, i.e. until the reply to the request has arrived.
+
+Only little-endian hosts are supported (x86-64, aarch64), as the tensor bytes travel as they lie in memory.
+
+>>> import torch
+>>> frames = encode(REQUEST, 7, verb="pull", text="emb", tensors=[torch.arange(3)], meta={"step": 2},
+...                 token_digest=token_digest("secret"))
+>>> msg = decode(frames)
+>>> (msg.kind, msg.request_id, msg.verb, msg.text, msg.meta, msg.tensors[0].tolist())
+(1, 7, 'pull', 'emb', {'step': 2}, [0, 1, 2])
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import struct
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Mapping, Sequence
+
+import numpy as np
+import torch
+
+from recps.errors import ConfigError, PSError
+
+__all__ = [
+    "MAGIC",
+    "VERSION",
+    "REQUEST",
+    "REPLY",
+    "Status",
+    "WireError",
+    "Message",
+    "DTYPE_CODES",
+    "MetaValue",
+    "encode",
+    "decode",
+    "peek_request_id",
+    "token_digest",
+    "resolve_token",
+    "TOKEN_ENV",
+]
+
+MAGIC = b"RCPS"
+VERSION = 1
+REQUEST = 1
+REPLY = 2
+TOKEN_ENV = "RECPS_CLUSTER_TOKEN"
+
+_FIXED = struct.Struct("<4sBBHQ16sH")  # magic, version, kind, status, request id, token digest, n tensors
+_DIM = struct.Struct("<Q")
+_NO_TOKEN = bytes(16)
+
+# Bounds on what a peer may declare, so that a malformed header cannot make us allocate or loop much.
+MAX_TENSORS = 256
+MAX_NDIM = 8
+MAX_DIM = 1 << 48
+MAX_TEXT_BYTES = 1 << 16
+MAX_META_ENTRIES = 256
+
+MetaValue = int | float | bool | str
+
+
+class Status(IntEnum):
+    """Status of a reply. Requests carry OK."""
+
+    OK = 0
+    HANDLER_ERROR = 1  # the server's handler raised; text holds "<Type>: <message>"
+    BAD_MESSAGE = 2  # the request did not parse; text says why
+    TOKEN_MISMATCH = 3  # the request's token digest differs from the server's
+    VERSION_MISMATCH = 4  # the request speaks another protocol version
+
+
+class WireError(PSError):
+    """A message does not follow the wire format (sent by a foreign or broken peer)."""
+
+
+# code -> (torch dtype, numpy dtype the bytes are read as); bfloat16 travels as int16 bits.
+_DTYPES: dict[int, tuple[torch.dtype, np.dtype]] = {
+    1: (torch.float32, np.dtype("<f4")),
+    2: (torch.float16, np.dtype("<f2")),
+    3: (torch.bfloat16, np.dtype("<i2")),
+    4: (torch.float64, np.dtype("<f8")),
+    5: (torch.int64, np.dtype("<i8")),
+    6: (torch.int32, np.dtype("<i4")),
+    7: (torch.int16, np.dtype("<i2")),
+    8: (torch.int8, np.dtype("i1")),
+    9: (torch.uint8, np.dtype("u1")),
+}
+DTYPE_CODES: dict[torch.dtype, int] = {tdt: code for code, (tdt, _) in _DTYPES.items()}
+
+
+@dataclass
+class Message:
+    """A decoded request or reply. `tensors` may share memory with the received ZeroMQ frames."""
+
+    kind: int
+    request_id: int
+    status: Status = Status.OK
+    verb: str = ""
+    text: str = ""
+    meta: dict[str, MetaValue] = field(default_factory=dict)
+    tensors: list[torch.Tensor] = field(default_factory=list)
+    token_digest: bytes = _NO_TOKEN
+
+
+def resolve_token(token: str | bytes | None) -> bytes:
+    """The cluster token as bytes: `token` if given, else $RECPS_CLUSTER_TOKEN; never empty.
+
+    >>> resolve_token("abc")
+    b'abc'
+    """
+    source = "the token argument"
+    if token is None:
+        token, source = os.environ.get(TOKEN_ENV), f"${TOKEN_ENV}"
+    if isinstance(token, str):
+        token = token.encode("utf-8")
+    if not token:
+        raise ConfigError(
+            f"no cluster token ({source} is empty or unset); set the same {TOKEN_ENV} / "
+            "cluster.token on every server and worker"
+        )
+    return bytes(token)
+
+
+def token_digest(token: str | bytes | None) -> bytes:
+    """A 16-byte digest of the cluster token; requests carry it instead of the token itself."""
+    return hashlib.blake2b(resolve_token(token), digest_size=16, person=b"recps-cluster").digest()
+
+
+def _encode_meta(meta: Mapping[str, MetaValue] | None) -> bytes:
+    """count u16; per entry: key length u8, key, type char, value (q int64, d float64, ? bool, s u32 length + UTF-8)."""
+    if not meta:
+        return b"\x00\x00"
+    if len(meta) > MAX_META_ENTRIES:
+        raise ValueError(f"meta has {len(meta)} entries; at most {MAX_META_ENTRIES} travel")
+    out = [struct.pack("<H", len(meta))]
+    for key, value in meta.items():
+        if not isinstance(key, str):
+            raise TypeError(f"meta key {key!r} is a {type(key).__name__}; keys must be str")
+        kb = key.encode("utf-8")
+        if len(kb) > 255:
+            raise ValueError(f"meta key {key[:40]!r}... is {len(kb)} bytes; at most 255")
+        out.append(struct.pack("<B", len(kb)) + kb)
+        if isinstance(value, bool):
+            out.append(b"?" + struct.pack("<B", value))
+        elif isinstance(value, (int, np.integer)):
+            if not -(1 << 63) <= int(value) < (1 << 63):
+                raise ValueError(f"meta[{key!r}]={value} does not fit in int64")
+            out.append(b"q" + struct.pack("<q", int(value)))
+        elif isinstance(value, (float, np.floating)):
+            out.append(b"d" + struct.pack("<d", float(value)))
+        elif isinstance(value, str):
+            vb = value.encode("utf-8")
+            if len(vb) > MAX_TEXT_BYTES:
+                raise ValueError(f"meta[{key!r}] is {len(vb)} bytes of text; at most {MAX_TEXT_BYTES}")
+            out.append(b"s" + struct.pack("<I", len(vb)) + vb)
+        else:
+            raise TypeError(
+                f"meta[{key!r}] is a {type(value).__name__}; meta values must be int, float, bool or str "
+                "(send arrays as tensors)"
+            )
+    return b"".join(out)
+
+
+def _decode_meta(buf: memoryview) -> dict[str, MetaValue]:
+    n = len(buf)
+    if n < 2:
+        raise WireError(f"meta frame has {n} bytes; at least 2 expected")
+    (count,) = struct.unpack_from("<H", buf, 0)
+    if count > MAX_META_ENTRIES:
+        raise WireError(f"meta declares {count} entries; at most {MAX_META_ENTRIES}")
+    meta: dict[str, MetaValue] = {}
+    pos = 2
+    try:
+        for _ in range(count):
+            (klen,) = struct.unpack_from("<B", buf, pos)
+            if pos + 1 + klen > n:
+                raise WireError(f"meta key declares {klen} bytes past the frame's end")
+            key = bytes(buf[pos + 1 : pos + 1 + klen]).decode("utf-8")
+            pos += 1 + klen
+            kind = bytes(buf[pos : pos + 1])
+            pos += 1
+            if kind == b"q":
+                (meta[key],) = struct.unpack_from("<q", buf, pos)
+                pos += 8
+            elif kind == b"d":
+                (meta[key],) = struct.unpack_from("<d", buf, pos)
+                pos += 8
+            elif kind == b"?":
+                (flag,) = struct.unpack_from("<B", buf, pos)
+                if flag > 1:
+                    raise WireError(f"meta[{key!r}] bool byte is {flag}; 0 or 1 expected")
+                meta[key] = bool(flag)
+                pos += 1
+            elif kind == b"s":
+                (vlen,) = struct.unpack_from("<I", buf, pos)
+                if pos + 4 + vlen > n:
+                    raise WireError(f"meta[{key!r}] declares {vlen} bytes of text past the frame's end")
+                meta[key] = bytes(buf[pos + 4 : pos + 4 + vlen]).decode("utf-8")
+                pos += 4 + vlen
+            else:
+                raise WireError(f"meta[{key!r}] has unknown type code {kind!r}")
+    except struct.error as e:
+        raise WireError(f"meta frame is truncated ({n} bytes): {e}") from None
+    except UnicodeDecodeError as e:
+        raise WireError(f"meta text is not UTF-8: {e}") from None
+    if pos != n:
+        raise WireError(f"meta frame has {n - pos} trailing bytes")
+    return meta
+
+
+def _tensor_buffer(i: int, t: torch.Tensor) -> tuple[bytes, object]:
+    """(descriptor, buffer) of one tensor; the buffer shares the tensor's memory when it is contiguous."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"tensor {i} is a {type(t).__name__}; send torch.Tensors (meta holds scalars)")
+    code = DTYPE_CODES.get(t.dtype)
+    if code is None:
+        supported = ", ".join(str(d).removeprefix("torch.") for d in DTYPE_CODES)
+        raise TypeError(f"tensor {i} has dtype {t.dtype}; the transport carries {supported}")
+    if t.device.type != "cpu":
+        raise ValueError(f"tensor {i} is on {t.device}; move it to the CPU before sending")
+    if t.dim() > MAX_NDIM:
+        raise ValueError(f"tensor {i} has {t.dim()} dims; at most {MAX_NDIM} travel")
+    flat = t.detach().contiguous().reshape(-1)  # (numel,)
+    if flat.dtype == torch.bfloat16:
+        flat = flat.view(torch.int16)  # numpy has no bfloat16; the bits travel as int16
+    desc = struct.pack("<BB", code, t.dim()) + b"".join(_DIM.pack(d) for d in t.shape)
+    return desc, memoryview(flat.numpy()).cast("B")
+
+
+def encode(
+    kind: int,
+    request_id: int,
+    *,
+    verb: str = "",
+    text: str = "",
+    tensors: Sequence[torch.Tensor] = (),
+    meta: Mapping[str, MetaValue] | None = None,
+    status: Status = Status.OK,
+    token_digest: bytes = _NO_TOKEN,
+) -> list:
+    """The frames of one message (bytes and memoryviews, ready for send_multipart(copy=False))."""
+    if len(tensors) > MAX_TENSORS:
+        raise ValueError(f"{len(tensors)} tensors in one message; at most {MAX_TENSORS}")
+    verb_b, text_b = verb.encode("utf-8"), text.encode("utf-8")
+    if len(text_b) > MAX_TEXT_BYTES or len(verb_b) > 255:
+        raise ValueError(f"verb {verb[:40]!r} or text {text[:40]!r} too long (255 / {MAX_TEXT_BYTES} bytes)")
+    descs, bufs = [], []
+    for i, t in enumerate(tensors):
+        desc, buf = _tensor_buffer(i, t)
+        descs.append(desc)
+        bufs.append(buf)
+    header = _FIXED.pack(MAGIC, VERSION, kind, int(status), request_id, token_digest, len(bufs)) + b"".join(descs)
+    return [header, verb_b, text_b, _encode_meta(meta), *bufs]
+
+
+def peek_request_id(frame0) -> int | None:
+    """The request id of a header frame from a peer that speaks this version, else None."""
+    buf = _buffer(frame0)
+    if len(buf) < _FIXED.size:
+        return None
+    magic, version, _kind, _status, rid, _token, _n = _FIXED.unpack_from(buf, 0)
+    return rid if magic == MAGIC and version == VERSION else None
+
+
+def _buffer(frame) -> memoryview:
+    # zmq.Frame (recv copy=False) exposes .buffer; bytes/bytearray/memoryview also accepted (tests, copy=True).
+    buf = getattr(frame, "buffer", frame)
+    buf = buf if isinstance(buf, memoryview) else memoryview(buf)
+    return buf if buf.format == "B" else buf.cast("B")
+
+
+def _text(buf: memoryview, what: str) -> str:
+    if len(buf) > MAX_TEXT_BYTES:
+        raise WireError(f"{what} frame has {len(buf)} bytes; at most {MAX_TEXT_BYTES}")
+    try:
+        return bytes(buf).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise WireError(f"{what} is not UTF-8: {e}") from None
+
+
+def _tensor_from_buffer(i: int, code: int, shape: tuple[int, ...], buf: memoryview) -> torch.Tensor:
+    if code not in _DTYPES:
+        raise WireError(f"tensor {i} has unknown dtype code {code}; known: {sorted(_DTYPES)}")
+    tdt, ndt = _DTYPES[code]
+    expected = math.prod(shape) * ndt.itemsize
+    if len(buf) != expected:
+        raise WireError(f"tensor {i} of shape {list(shape)} and dtype {tdt} needs {expected} bytes; frame has {len(buf)}")
+    arr = np.frombuffer(buf, dtype=ndt)  # (numel,) shares the frame's memory
+    if not (arr.flags.aligned and arr.flags.writeable):
+        arr = arr.copy()  # small frames live unaligned inside the zmq message; copying them is cheap
+    t = torch.from_numpy(arr)
+    if tdt == torch.bfloat16:
+        t = t.view(torch.bfloat16)
+    return t.view(shape)
+
+
+def decode(frames: Sequence) -> Message:
+    """Parse and validate the frames of one message (without a ROUTER identity). Raises WireError."""
+    if len(frames) < 4:
+        raise WireError(f"message has {len(frames)} frames; at least 4 expected (header, verb, text, meta)")
+    head = _buffer(frames[0])
+    if len(head) < _FIXED.size:
+        raise WireError(f"header has {len(head)} bytes; at least {_FIXED.size} expected")
+    magic, version, kind, status, rid, digest, n = _FIXED.unpack_from(head, 0)
+    if magic != MAGIC:
+        raise WireError(f"bad magic {bytes(magic)!r}; expected {MAGIC!r} (not a recps peer)")
+    if version != VERSION:
+        raise WireError(f"protocol version {version}; this process speaks version {VERSION}")
+    if kind not in (REQUEST, REPLY):
+        raise WireError(f"unknown message kind {kind}")
+    try:
+        status = Status(status)
+    except ValueError:
+        raise WireError(f"unknown status code {status}") from None
+    if n > MAX_TENSORS or len(frames) != 4 + n:
+        raise WireError(f"header declares {n} tensors; the message has {len(frames) - 4} tensor frames")
+    shapes, pos = [], _FIXED.size
+    try:
+        for i in range(n):
+            code, ndim = struct.unpack_from("<BB", head, pos)
+            if ndim > MAX_NDIM:
+                raise WireError(f"tensor {i} declares {ndim} dims; at most {MAX_NDIM}")
+            shape = struct.unpack_from(f"<{ndim}Q", head, pos + 2)
+            if any(d > MAX_DIM for d in shape):
+                raise WireError(f"tensor {i} declares shape {list(shape)}; each dim at most {MAX_DIM}")
+            shapes.append((code, shape))
+            pos += 2 + 8 * ndim
+    except struct.error:
+        raise WireError(f"header of {len(head)} bytes is too short for {n} tensor descriptors") from None
+    if pos != len(head):
+        raise WireError(f"header has {len(head) - pos} trailing bytes")
+    verb = _text(_buffer(frames[1]), "verb")
+    text = _text(_buffer(frames[2]), "text")
+    meta = _decode_meta(_buffer(frames[3]))
+    tensors = [_tensor_from_buffer(i, code, shape, _buffer(frames[4 + i])) for i, (code, shape) in enumerate(shapes)]
+    return Message(kind, rid, status, verb, text, meta, tensors, bytes(digest))

@@ -1,0 +1,291 @@
+"""Server and client over real sockets on 127.0.0.1 (free ports), each test bounded in time."""
+
+import threading
+import time
+from concurrent.futures import Future
+
+import pytest
+import torch
+import zmq
+
+from recps.errors import PSError, PSTimeoutError
+from recps.ps.transport import PING, Status, TransportClient, TransportServer, wait_all, wire
+
+pytestmark = pytest.mark.timeout(60)
+
+TOKEN = "test-token"
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8]
+
+
+def echo(verb, table, tensors, meta):
+    return list(tensors), dict(meta, verb=verb, table=table)
+
+
+@pytest.fixture
+def servers():
+    started = []
+
+    def start(handler=echo, **kw):
+        kw.setdefault("token", TOKEN)
+        server = TransportServer(handler, **kw).start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        assert server.stop(timeout=5.0)
+
+
+@pytest.fixture
+def clients():
+    made = []
+
+    def make(endpoints, token=TOKEN, timeout_s=10.0):
+        client = TransportClient(endpoints, token=token, timeout_s=timeout_s)
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        client.close()
+
+
+def test_round_trip_every_dtype_and_shape(servers, clients):
+    server = servers()
+    client = clients([server.endpoint])
+    assert server.endpoint.startswith("tcp://127.0.0.1:")
+    for dtype in DTYPES:
+        tensors = [torch.arange(n, dtype=torch.float64).to(dtype).view(shape) for n, shape in
+                   [(0, (0,)), (0, (0, 16)), (1, ()), (6, (2, 3)), (120, (2, 3, 4, 5)), (4099, (4099,))]]
+        reply = client.call(0, "echo", "emb", tensors, {"dtype": str(dtype)})
+        assert reply.meta == {"dtype": str(dtype), "verb": "echo", "table": "emb"}
+        assert [t.dtype for t in reply.tensors] == [dtype] * len(tensors)
+        for sent, got in zip(tensors, reply.tensors):
+            assert got.shape == sent.shape and torch.equal(got, sent)
+
+
+def test_large_pull_64k_by_64(servers, clients):
+    table = torch.randn(70_000, 64)  # (N, D) the server's rows
+
+    def pull(verb, table_name, tensors, meta):
+        return [table.index_select(0, tensors[0])]  # (K, D)
+
+    client = clients([servers(pull).endpoint])
+    keys = torch.randperm(70_000)[:65_536]  # (K,)
+    (rows,) = client.call(0, "pull", "emb", [keys]).tensors
+    assert rows.shape == (65_536, 64) and torch.equal(rows, table[keys])
+    rows += 1  # reply tensors are writable (they share the received message's memory)
+
+
+def test_concurrent_threads_fan_out_to_two_servers(servers, clients):
+    def scale(verb, table, tensors, meta):
+        time.sleep(0.002)  # let requests overlap on the handler threads
+        return [tensors[0] * meta["factor"]], {"server": meta["server"]}
+
+    ends = [servers(scale, num_threads=4).endpoint for _ in range(2)]
+    client = clients(ends)
+    errors = []
+
+    def train_thread(tid):
+        try:
+            for step in range(30):
+                keys = torch.arange(100) + 1000 * tid + step  # (K,)
+                handles = [client.request(s, "pull", "emb", [keys], {"factor": s + 2, "server": s}) for s in range(2)]
+                for s, reply in enumerate(wait_all(handles, timeout=10.0)):
+                    assert reply.meta == {"server": s}
+                    assert torch.equal(reply.tensors[0], keys * (s + 2))
+        except Exception as e:  # noqa: BLE001 - surfaced in the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=train_thread, args=(t,)) for t in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    assert not any(t.is_alive() for t in threads)
+
+
+def test_requests_are_served_concurrently(servers, clients):
+    # 4 requests of 0.3 s each on 4 handler threads finish in about 0.3 s, not 1.2 s.
+    server = servers(lambda *a: time.sleep(0.3), num_threads=4)
+    client = clients([server.endpoint])
+    start = time.monotonic()
+    wait_all([client.request(0, "slow") for _ in range(4)], timeout=5.0)
+    assert time.monotonic() - start < 0.9
+
+
+def test_handle_waited_from_another_thread(servers, clients):
+    client = clients([servers().endpoint])
+    made = []
+    t = threading.Thread(target=lambda: made.append(client.request(0, "echo", "t", [torch.arange(5)])))
+    t.start()
+    t.join(10)
+    assert torch.equal(made[0].wait(5.0).tensors[0], torch.arange(5))
+
+
+def test_handler_error_becomes_client_exception(servers, clients):
+    def failing(verb, table, tensors, meta):
+        raise KeyError(f"no table {table!r}")
+
+    server = servers(failing)
+    client = clients([server.endpoint])
+    with pytest.raises(PSError, match=r"failed pull on table 'missing' \(3 keys\): KeyError: \"no table 'missing'\"") as e:
+        client.call(0, "pull", "missing", [torch.arange(3)])
+    assert server.endpoint in str(e.value) and not isinstance(e.value, PSTimeoutError)
+    assert client.ping(0, timeout=5.0) > 0  # the server still serves
+
+
+def test_bad_handler_result_becomes_client_exception(servers, clients):
+    client = clients([servers(lambda *a: torch.zeros(2)).endpoint])
+    with pytest.raises(PSError, match="returned a Tensor; return a list"):
+        client.call(0, "pull", "t")
+
+
+def test_deferred_reply_releases_the_handler_thread(servers, clients):
+    # A 2-party barrier on ONE handler thread: the first arrival must not block the thread.
+    lock, waiting = threading.Lock(), []
+
+    def barrier(verb, table, tensors, meta):
+        future = Future()
+        with lock:
+            waiting.append(future)
+            if len(waiting) == 2:
+                for f in waiting:
+                    f.set_result([torch.tensor([len(waiting)])])
+        return future
+
+    client = clients([servers(barrier, num_threads=1).endpoint])
+    first = client.request(0, "barrier")
+    assert not first.done()
+    second = client.request(0, "barrier")
+    assert [r.tensors[0].item() for r in wait_all([first, second], timeout=5.0)] == [2, 2]
+
+
+def test_wrong_token_is_refused(servers, clients):
+    server = servers()
+    client = clients([server.endpoint], token="other-token")
+    for call in (lambda: client.call(0, "pull", "emb", [torch.arange(2)]), lambda: client.ping(0, timeout=5.0)):
+        with pytest.raises(PSError) as e:
+            call()
+        assert not isinstance(e.value, PSTimeoutError)
+        assert server.endpoint in str(e.value)
+        assert "token mismatch; set the same RECPS_CLUSTER_TOKEN / cluster.token on every process" in str(e.value)
+
+
+def test_timeout_against_a_server_that_never_answers(clients):
+    ctx = zmq.Context()
+    silent = ctx.socket(zmq.ROUTER)  # receives, never replies
+    silent.linger = 0
+    port = silent.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        endpoint = f"tcp://127.0.0.1:{port}"
+        client = clients([endpoint])
+        start = time.monotonic()
+        with pytest.raises(PSTimeoutError) as e:
+            client.request(0, "pull", "emb", [torch.arange(8192)]).wait(0.3)
+        assert 0.3 <= time.monotonic() - start < 1.5
+        assert f"server {endpoint} did not answer pull on table 'emb' (8192 keys) within 0.3 s" in str(e.value)
+        with pytest.raises(PSTimeoutError, match=endpoint):
+            client.ping(0, timeout=0.2)
+    finally:
+        silent.close()
+        ctx.term()
+
+
+def test_timeout_against_a_stopped_server_then_late_reply_is_dropped(servers, clients):
+    gate = threading.Event()
+    slow = servers(lambda verb, *a: gate.wait(5.0) and [torch.tensor([1])] if verb == "slow" else [torch.tensor([2])])
+    client = clients([slow.endpoint])
+    handle = client.request(0, "slow", "t")
+    with pytest.raises(PSTimeoutError):
+        handle.wait(0.2)
+    gate.set()  # its late reply arrives now and must not be mistaken for the next one
+    assert client.call(0, "fast", "t").tensors[0].tolist() == [2]
+    with pytest.raises(PSTimeoutError):
+        handle.wait(1.0)  # a timed-out request stays failed
+
+    endpoint = slow.endpoint
+    assert slow.stop(timeout=5.0)
+    start = time.monotonic()
+    with pytest.raises(PSTimeoutError, match=endpoint):
+        client.call(0, "pull", "t", [torch.arange(3)], timeout=0.3)
+    assert time.monotonic() - start < 1.5
+
+
+def test_malformed_frames_from_a_raw_socket_do_not_kill_the_server(servers, clients):
+    calls = []
+    server = servers(lambda verb, table, tensors, meta: calls.append(verb) or [])
+    good = wire.encode(wire.REQUEST, 77, verb="pull", text="t", tensors=[torch.arange(4)], token_digest=wire.token_digest(TOKEN))
+    good = [bytes(f) for f in good]
+    head = good[0]
+    garbage = [
+        [b"hello"],
+        [b""],
+        [b"GET / HTTP/1.1\r\n\r\n"],
+        [b"XXXX" + head[4:], *good[1:]],
+        [head[:4] + bytes([9]) + head[5:], *good[1:]],  # another protocol version
+        [head, *good[1:4], good[4][:-3]],  # tensor bytes vs shape
+        [head + b"\x00", *good[1:]],
+        [head[: wire._FIXED.size] + b"\xff" + head[wire._FIXED.size + 1 :], *good[1:]],  # unknown dtype
+        [head, *good[1:3], b"\x05\x00", *good[4:]],  # meta truncated
+        [bytes(range(256)) * 100] * 7,
+    ]
+    ctx = zmq.Context()
+    raw = ctx.socket(zmq.DEALER)
+    raw.linger = 0
+    raw.rcvtimeo = 5000
+    raw.connect(server.endpoint)
+    try:
+        for frames in garbage:
+            raw.send_multipart(frames)
+            reply = wire.decode(raw.recv_multipart())
+            assert reply.status in (Status.BAD_MESSAGE, Status.VERSION_MISMATCH)
+            assert reply.text.startswith("malformed request:")
+        raw.send_multipart(good)  # a well-formed request on the same socket is served
+        assert wire.decode(raw.recv_multipart()).status == Status.OK
+    finally:
+        raw.close()
+        ctx.term()
+    assert calls == ["pull"]  # no malformed request reached the handler
+    assert clients([server.endpoint]).ping(0, timeout=5.0) > 0
+
+
+def test_ipc_endpoint(servers, clients, tmp_path):
+    server = servers(bind=f"ipc://{tmp_path}/s0.sock")
+    assert server.endpoint == f"ipc://{tmp_path}/s0.sock"
+    reply = clients([server.endpoint]).call(0, "echo", "t", [torch.ones(3, 4)])
+    assert torch.equal(reply.tensors[0], torch.ones(3, 4))
+
+
+def test_fixed_port_and_bind_error(servers):
+    server = servers()
+    port = int(server.endpoint.rsplit(":", 1)[1])
+    with pytest.raises(PSError, match=f"cannot bind server to tcp://127.0.0.1:{port}"):
+        TransportServer(echo, token=TOKEN, port=port).start()
+
+
+def test_stop_is_prompt_with_requests_in_flight(clients):
+    server = TransportServer(lambda *a: time.sleep(0.2), token=TOKEN, num_threads=2).start()
+    client = clients([server.endpoint])
+    handles = [client.request(0, "slow") for _ in range(10)]
+    time.sleep(0.05)
+    start = time.monotonic()
+    assert server.stop(timeout=5.0)
+    assert time.monotonic() - start < 2.0
+    with pytest.raises(PSTimeoutError):
+        wait_all(handles, timeout=0.3)
+
+
+def test_client_argument_errors(servers, clients):
+    client = clients([servers().endpoint])
+    with pytest.raises(ValueError, match="server 3 out of range"):
+        client.request(3, "pull")
+    with pytest.raises(ValueError, match="reserved"):
+        client.request(0, "__mine__")
+    with pytest.raises(ValueError, match="no server endpoints"):
+        TransportClient([], token=TOKEN)
+    assert client.request(0, PING).wait(5.0).tensors == []
+    client.close()
+    with pytest.raises(PSError, match="closed"):
+        client.request(0, "pull")

@@ -1,0 +1,33 @@
+"""Binary click-through-rate task: sigmoid cross-entropy on one label column."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from recps.data.batch import Batch
+
+__all__ = ["BinaryTask"]
+
+
+class BinaryTask:
+    """Loss and predictions for a model that returns logits (B,).
+
+    Args:
+        label_index: which column of `Batch.labels` (B, T) is the target.
+        metrics: metric names reported by evaluation (see recps.metrics).
+    """
+
+    def __init__(self, label_index: int = 0, metrics: tuple[str, ...] = ("auc", "logloss")) -> None:
+        self.label_index = int(label_index)
+        self.metrics = tuple(metrics)
+
+    def target(self, batch: Batch) -> torch.Tensor:
+        return batch.labels[:, self.label_index]  # (B,)
+
+    def loss(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """Mean sigmoid cross-entropy; the sigmoid is applied here, once."""
+        return F.binary_cross_entropy_with_logits(logits, self.target(batch))
+
+    def predict(self, logits: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(logits)  # (B,) probs

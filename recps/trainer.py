@@ -1,0 +1,204 @@
+"""The training loop: several Hogwild threads over their own shards of the input.
+
+Each thread owns a replica of the model's dense layers whose parameters alias the shared
+storage (so every thread reads the latest values) but whose `.grad` is its own; the
+embedding collection is shared, and FBGEMM's fused optimizer (or the parameter server's
+communicator) updates it inside the backward pass. Dense gradients are applied by one
+`DenseUpdater` under a lock: the shared optimizer's state is never touched by two
+threads at once.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator, Protocol, Sequence
+
+import torch
+from torch import nn
+
+from recps.data.batch import Batch
+from recps.errors import ConfigError
+
+__all__ = ["BatchSource", "DenseUpdater", "LocalDenseUpdater", "TrainStats", "Trainer"]
+
+log = logging.getLogger(__name__)
+
+
+class BatchSource(Protocol):
+    """Yields the batches of shard `shard_index` of `num_shards` for one epoch."""
+
+    def batches(self, batch_size: int, shard_index: int, num_shards: int,
+                epoch: int) -> Iterator[Batch]: ...
+
+
+class DenseUpdater(Protocol):
+    """Applies one thread's dense gradients to the shared dense parameters."""
+
+    def apply(self, grads: Sequence[torch.Tensor | None]) -> None: ...
+
+
+class LocalDenseUpdater:
+    """A torch optimizer over the shared dense parameters, stepped under a lock."""
+
+    def __init__(self, params: Sequence[nn.Parameter], optimizer: torch.optim.Optimizer) -> None:
+        self.params = list(params)
+        self.optimizer = optimizer
+        self._lock = threading.Lock()
+
+    def apply(self, grads: Sequence[torch.Tensor | None]) -> None:
+        with self._lock:
+            for param, grad in zip(self.params, grads):
+                param.grad = grad
+            self.optimizer.step()
+            for param in self.params:
+                param.grad = None
+
+
+@dataclass
+class TrainStats:
+    steps: int
+    examples: int
+    seconds: float
+    last_loss: float
+    first_losses: list[float]
+
+    @property
+    def examples_per_sec(self) -> float:
+        return self.examples / self.seconds if self.seconds > 0 else 0.0
+
+
+def dense_parameters(model: nn.Module, collection: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """The model's parameters that the embedding collection does not own."""
+    owned = {id(p) for p in collection.parameters()}
+    return [(n, p) for n, p in model.named_parameters() if id(p) not in owned]
+
+
+def thread_replica(model: nn.Module, collection: nn.Module) -> tuple[nn.Module, list[nn.Parameter]]:
+    """A copy of `model` that shares `collection` and aliases every dense parameter's storage."""
+    replica = copy.deepcopy(model, memo={id(collection): collection})
+    shared = [p for _, p in dense_parameters(model, collection)]
+    mine = [p for _, p in dense_parameters(replica, collection)]
+    for own, src in zip(mine, shared):
+        own.data = src.data  # same storage, separate .grad
+    return replica, mine
+
+
+class Trainer:
+    """Runs `threads` training threads over a model whose collection trains itself.
+
+    Args:
+        model: the model; its `forward(dense, sparse)` returns logits.
+        collection: the embedding collection inside `model` (updated in backward).
+        task: owns the loss (`task.loss(logits, batch)`).
+        updater: applies dense gradients (local optimizer or a PS communicator).
+        threads: Hogwild training threads in this process.
+        on_step: called as on_step(thread, step, loss) after every step (metrics, dumps).
+    """
+
+    def __init__(self, model: nn.Module, collection: nn.Module, task, updater: DenseUpdater,
+                 threads: int = 1, on_step: Callable[[int, int, float], None] | None = None) -> None:
+        if threads < 1:
+            raise ConfigError(f"trainer.threads={threads}; set it to 1 or more")
+        self.model = model
+        self.collection = collection
+        self.task = task
+        self.updater = updater
+        self.threads = threads
+        self.on_step = on_step
+        self._replicas = [thread_replica(model, collection) for _ in range(threads)]
+
+    def fit(self, source: BatchSource, batch_size: int, epochs: int = 1, max_steps: int = -1,
+            progress: bool = True, first_epoch: int = 0) -> TrainStats:
+        """Trains for `epochs` passes (or `max_steps` steps over all threads, if > 0)."""
+        lock = threading.Lock()
+        state = {"steps": 0, "examples": 0, "loss": math.nan, "first": []}
+        errors: list[BaseException] = []
+        stop = threading.Event()
+        bar = _progress_bar(progress)
+
+        def run(thread: int) -> None:
+            replica, params = self._replicas[thread]
+            try:
+                for epoch in range(first_epoch, first_epoch + epochs):
+                    for batch in source.batches(batch_size, thread, self.threads, epoch):
+                        if stop.is_set():
+                            return
+                        logits = replica(batch.dense, batch.sparse)  # (B,)
+                        loss = self.task.loss(logits, batch)
+                        loss.backward()
+                        self.updater.apply([p.grad for p in params])
+                        for p in params:
+                            p.grad = None
+                        value = float(loss.detach())
+                        with lock:
+                            state["steps"] += 1
+                            state["examples"] += batch.batch_size
+                            state["loss"] = value
+                            if len(state["first"]) < 10:
+                                state["first"].append(value)
+                            step = state["steps"]
+                            if bar is not None:
+                                bar.update(batch.batch_size)
+                                if step % 20 == 0:
+                                    bar.set_postfix(loss=f"{value:.4f}", refresh=False)
+                        if self.on_step is not None:
+                            self.on_step(thread, step, value)
+                        if 0 < max_steps <= step:
+                            stop.set()
+                            return
+            except BaseException as exc:  # surfaced in the caller's thread below
+                errors.append(exc)
+                stop.set()
+
+        intra = max(1, torch.get_num_threads() // self.threads) if self.threads > 1 else None
+        previous = torch.get_num_threads()
+        if intra is not None:
+            torch.set_num_threads(intra)
+        start = time.perf_counter()
+        try:
+            if self.threads == 1:
+                run(0)
+            else:
+                workers = [threading.Thread(target=run, args=(t,), name=f"train-{t}", daemon=True)
+                           for t in range(self.threads)]
+                for w in workers:
+                    w.start()
+                for w in workers:
+                    w.join()
+        finally:
+            seconds = time.perf_counter() - start
+            torch.set_num_threads(previous)
+            if bar is not None:
+                bar.close()
+        if errors:
+            raise errors[0]
+        return TrainStats(steps=state["steps"], examples=state["examples"], seconds=seconds,
+                          last_loss=state["loss"], first_losses=state["first"])
+
+    @torch.no_grad()
+    def predict(self, source: BatchSource, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Probabilities and targets (N,) over one pass of `source` (one shard)."""
+        probs, targets = [], []
+        self.model.eval()
+        try:
+            for batch in source.batches(batch_size, 0, 1, 0):
+                probs.append(self.task.predict(self.model(batch.dense, batch.sparse)))
+                targets.append(self.task.target(batch))
+        finally:
+            self.model.train()
+        if not probs:
+            raise ConfigError("the evaluation split is empty; give dataset.test files or a test_fraction > 0")
+        return torch.cat(probs), torch.cat(targets)
+
+
+def _progress_bar(enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(unit="ex", unit_scale=True, dynamic_ncols=True, mininterval=0.5, smoothing=0.1)

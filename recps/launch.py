@@ -1,0 +1,497 @@
+"""Start S servers and W workers of one command on this machine and supervise them (like fleetrun).
+
+    python -m recps.launch --servers 1 --workers 2 -- python my_train.py --lr 0.1
+
+Each copy of the command gets the RECPS_* variables that `recps.ps.roles.EnvRoleMaker` reads:
+servers are server0..server{S-1}, workers worker0..worker{W-1}; the coordinator address is
+127.0.0.1 (or --host) on a free port; the cluster token is --token, else $RECPS_CLUSTER_TOKEN,
+else a random one. Output is forwarded line by line with a "[worker1] " prefix, or written to
+--log-dir/worker1.log.
+
+Supervision (a poll every 50 ms):
+- all workers exit 0          -> the servers are stopped (SIGTERM, SIGKILL after --grace seconds); exit 0.
+  A server that exits 0 on its own before that (told to stop by the workers) is fine.
+- any process exits non-zero,
+  or is killed by a signal    -> every other process is stopped the same way; the launcher exits with
+                                 that process's code (128 + signal when killed) and names it.
+- --timeout seconds pass      -> everything is stopped; exit 124.
+- the launcher gets SIGINT,
+  SIGTERM or SIGHUP           -> everything is stopped; exit 128 + signal.
+
+No orphans: each child leads its own process group (a signal reaches its own subprocesses too,
+and whatever is left of a group when its leader exits is killed), and on Linux each child asks
+the kernel for SIGKILL when the launcher dies (PR_SET_PDEATHSIG), so even `kill -9` of the
+launcher takes the children with it. Not covered: grandchildren that leave their process group
+(setsid) while the launcher is SIGKILLed.
+
+The same from Python (e.g. `recps.train cluster=local`):
+
+    result = launch([sys.executable, "-m", "my_job"], servers=1, workers=2, timeout=600)
+    result.check()   # raises LaunchError("worker1 (pid 4242) exited with code 3") unless every worker succeeded
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import IO, Mapping, Sequence, TextIO
+
+from recps.errors import ConfigError, RecpsError
+from recps.ps.roles import (
+    COORDINATOR_ENV,
+    HOST_ENV,
+    INDEX_ENV,
+    NUM_SERVERS_ENV,
+    NUM_WORKERS_ENV,
+    ROLE_ENV,
+    SERVER_ENDPOINTS_ENV,
+    TOKEN_ENV,
+    Role,
+)
+
+__all__ = ["launch", "LaunchResult", "LaunchError", "free_port", "main", "DEFAULT_GRACE_S", "TIMEOUT_EXIT_CODE"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_GRACE_S = 5.0  # between SIGTERM and SIGKILL
+TIMEOUT_EXIT_CODE = 124  # as timeout(1)
+_POLL_S = 0.05
+_REAP_TIMEOUT_S = 5.0  # a SIGKILLed process is normally gone in milliseconds; D-state ones may take longer
+_READER_JOIN_S = 2.0
+_PR_SET_PDEATHSIG = 1
+# Inherited values of these would describe another cluster; the launcher sets its own.
+_ROLE_VARIABLES = (ROLE_ENV, INDEX_ENV, NUM_SERVERS_ENV, NUM_WORKERS_ENV, COORDINATOR_ENV, HOST_ENV, SERVER_ENDPOINTS_ENV)
+
+
+class LaunchError(RecpsError):
+    """A launched cluster failed: a process exited non-zero or was killed, or the run timed out."""
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    """How a launched cluster ended.
+
+    Attributes:
+        returncodes: name -> exit code in start order (server0.., worker0..); negative: killed by
+            that signal (subprocess's convention); None: could not be reaped (should not happen).
+        pids: name -> process id.
+        failed: the name of the process that failed the run ("worker1"), "timeout", or None.
+        message: one line saying how the run ended, naming the failed process and its code.
+        stopped: names of the processes the launcher signalled (servers after a successful run,
+            everyone else after a failure); their codes are not failures.
+        timed_out: the global timeout ended the run.
+        coordinator: the "host:port" handed to every process.
+        duration_s: wall time from the first start to the last exit.
+        log_dir: where per-process logs went, or None when output was forwarded.
+    """
+
+    returncodes: dict[str, int | None]
+    pids: dict[str, int]
+    failed: str | None
+    message: str
+    stopped: tuple[str, ...] = ()
+    timed_out: bool = False
+    coordinator: str = ""
+    duration_s: float = 0.0
+    log_dir: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.failed is None
+
+    @property
+    def exit_code(self) -> int:
+        """0 on success; the failed process's code, 128 + signal if it was killed, or 124 on timeout."""
+        if self.ok:
+            return 0
+        if self.timed_out:
+            return TIMEOUT_EXIT_CODE
+        code = self.returncodes.get(self.failed)
+        if code is None:
+            return 1
+        return 128 - code if code < 0 else min(code, 255)
+
+    def check(self) -> LaunchResult:
+        """Self when the run succeeded; else raise LaunchError with `message`."""
+        if not self.ok:
+            raise LaunchError(self.message)
+        return self
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on `host` right now (the OS picks it; another process may take it later).
+
+    >>> 0 < free_port() < 65536
+    True
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((host, 0))
+            return probe.getsockname()[1]
+    except OSError as e:
+        raise ConfigError(f"cannot bind a port on host {host!r} ({e}); give an address of this machine, e.g. 127.0.0.1") from None
+
+
+# ---------------------------------------------------------------------------------------- children
+
+
+def _load_prctl():
+    """libc's prctl on Linux, else None (no parent-death signal there)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def _child_setup(parent_pid: int):
+    """The function run in each child between fork and exec: own process group, die with the launcher."""
+    prctl = _load_prctl()
+    # Built in the parent, so the child only makes one C call. prctl is variadic: pass full unsigned longs.
+    args = (ctypes.c_int(_PR_SET_PDEATHSIG), ctypes.c_ulong(signal.SIGKILL), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
+
+    def setup() -> None:
+        os.setpgid(0, 0)
+        if prctl is not None:
+            prctl(*args)
+            if os.getppid() != parent_pid:  # the launcher died before prctl took effect
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    return setup
+
+
+@dataclass(eq=False)
+class _Child:
+    name: str
+    is_worker: bool
+    proc: subprocess.Popen
+    log: IO[bytes] | None = None
+    reader: threading.Thread | None = None
+    returncode: int | None = None
+    signalled: bool = False
+    exited: bool = field(default=False)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+
+def _forward(child_name: str, pipe: IO[bytes], output: TextIO | None, lock: threading.Lock) -> None:
+    """Copy a child's output line by line with a "[name] " prefix (runs on its own thread)."""
+    prefix = f"[{child_name}] "
+    with pipe:
+        for raw in iter(pipe.readline, b""):
+            line = raw.decode("utf-8", errors="replace")
+            if not line.endswith("\n"):
+                line += "\n"
+            stream = output if output is not None else sys.stdout
+            with lock:
+                try:
+                    stream.write(prefix + line)
+                    stream.flush()
+                except (OSError, ValueError):  # our stdout went away (closed pipe): keep draining the child
+                    pass
+
+
+def _signal_group(child: _Child, sig: int) -> None:
+    """Send `sig` to the child's process group (the child and its own subprocesses), or to the child alone."""
+    try:
+        if os.getpgid(child.pid) == child.pid:
+            os.killpg(child.pid, sig)
+        else:  # the child left its group; reach it at least
+            os.kill(child.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _has_exited(child: _Child) -> bool:
+    """True once the child has exited; then it is reaped, after the rest of its process group is killed.
+
+    waitid(WNOWAIT) sees the exit without reaping, so the child's pid (= its group id) cannot be
+    reused while we kill what is left of the group.
+    """
+    if child.exited:
+        return True
+    if hasattr(os, "waitid"):
+        try:
+            seen = os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:  # already reaped
+            seen = True
+        if seen is None:
+            return False
+        try:
+            os.killpg(child.pid, signal.SIGKILL)  # leftovers of a finished child: nobody will stop them
+        except (ProcessLookupError, PermissionError):
+            pass
+    code = child.proc.poll()
+    if code is None:
+        return False
+    child.returncode, child.exited = code, True
+    return True
+
+
+def _describe(child: _Child, log_dir: str | None) -> str:
+    code = child.returncode
+    if code is not None and code < 0:
+        try:
+            what = f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            what = f"was killed by signal {-code}"
+    else:
+        what = f"exited with code {code}"
+    where = f"; see {os.path.join(log_dir, child.name + '.log')}" if log_dir else ""
+    return f"{child.name} (pid {child.pid}) {what}{where}"
+
+
+def _stop(children: Sequence[_Child], grace: float) -> None:
+    """SIGTERM every live child's group, wait up to `grace` seconds, then SIGKILL and reap."""
+    live = [c for c in children if not _has_exited(c)]
+    for child in live:
+        child.signalled = True
+        _signal_group(child, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while live and time.monotonic() < deadline:
+        time.sleep(_POLL_S)
+        live = [c for c in live if not _has_exited(c)]
+    for child in live:
+        logger.warning("%s (pid %d) ignored SIGTERM for %.1fs; sending SIGKILL", child.name, child.pid, grace)
+        _signal_group(child, signal.SIGKILL)
+    for child in live:
+        try:
+            child.proc.wait(timeout=_REAP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            logger.error("%s (pid %d) survived SIGKILL for %.0fs", child.name, child.pid, _REAP_TIMEOUT_S)
+            continue
+        _has_exited(child)
+
+
+def _start(
+    role: Role,
+    command: Sequence[str],
+    base_env: Mapping[str, str],
+    log_dir: str | None,
+    output: TextIO | None,
+    lock: threading.Lock,
+) -> _Child:
+    env = dict(base_env)
+    env.update(role.to_env())
+    log = open(os.path.join(log_dir, f"{role.name}.log"), "wb") if log_dir else None
+    try:
+        proc = subprocess.Popen(
+            list(command),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log if log is not None else subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_child_setup(os.getpid()),
+            close_fds=True,
+        )
+    except OSError as e:
+        if log is not None:
+            log.close()
+        raise ConfigError(f"cannot start {role.name}: {command[0]!r}: {e}; check the command after '--'") from None
+    child = _Child(role.name, role.is_worker, proc, log=log)
+    if log is None:
+        child.reader = threading.Thread(
+            target=_forward, args=(role.name, proc.stdout, output, lock), name=f"recps-launch-{role.name}", daemon=True
+        )
+        child.reader.start()
+    logger.info("started %s (pid %d)", role.name, proc.pid)
+    return child
+
+
+def _check_count(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"launch: {name}={value!r}; a cluster needs at least 1 server and 1 worker")
+    return value
+
+
+def launch(
+    command: Sequence[str],
+    servers: int,
+    workers: int,
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+    log_dir: str | os.PathLike | None = None,
+    token: str | None = None,
+    host: str = "127.0.0.1",
+    grace: float = DEFAULT_GRACE_S,
+    output: TextIO | None = None,
+) -> LaunchResult:
+    """Run `servers` + `workers` copies of `command` with their roles; return when the cluster is done.
+
+    Blocks until every worker has exited 0 (then stops the servers), or any process fails (then
+    stops the rest), or `timeout` seconds pass. Never returns with a child still running.
+    Call it from a thread that outlives the run (on Linux, children die when the thread that
+    started them exits). KeyboardInterrupt stops the children, then propagates.
+
+    Args:
+        command: argv of each process, e.g. [sys.executable, "-m", "my_job"].
+        env: variables added to this process's environment for the children (the RECPS_* role
+            variables are set by the launcher and win).
+        timeout: seconds before everything is stopped (None: no limit).
+        log_dir: write each process's stdout+stderr to log_dir/<name>.log instead of forwarding it.
+        token: cluster token; default $RECPS_CLUSTER_TOKEN, else a random one.
+        host: address the coordinator and the servers bind (loopback by default).
+        grace: seconds between SIGTERM and SIGKILL when stopping a process.
+        output: stream that receives forwarded output (default: sys.stdout at the time of writing).
+    """
+    command = [os.fspath(part) for part in command]
+    if not command:
+        raise ConfigError("launch: empty command; give the program to run, e.g. -- python my_job.py")
+    servers, workers = _check_count("servers", servers), _check_count("workers", workers)
+    if timeout is not None and not timeout > 0:
+        raise ConfigError(f"launch: timeout={timeout!r}; give a positive number of seconds or None")
+    if not grace >= 0:
+        raise ConfigError(f"launch: grace={grace!r}; give a number of seconds >= 0")
+    token = token or os.environ.get(TOKEN_ENV) or secrets.token_hex(16)
+    coordinator = f"[{host}]:{free_port(host)}" if ":" in host else f"{host}:{free_port(host)}"
+    roles = [Role("server", i, servers, workers, coordinator, host, token) for i in range(servers)]
+    roles += [Role("worker", j, servers, workers, coordinator, host, token) for j in range(workers)]
+
+    base_env = {k: v for k, v in os.environ.items() if k not in _ROLE_VARIABLES}
+    base_env.update(env or {})
+    base_env.setdefault("PYTHONUNBUFFERED", "1")  # children's lines show up as they are written
+    log_dir = os.fspath(log_dir) if log_dir is not None else None
+    if log_dir:
+        os.makedirs(log_dir, exist_ok=True)
+
+    lock = threading.Lock()
+    children: list[_Child] = []
+    failed: str | None = None
+    message = ""
+    timed_out = False
+    started = time.monotonic()
+    logger.info("launching %d servers and %d workers, coordinator %s", servers, workers, coordinator)
+    try:
+        for role in roles:
+            children.append(_start(role, command, base_env, log_dir, output, lock))
+        deadline = None if timeout is None else started + timeout
+        while failed is None:
+            for child in children:
+                if _has_exited(child) and child.returncode != 0 and failed is None:
+                    failed, message = child.name, _describe(child, log_dir)
+            if failed is not None:
+                logger.error("%s; stopping the other processes", message)
+                break
+            if all(c.exited for c in children if c.is_worker):
+                logger.info("all %d workers finished; stopping the servers", workers)
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                failed, timed_out = "timeout", True
+                message = f"timed out after {timeout:g}s with {', '.join(c.name for c in children if not c.exited)} still running"
+                logger.error("%s; stopping everything", message)
+                break
+            time.sleep(_POLL_S)
+    finally:
+        _stop(children, grace)
+        for child in children:
+            if child.reader is not None:
+                child.reader.join(_READER_JOIN_S)
+            if child.log is not None:
+                child.log.close()
+    if failed is None:
+        message = f"{workers} workers exited 0; {servers} servers stopped"
+    return LaunchResult(
+        returncodes={c.name: c.returncode for c in children},
+        pids={c.name: c.pid for c in children},
+        failed=failed,
+        message=message,
+        stopped=tuple(c.name for c in children if c.signalled),
+        timed_out=timed_out,
+        coordinator=coordinator,
+        duration_s=time.monotonic() - started,
+        log_dir=log_dir,
+    )
+
+
+# ------------------------------------------------------------------------------------------ the CLI
+
+
+class _Interrupted(BaseException):
+    """The launcher received SIGTERM or SIGHUP; unwinds launch() so that its children are stopped."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_interrupted(signum: int, frame: object) -> None:
+    raise _Interrupted(signum)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m recps.launch",
+        description="Start S servers and W workers of a command on this machine, with RECPS_* role variables.",
+        epilog="example: python -m recps.launch --servers 1 --workers 2 -- python my_train.py",
+    )
+    parser.add_argument("--servers", type=int, default=1, help="number of servers (default 1)")
+    parser.add_argument("--workers", type=int, default=1, help="number of workers (default 1)")
+    parser.add_argument(
+        "--token", default=None, help=f"cluster token (default ${TOKEN_ENV}, else random; prefer the variable: argv is public)"
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    parser.add_argument("--timeout", type=float, default=None, help="seconds before everything is stopped (exit 124)")
+    parser.add_argument("--log-dir", default=None, help="write DIR/<name>.log per process instead of forwarding output")
+    parser.add_argument("--grace", type=float, default=DEFAULT_GRACE_S, help="seconds between SIGTERM and SIGKILL (default 5)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run in every process")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `python -m recps.launch`; returns the exit status."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        parser.error("no command; write it after '--', e.g. -- python my_train.py")
+    logging.basicConfig(level=logging.INFO, format="[launch] %(message)s", stream=sys.stderr)
+    previous = {}
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        previous[signum] = signal.signal(signum, _raise_interrupted)
+    try:
+        result = launch(
+            command,
+            args.servers,
+            args.workers,
+            timeout=args.timeout,
+            log_dir=args.log_dir,
+            token=args.token,
+            host=args.host,
+            grace=args.grace,
+        )
+    except ConfigError as e:
+        print(f"[launch] error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("[launch] interrupted; every process was stopped", file=sys.stderr)
+        return 128 + signal.SIGINT
+    except _Interrupted as e:
+        print(f"[launch] got {signal.Signals(e.signum).name}; every process was stopped", file=sys.stderr)
+        return 128 + e.signum
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if not result.ok:
+        print(f"[launch] failed: {result.message}", file=sys.stderr)
+    return result.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -79,7 +79,8 @@ class Handle:
         """Whether the reply (or an error) is in; never blocks beyond a zero-timeout poll."""
         if not self._event.is_set() and self._channel.lock.acquire(blocking=False):
             try:
-                self._channel.pump(self, time.monotonic())
+                if not self._channel.client._closed:
+                    self._channel.pump(self, time.monotonic())
             finally:
                 self._channel.lock.release()
         return self._event.is_set()

@@ -5,7 +5,7 @@
 
 The front thread only moves messages (zero-copy); handler threads decode, check the token,
 call `handler` and encode the reply, so requests are served concurrently (the handler must be
-thread-safe). A malformed or unauthenticated request gets an error reply; it never reaches the
+thread-safe). With num_threads=0 the front thread serves requests itself, one at a time. A malformed or unauthenticated request gets an error reply; it never reaches the
 handler and never stops the server.
 
 Handler contract:
@@ -69,7 +69,9 @@ class TransportServer:
         bind: a host to bind on TCP ("127.0.0.1", the default, accepts local clients only), or a
             full ZeroMQ endpoint ("tcp://10.0.0.5:7000", "ipc:///tmp/recps-s0.sock").
         port: TCP port when `bind` is a host; 0 picks a free one (read `endpoint` after start()).
-        num_threads: handler threads serving requests concurrently.
+        num_threads: handler threads serving requests concurrently. 0 serves every request on the
+            network thread itself: one hop less per request (see benchmarks/RESULTS.md), but one
+            request at a time, so only for handlers that never block (deferred replies still work).
 
     >>> import torch
     >>> from recps.ps.transport import TransportClient
@@ -87,8 +89,8 @@ class TransportServer:
         port: int = 0,
         num_threads: int = 2,
     ) -> None:
-        if num_threads < 1:
-            raise ValueError(f"num_threads={num_threads}; at least 1 handler thread is needed")
+        if num_threads < 0:
+            raise ValueError(f"num_threads={num_threads}; use 0 (serve on the network thread) or more")
         self._handler = handler
         self._digest = wire.token_digest(token)
         self._bind = _endpoint(bind, port)
@@ -99,6 +101,8 @@ class TransportServer:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
+        self._deferred_out: zmq.Socket | None = None  # shared by the threads that complete deferred replies
+        self._deferred_lock = threading.Lock()
 
     @property
     def endpoint(self) -> str:
@@ -128,6 +132,7 @@ class TransportServer:
         control = ctx.socket(zmq.PULL)
         control.linger = 0
         control.bind(f"inproc://{self._name}-control")
+        self._deferred_out = self._reply_socket(ctx)
         self._ctx = ctx
         # Sockets created here move to the front thread; Thread.start() is the memory barrier zmq asks for.
         front = threading.Thread(target=self._front, args=(router, replies, control), name=f"{self._name}-front", daemon=True)
@@ -161,6 +166,8 @@ class TransportServer:
             t.join(max(0.0, deadline - time.monotonic()))
             clean &= not t.is_alive()
         if clean:
+            with self._deferred_lock:
+                self._deferred_out.close()
             self._ctx.term()
         else:
             # A handler is still running: terminating the context would block until it returns.
@@ -188,9 +195,15 @@ class TransportServer:
                 if router in events:
                     while True:
                         try:
-                            self._queue.put(router.recv_multipart(zmq.NOBLOCK, copy=False))  # [identity, *frames]
+                            item = router.recv_multipart(zmq.NOBLOCK, copy=False)  # [identity, *frames]
                         except zmq.Again:
                             break
+                        if self._num_threads:
+                            self._queue.put(item)
+                            continue
+                        reply = self._serve(item[0], item[1:])  # inline: no thread hop, no concurrency
+                        if reply is not None:
+                            router.send_multipart([item[0], *reply], zmq.NOBLOCK, copy=False)
                 if replies in events:
                     while True:
                         try:
@@ -210,30 +223,35 @@ class TransportServer:
 
     # -- handler threads ----------------------------------------------------------------------
 
-    def _work(self) -> None:
-        out = self._ctx.socket(zmq.PUSH)
+    def _reply_socket(self, ctx: zmq.Context) -> zmq.Socket:
+        out = ctx.socket(zmq.PUSH)
         out.linger = 0
         out.sndhwm = 0  # unbounded: a reply is never dropped while the front thread runs
         out.connect(f"inproc://{self._name}-replies")
+        return out
+
+    def _work(self) -> None:
+        out = self._reply_socket(self._ctx)
         try:
             while True:
                 item = self._queue.get()  # a None per thread comes from stop()
                 if item is None or self._stopping.is_set():
                     return  # requests still queued at stop go unanswered
-                if isinstance(item, tuple):  # a deferred reply whose future completed
-                    identity, rid, verb, table, future = item
-                    reply = self._deferred_reply(rid, verb, table, future)
-                else:
-                    identity = item[0]
-                    reply = self._serve(identity, item[1:])
-                if reply is None:
-                    continue
-                try:
-                    out.send_multipart([identity, *reply], zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    logger.debug("server %s: reply dropped, the server is stopping", self._endpoint)
+                reply = self._serve(item[0], item[1:])
+                if reply is not None:
+                    _send(out, [item[0], *reply])
         finally:
             out.close()
+
+    def _complete_deferred(self, identity, rid: int, verb: str, table: str, future: Future) -> None:
+        """Send a deferred reply; runs in whichever thread completed the handler's future."""
+        try:
+            reply = _reply(rid, future.result(timeout=0))
+        except Exception as e:  # noqa: BLE001
+            reply = _handler_error(self._endpoint, rid, verb, table, e)
+        with self._deferred_lock:
+            if not self._deferred_out.closed:
+                _send(self._deferred_out, [identity, *reply])
 
     def _serve(self, identity, frames: Sequence) -> list | None:
         """The reply frames to one request, or None when the handler deferred it."""
@@ -258,18 +276,19 @@ class TransportServer:
         try:
             result = self._handler(msg.verb, msg.text, msg.tensors, msg.meta)
             if isinstance(result, Future):
-                deferred = (identity, msg.request_id, msg.verb, msg.text)
-                result.add_done_callback(lambda f: self._queue.put((*deferred, f)))
+                args = (identity, msg.request_id, msg.verb, msg.text)
+                result.add_done_callback(lambda f: self._complete_deferred(*args, f))
                 return None
             return _reply(msg.request_id, result)
         except Exception as e:  # noqa: BLE001 - every handler error goes back to the client
             return _handler_error(self._endpoint, msg.request_id, msg.verb, msg.text, e)
 
-    def _deferred_reply(self, rid: int, verb: str, table: str, future: Future) -> list:
-        try:
-            return _reply(rid, future.result(timeout=0))
-        except Exception as e:  # noqa: BLE001
-            return _handler_error(self._endpoint, rid, verb, table, e)
+
+def _send(sock: zmq.Socket, frames: list) -> None:
+    try:
+        sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+    except zmq.Again:
+        logger.debug("reply dropped: the server is stopping")
 
 
 def _same(a: bytes, b: bytes) -> bool:

@@ -50,8 +50,9 @@ def clients():
         client.close()
 
 
-def test_round_trip_every_dtype_and_shape(servers, clients):
-    server = servers()
+@pytest.mark.parametrize("num_threads", [0, 2])
+def test_round_trip_every_dtype_and_shape(servers, clients, num_threads):
+    server = servers(num_threads=num_threads)
     client = clients([server.endpoint])
     assert server.endpoint.startswith("tcp://127.0.0.1:")
     for dtype in DTYPES:
@@ -124,11 +125,12 @@ def test_handle_waited_from_another_thread(servers, clients):
     assert torch.equal(made[0].wait(5.0).tensors[0], torch.arange(5))
 
 
-def test_handler_error_becomes_client_exception(servers, clients):
+@pytest.mark.parametrize("num_threads", [0, 2])
+def test_handler_error_becomes_client_exception(servers, clients, num_threads):
     def failing(verb, table, tensors, meta):
         raise KeyError(f"no table {table!r}")
 
-    server = servers(failing)
+    server = servers(failing, num_threads=num_threads)
     client = clients([server.endpoint])
     with pytest.raises(PSError, match=r"failed pull on table 'missing' \(3 keys\): KeyError: \"no table 'missing'\"") as e:
         client.call(0, "pull", "missing", [torch.arange(3)])
@@ -142,8 +144,9 @@ def test_bad_handler_result_becomes_client_exception(servers, clients):
         client.call(0, "pull", "t")
 
 
-def test_deferred_reply_releases_the_handler_thread(servers, clients):
-    # A 2-party barrier on ONE handler thread: the first arrival must not block the thread.
+@pytest.mark.parametrize("num_threads", [0, 1])
+def test_deferred_reply_releases_the_handler_thread(servers, clients, num_threads):
+    # A 2-party barrier on one thread: the first arrival must not block the thread.
     lock, waiting = threading.Lock(), []
 
     def barrier(verb, table, tensors, meta):
@@ -155,7 +158,7 @@ def test_deferred_reply_releases_the_handler_thread(servers, clients):
                     f.set_result([torch.tensor([len(waiting)])])
         return future
 
-    client = clients([servers(barrier, num_threads=1).endpoint])
+    client = clients([servers(barrier, num_threads=num_threads).endpoint])
     first = client.request(0, "barrier")
     assert not first.done()
     second = client.request(0, "barrier")
@@ -213,9 +216,10 @@ def test_timeout_against_a_stopped_server_then_late_reply_is_dropped(servers, cl
     assert time.monotonic() - start < 1.5
 
 
-def test_malformed_frames_from_a_raw_socket_do_not_kill_the_server(servers, clients):
+@pytest.mark.parametrize("num_threads", [0, 2])
+def test_malformed_frames_from_a_raw_socket_do_not_kill_the_server(servers, clients, num_threads):
     calls = []
-    server = servers(lambda verb, table, tensors, meta: calls.append(verb) or [])
+    server = servers(lambda verb, table, tensors, meta: calls.append(verb) or [], num_threads=num_threads)
     good = wire.encode(wire.REQUEST, 77, verb="pull", text="t", tensors=[torch.arange(4)], token_digest=wire.token_digest(TOKEN))
     good = [bytes(f) for f in good]
     head = good[0]
@@ -289,3 +293,14 @@ def test_client_argument_errors(servers, clients):
     client.close()
     with pytest.raises(PSError, match="closed"):
         client.request(0, "pull")
+
+
+def test_deferred_error_becomes_client_exception(servers, clients):
+    def later(verb, table, tensors, meta):
+        future = Future()
+        threading.Timer(0.05, future.set_exception, [RuntimeError("step 3 missing from worker 1")]).start()
+        return future
+
+    client = clients([servers(later).endpoint])
+    with pytest.raises(PSError, match=r"failed push on table 'emb' \(2 keys\): RuntimeError: step 3 missing from worker 1"):
+        client.call(0, "push", "emb", [torch.zeros(2, 4)], timeout=5.0)

@@ -1,0 +1,1 @@
+"""recps benchmarks: `python -m benchmarks.<name>`; results go to benchmarks/RESULTS.md."""

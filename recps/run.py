@@ -1,0 +1,126 @@
+"""One training job from a composed config: data, collection, model, trainer, metrics, checkpoint.
+
+Called by `recps.train` (Hydra) and by tests; no Hydra state is needed here.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from recps.checkpoint import load_checkpoint, save_checkpoint
+from recps.config import check_target_args
+from recps.data.dataset import PreparedData, prepare_data
+from recps.errors import ConfigError
+from recps.metrics import MetricCollection
+from recps.nn import LocalEmbeddingBagCollection
+from recps.trainer import LocalDenseUpdater, Trainer, dense_parameters
+
+__all__ = ["Job", "build_job", "run_training", "evaluate"]
+
+log = logging.getLogger("recps.run")
+
+# Keys of conf/model/*.yaml that the engine reads itself (it builds the tables from them).
+MODEL_ENGINE_KEYS = ("embedding_dim",)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+class Job:
+    """Everything one training run holds: data, collection, model, task, optimizer, trainer."""
+
+    def __init__(self, cfg: DictConfig, data: PreparedData, collection, model, task,
+                 optimizer, trainer: Trainer) -> None:
+        self.cfg = cfg
+        self.data = data
+        self.collection = collection
+        self.model = model
+        self.task = task
+        self.optimizer = optimizer
+        self.trainer = trainer
+        self.epochs_done = 0
+        self.steps_done = 0
+
+
+def build_collection(cfg: DictConfig, feature_names: list[str], embedding_dim: int):
+    """The embedding collection that `ps=` selects (local: FBGEMM fused TBE)."""
+    ps = cfg.ps
+    if ps.name != "local":
+        raise ConfigError(
+            f"ps={ps.name!r} is not available in this build; use ps=local"
+        )
+    opt = ps.embedding_optimizer
+    return LocalEmbeddingBagCollection(
+        feature_names, embedding_dim, int(ps.num_embeddings), optimizer=opt.name,
+        lr=float(opt.lr), eps=float(opt.get("eps", 1e-8)), init_std=float(ps.init_std),
+        device=cfg.device,
+    )
+
+
+def build_job(cfg: DictConfig, data: PreparedData | None = None) -> Job:
+    """Validates `cfg`, then builds the data, model and trainer of one run."""
+    check_target_args(cfg.model, "model", injected=("embedding_bag_collection", "dense_in_features"),
+                      engine_keys=MODEL_ENGINE_KEYS)
+    check_target_args(cfg.task, "task")
+    check_target_args(cfg.optimizer, "optimizer", injected=("params",))
+    if cfg.device != "cpu" and not torch.cuda.is_available():
+        raise ConfigError(f"device={cfg.device!r} but torch sees no GPU; set device=cpu or run `make setup-gpu`")
+    seed_everything(int(cfg.seed))
+    data = data or prepare_data(cfg.dataset, seed=int(cfg.seed))
+    schema = data.schema
+    collection = build_collection(cfg, list(schema.feature_names), int(cfg.model.embedding_dim))
+    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+    for key in MODEL_ENGINE_KEYS:
+        model_cfg.pop(key, None)
+    model = instantiate(model_cfg, embedding_bag_collection=collection,
+                        dense_in_features=schema.num_dense, _convert_="all")
+    task = instantiate(cfg.task, _convert_="all")
+    dense = [p for _, p in dense_parameters(model, collection)]
+    optimizer = instantiate(cfg.optimizer)(dense)
+    trainer = Trainer(model, collection, task, LocalDenseUpdater(dense, optimizer),
+                      threads=int(cfg.trainer.threads))
+    return Job(cfg, data, collection, model, task, optimizer, trainer)
+
+
+def evaluate(job: Job) -> dict[str, float]:
+    """The task's metrics on the held-out split."""
+    probs, targets = job.trainer.predict(job.data.test, int(job.cfg.trainer.eval_batch_size))
+    metrics = MetricCollection(list(job.task.metrics))
+    metrics.update(probs, targets)
+    return {name: float(value) for name, value in metrics.compute().items()}
+
+
+def run_training(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
+    """Trains per cfg, evaluates, saves `out_dir/checkpoint`; returns the metrics dict."""
+    job = build_job(cfg)
+    if cfg.trainer.resume:
+        load_checkpoint(job, cfg.trainer.resume)
+        log.info("resumed from %s at epoch %d, step %d", cfg.trainer.resume, job.epochs_done, job.steps_done)
+    stats = job.trainer.fit(job.data.train, int(cfg.trainer.batch_size), epochs=int(cfg.trainer.epochs),
+                            max_steps=int(cfg.trainer.max_steps), progress=bool(cfg.progress),
+                            first_epoch=job.epochs_done)
+    job.epochs_done += int(cfg.trainer.epochs)
+    job.steps_done += stats.steps
+    metrics: dict[str, Any] = evaluate(job)
+    metrics.update(
+        examples_per_sec=stats.examples_per_sec, train_examples=stats.examples, train_steps=stats.steps,
+        train_seconds=stats.seconds, train_loss=stats.last_loss, first_losses=stats.first_losses,
+        model=str(cfg.model._target_), ps=str(cfg.ps.name), threads=int(cfg.trainer.threads),
+    )
+    if data_best := job.data.best_auc:
+        metrics["best_reachable_auc"] = data_best
+    if cfg.checkpoint:
+        path = save_checkpoint(job, out_dir / "checkpoint")
+        metrics["checkpoint"] = str(path)
+    return metrics

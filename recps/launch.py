@@ -19,10 +19,11 @@ Supervision (a poll every 50 ms):
   SIGTERM or SIGHUP           -> everything is stopped; exit 128 + signal.
 
 No orphans: each child leads its own process group (a signal reaches its own subprocesses too,
-and whatever is left of a group when its leader exits is killed), and on Linux each child asks
-the kernel for SIGKILL when the launcher dies (PR_SET_PDEATHSIG), so even `kill -9` of the
-launcher takes the children with it. Not covered: grandchildren that leave their process group
-(setsid) while the launcher is SIGKILLed.
+and whatever is left of a group when its leader exits is killed). If the launcher itself dies,
+even by `kill -9`: on Linux each child asks the kernel for SIGKILL when its parent dies
+(PR_SET_PDEATHSIG), and a small watchdog process, which sees the launcher's death as EOF on a
+pipe, kills every child's process group (grandchildren included). Not covered: grandchildren
+that leave their process group (setsid, daemons).
 
 The same from Python (e.g. `recps.train cluster=local`):
 
@@ -172,6 +173,61 @@ def _child_setup(parent_pid: int):
     return setup
 
 
+# Run by a watchdog process: it learns the children's process groups from its stdin and kills
+# them if its stdin reaches EOF without "done" (the launcher died, even by SIGKILL). It covers
+# the grandchildren that PR_SET_PDEATHSIG (direct children only) does not.
+_GUARDIAN_CODE = """
+import os, signal, sys
+for s in (signal.SIGINT, signal.SIGHUP):
+    signal.signal(s, signal.SIG_IGN)
+groups = []
+for line in sys.stdin.buffer:
+    if line == b"done\\n":
+        sys.exit(0)
+    groups.append(int(line))
+for group in groups:
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except OSError:
+        pass
+"""
+
+
+class _Guardian:
+    """The watchdog above. Its stdin pipe is not inherited by anyone else (PEP 446), so EOF means we died."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _GUARDIAN_CODE],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # out of reach of the terminal's Ctrl-C and hangup
+        )
+
+    def _send(self, line: str) -> None:
+        try:
+            self.proc.stdin.write(line.encode())
+            self.proc.stdin.flush()
+        except (OSError, ValueError):  # the guardian was killed: children still have PR_SET_PDEATHSIG
+            pass
+
+    def watch(self, pgid: int) -> None:
+        self._send(f"{pgid}\n")
+
+    def close(self) -> None:
+        self._send("done\n")
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=_REAP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
 @dataclass(eq=False)
 class _Child:
     name: str
@@ -284,6 +340,7 @@ def _start(
     log_dir: str | None,
     output: TextIO | None,
     lock: threading.Lock,
+    guardian: _Guardian,
 ) -> _Child:
     env = dict(base_env)
     env.update(role.to_env())
@@ -302,6 +359,7 @@ def _start(
         if log is not None:
             log.close()
         raise ConfigError(f"cannot start {role.name}: {command[0]!r}: {e}; check the command after '--'") from None
+    guardian.watch(proc.pid)  # the child leads its own group: pgid == pid
     child = _Child(role.name, role.is_worker, proc, log=log)
     if log is None:
         child.reader = threading.Thread(
@@ -376,9 +434,10 @@ def launch(
     timed_out = False
     started = time.monotonic()
     logger.info("launching %d servers and %d workers, coordinator %s", servers, workers, coordinator)
+    guardian = _Guardian()
     try:
         for role in roles:
-            children.append(_start(role, command, base_env, log_dir, output, lock))
+            children.append(_start(role, command, base_env, log_dir, output, lock, guardian))
         deadline = None if timeout is None else started + timeout
         while failed is None:
             for child in children:
@@ -398,6 +457,7 @@ def launch(
             time.sleep(_POLL_S)
     finally:
         _stop(children, grace)
+        guardian.close()
         for child in children:
             if child.reader is not None:
                 child.reader.join(_READER_JOIN_S)

@@ -27,7 +27,8 @@ The coordinator is hosted by server 0 (rank 0). Its address:
 
 `host` (the address a process binds and advertises) is RECPS_HOST when set; else 127.0.0.1
 when the coordinator is on loopback (one machine); else the local address of the route to the
-coordinator (found without sending a packet).
+coordinator (found without sending a packet). On machines whose host name resolves to a
+loopback address (Debian's 127.0.1.1), set RECPS_HOST for a multi-machine cluster.
 
 `detect_role_maker(environ)` picks a maker by the variables present, innermost launcher first:
 RECPS_ROLE, then RANK and WORLD_SIZE (torchrun is often started by srun or mpirun, one agent

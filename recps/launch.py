@@ -44,7 +44,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import IO, Mapping, Sequence, TextIO
 
 from recps.errors import ConfigError, RecpsError
@@ -237,7 +237,7 @@ class _Child:
     reader: threading.Thread | None = None
     returncode: int | None = None
     signalled: bool = False
-    exited: bool = field(default=False)
+    exited: bool = False
 
     @property
     def pid(self) -> int:
@@ -283,14 +283,15 @@ def _has_exited(child: _Child) -> bool:
     if hasattr(os, "waitid"):
         try:
             seen = os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:  # already reaped
-            seen = True
-        if seen is None:
-            return False
-        try:
-            os.killpg(child.pid, signal.SIGKILL)  # leftovers of a finished child: nobody will stop them
-        except (ProcessLookupError, PermissionError):
+        except ChildProcessError:  # reaped by someone else: its pid may be reused, leave the group alone
             pass
+        else:
+            if seen is None:
+                return False
+            try:
+                os.killpg(child.pid, signal.SIGKILL)  # leftovers of a finished child: nobody will stop them
+            except (ProcessLookupError, PermissionError):
+                pass
     code = child.proc.poll()
     if code is None:
         return False
@@ -324,13 +325,12 @@ def _stop(children: Sequence[_Child], grace: float) -> None:
     for child in live:
         logger.warning("%s (pid %d) ignored SIGTERM for %.1fs; sending SIGKILL", child.name, child.pid, grace)
         _signal_group(child, signal.SIGKILL)
-    for child in live:
-        try:
-            child.proc.wait(timeout=_REAP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            logger.error("%s (pid %d) survived SIGKILL for %.0fs", child.name, child.pid, _REAP_TIMEOUT_S)
-            continue
-        _has_exited(child)
+    deadline = time.monotonic() + _REAP_TIMEOUT_S
+    while live and time.monotonic() < deadline:
+        time.sleep(_POLL_S)
+        live = [c for c in live if not _has_exited(c)]
+    for child in live:  # uninterruptible sleep (D state); nothing more a launcher can do
+        logger.error("%s (pid %d) survived SIGKILL for %.0fs", child.name, child.pid, _REAP_TIMEOUT_S)
 
 
 def _start(

@@ -39,12 +39,30 @@ CHILD = textwrap.dedent(
     print(f"hello from {name}")
     print(f"to stderr from {name}", file=sys.stderr)
 
-    def wait_for_servers():
-        n = int(os.environ["RECPS_NUM_SERVERS"])
+    def wait_for_everyone():  # so that every process has recorded its pids before anything ends
+        names = [f"server{i}" for i in range(int(os.environ["RECPS_NUM_SERVERS"]))]
+        names += [f"worker{j}" for j in range(int(os.environ["RECPS_NUM_WORKERS"]))]
         deadline = time.monotonic() + 30
-        while not all(os.path.exists(os.path.join(out, f"server{i}.json")) for i in range(n)):
+        while not all(os.path.exists(os.path.join(out, f"{name}.json")) for name in names):
             if time.monotonic() > deadline:
                 sys.exit(99)
+            time.sleep(0.02)
+
+    def wait_for_servers_to_exit():  # exited = gone or a zombie the launcher has not reaped yet
+        n = int(os.environ["RECPS_NUM_SERVERS"])
+        pids = [json.load(open(os.path.join(out, f"server{i}.json")))["pid"] for i in range(n)]
+        deadline = time.monotonic() + 30
+        while True:
+            states = []
+            for pid in pids:
+                try:
+                    states.append(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0])
+                except FileNotFoundError:
+                    states.append("Z")
+            if set(states) <= {"Z", "X"}:
+                return
+            if time.monotonic() > deadline:
+                sys.exit(98)
             time.sleep(0.02)
 
     if role == "server":
@@ -54,9 +72,11 @@ CHILD = textwrap.dedent(
             sys.exit(0)
         time.sleep(600)
     else:
-        wait_for_servers()
+        wait_for_everyone()
         if mode == "worker_fails" and index == 1:
             sys.exit(3)
+        if mode == "server_exits_0":
+            wait_for_servers_to_exit()
         if mode == "worker_killed" and index == 0:
             os.kill(os.getpid(), signal.SIGKILL)
         if mode in ("worker_fails", "worker_killed", "server_fails", "sleep"):
@@ -219,10 +239,11 @@ def test_a_process_that_ignores_sigterm_gets_sigkill_after_the_grace_period(chil
 
 def test_the_global_timeout_stops_everything(child):
     started = time.monotonic()
-    result = launch(child("sleep", "grandchild"), servers=1, workers=1, timeout=1.5, grace=1, output=io.StringIO())
+    result = launch(child("sleep", "grandchild"), servers=1, workers=1, timeout=3, grace=1, output=io.StringIO())
     assert (result.failed, result.timed_out, result.exit_code) == ("timeout", True, 124)
-    assert result.message == "timed out after 1.5s with server0, worker0 still running"
-    assert 1.5 <= time.monotonic() - started < 15
+    assert result.message == "timed out after 3s with server0, worker0 still running"
+    assert 3 <= time.monotonic() - started < 15
+    assert len(all_pids(child.out)) == 4
     assert_all_gone(all_pids(child.out))
 
 

@@ -69,6 +69,7 @@ class KeyIndex:
 
     def lookup(self, keys: torch.Tensor) -> torch.Tensor:
         """(K,) int64 keys -> (K,) int64 slots, -1 where absent."""
+        keys = keys.contiguous()  # the op reads raw memory
         offsets = torch.tensor([0, keys.numel()], dtype=torch.int64)
         slots = _lookup(keys, offsets, self._buckets, self._bucket_offsets)  # (K,)
         if self._minus_one_slot >= 0:
@@ -77,6 +78,7 @@ class KeyIndex:
 
     def insert(self, keys: torch.Tensor, slots: torch.Tensor) -> None:
         """Add (K,) unique, absent keys with their (K,) non-negative slots; grows as needed."""
+        keys, slots = keys.contiguous(), slots.contiguous()  # the op reads raw memory
         minus_one = keys == -1
         if bool(minus_one.any()):
             self._minus_one_slot = int(slots[minus_one][0])
@@ -93,7 +95,7 @@ class KeyIndex:
         """All (keys, slots), each (N,) int64, in bucket order."""
         used = self._buckets[:, 0] != -1  # (C,)
         pairs = self._buckets[used]  # (N, 2)
-        keys, slots = pairs[:, 0], pairs[:, 1]
+        keys, slots = pairs[:, 0].contiguous(), pairs[:, 1].contiguous()
         if self._minus_one_slot >= 0:
             keys = torch.cat([keys, torch.tensor([-1])])
             slots = torch.cat([slots, torch.tensor([self._minus_one_slot])])

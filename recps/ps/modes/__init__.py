@@ -1,0 +1,10 @@
+"""Consistency modes over one PS client: sync, async and GEO (layer L2).
+
+Every mode implements the `Communicator` protocol in `base`; the PS-backed embedding
+collections and the trainer talk to that protocol only, so `ps=sync|async|geo` touches
+no model and no reader.
+"""
+
+from recps.ps.modes.base import Communicator
+
+__all__ = ["Communicator"]

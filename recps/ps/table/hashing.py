@@ -50,16 +50,42 @@ def _srl(x: torch.Tensor, s: int) -> torch.Tensor:
     return (x >> s) & ((1 << (64 - s)) - 1)
 
 
-def splitmix64(x: torch.Tensor) -> torch.Tensor:
-    """splitmix64 finalizer of (x + golden gamma), elementwise on int64 tensors (bits as uint64).
+_CHUNK = 1 << 16  # elements per pass: temporaries stay in L2 (5x faster than whole-tensor ops here)
+
+
+def _mix_into(z: torch.Tensor, t: torch.Tensor) -> None:
+    """splitmix64 finalizer in place on z (int64 bits as uint64), t a scratch buffer."""
+    torch.bitwise_right_shift(z, 30, out=t)
+    t.bitwise_and_((1 << 34) - 1)
+    z.bitwise_xor_(t).mul_(_MUL1)
+    torch.bitwise_right_shift(z, 27, out=t)
+    t.bitwise_and_((1 << 37) - 1)
+    z.bitwise_xor_(t).mul_(_MUL2)
+    torch.bitwise_right_shift(z, 31, out=t)
+    t.bitwise_and_((1 << 33) - 1)
+    z.bitwise_xor_(t)
+
+
+def splitmix64(x: torch.Tensor, add: torch.Tensor | int = 0) -> torch.Tensor:
+    """splitmix64 finalizer of (x + add + golden gamma), elementwise on int64 tensors (bits as
+    uint64); `add` broadcasts against x. Returns a new contiguous int64 tensor.
 
     >>> splitmix64(torch.tensor([0])).item() == _s64(0xE220A8397B1DCDAF)
     True
     """
-    z = x + _GAMMA
-    z = (z ^ _srl(z, 30)) * _MUL1
-    z = (z ^ _srl(z, 27)) * _MUL2
-    return z ^ _srl(z, 31)
+    if isinstance(add, torch.Tensor):
+        x, add = torch.broadcast_tensors(x, add)
+    out = torch.empty(x.shape, dtype=torch.int64)
+    flat, flat_x = out.view(-1), x.reshape(-1)
+    flat_add = add.reshape(-1) if isinstance(add, torch.Tensor) else None
+    scratch = torch.empty(min(_CHUNK, flat.numel()), dtype=torch.int64)
+    for start in range(0, flat.numel(), _CHUNK):
+        end = min(start + _CHUNK, flat.numel())
+        z = flat[start:end]
+        torch.add(flat_x[start:end], flat_add[start:end] if flat_add is not None else add, out=z)
+        z.add_(_GAMMA)
+        _mix_into(z, scratch[: end - start])
+    return out
 
 
 def _splitmix64_int(x: int) -> int:
@@ -118,20 +144,42 @@ class Initializer:
         if self.kind == "normal" and not self.std >= 0:
             raise ConfigError(f"Initializer: std={self.std}; it must be >= 0")
 
-    def __call__(self, keys: torch.Tensor, dim: int, seed: int = 0) -> torch.Tensor:
-        """(K,) int64 keys -> (K, D) float32 initial values."""
+    def __call__(self, keys: torch.Tensor, dim: int, seed: int = 0, out: torch.Tensor | None = None) -> torch.Tensor:
+        """(K,) int64 keys -> (K, D) float32 initial values (written into `out` if given)."""
         k = keys.numel()
+        if out is None:
+            out = torch.empty(k, dim, dtype=torch.float32)  # (K, D)
         if self.kind == "zeros" or k == 0:
-            return torch.zeros(k, dim, dtype=torch.float32)
-        base = splitmix64(keys + _splitmix64_int(seed ^ _INIT_SALT))  # (K,)
+            return out.zero_()
+        base = splitmix64(keys, _splitmix64_int(seed ^ _INIT_SALT))  # (K,)
         cols = torch.arange(1, dim + 1, dtype=torch.int64) * _GAMMA  # (D,) wraps, fine
-        h = splitmix64(base[:, None] + cols[None, :])  # (K, D)
-        # 24 high bits -> exactly representable float32 in [0, 1).
-        hi = _srl(h, 40).to(torch.float64) * (1.0 / (1 << 24))  # (K, D)
-        if self.kind == "uniform":
-            return (self.low + (self.high - self.low) * hi).to(torch.float32)
-        # Box-Muller with a second, independent 24-bit field of the same hash.
-        lo = ((h >> 8) & 0xFFFFFF).to(torch.float64) * (1.0 / (1 << 24))  # (K, D)
-        radius = torch.sqrt(-2.0 * torch.log1p(-hi))  # log(1 - u), u < 1 so finite
-        z = radius * torch.cos((2.0 * math.pi) * lo)  # (K, D) standard normal
-        return (self.mean + self.std * z).to(torch.float32)
+        rows = max(1, _CHUNK // dim)  # rows per pass, so temporaries stay in cache
+        z = torch.empty(min(rows, k), dim, dtype=torch.int64)
+        t = torch.empty_like(z)
+        bits = torch.empty(z.shape, dtype=torch.int32)
+        for start in range(0, k, rows):
+            n = min(rows, k - start)
+            zc, oc = z[:n], out[start : start + n]
+            torch.add(base[start : start + n, None], cols, out=zc)
+            zc.add_(_GAMMA)
+            _mix_into(zc, t[:n])  # (n, D) one hash per (key, column)
+            words = zc.view(torch.int32)  # (n, 2D) little-endian: [low, high] per hash
+            _unit_float(words[:, 1::2], bits[:n], oc)  # 23 high bits -> u in [0, 1)
+            if self.kind == "uniform":
+                oc.mul_(self.high - self.low).add_(self.low)
+                continue
+            # Box-Muller with the low word as a second, independent uniform.
+            angle = torch.empty_like(oc)
+            _unit_float(words[:, 0::2], bits[:n], angle)
+            angle.mul_(2.0 * math.pi).cos_()
+            oc.neg_().log1p_().mul_(-2.0).sqrt_()  # radius; log(1 - u) is finite for u < 1
+            oc.mul_(angle).mul_(self.std).add_(self.mean)
+        return out
+
+
+def _unit_float(word: torch.Tensor, bits: torch.Tensor, out: torch.Tensor) -> None:
+    """Top 23 bits of int32 words -> float32 in [0, 1), exactly, by building 1.m then
+    subtracting 1 (an int64 -> float conversion is not vectorized on this CPU)."""
+    torch.bitwise_right_shift(word, 9, out=bits)
+    bits.bitwise_and_(0x7FFFFF).bitwise_or_(0x3F800000)
+    out.copy_(bits.view(torch.float32)).sub_(1.0)

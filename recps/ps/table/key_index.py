@@ -50,7 +50,8 @@ class KeyIndex:
     """Map from int64 keys (any value) to non-negative int64 slots; -1 means absent."""
 
     def __init__(self, expected_keys: int = 0) -> None:
-        self._capacity = max(_MIN_CAPACITY, int(expected_keys / _GROW_LOAD) + 1)
+        # A reservation fills to 90% of MAX_LOAD before the first resize.
+        self._capacity = max(_MIN_CAPACITY, int(expected_keys / (0.9 * MAX_LOAD)) + 1)
         self._buckets = _empty_buckets(self._capacity)  # (C, 2)
         self._bucket_offsets = torch.tensor([0, self._capacity], dtype=torch.int64)
         self._size = 0  # keys stored in buckets (key -1 excluded)

@@ -60,9 +60,13 @@ class UpdateRule:
         """Number of float32 state columns per row of width `dim`."""
         return 0
 
+    def initial_state_value(self) -> float:
+        """Every state column of a fresh row starts at this value."""
+        return 0.0
+
     def init_state(self, rows: int, dim: int) -> torch.Tensor:
         """(rows, S) float32 state of fresh rows."""
-        return torch.zeros(rows, self.state_width(dim), dtype=torch.float32)
+        return torch.full((rows, self.state_width(dim)), self.initial_state_value(), dtype=torch.float32)
 
     def apply(self, w: torch.Tensor, g: torch.Tensor, state: torch.Tensor) -> None:
         """Update w (R, D) and state (R, S) in place with gradients g (R, D)."""
@@ -107,8 +111,8 @@ class AdagradRule(UpdateRule):
     def state_width(self, dim: int) -> int:
         return dim
 
-    def init_state(self, rows: int, dim: int) -> torch.Tensor:
-        return torch.full((rows, dim), self.initial_accumulator_value, dtype=torch.float32)
+    def initial_state_value(self) -> float:
+        return self.initial_accumulator_value
 
     def apply(self, w: torch.Tensor, g: torch.Tensor, state: torch.Tensor) -> None:
         g = self._decayed(w, g)  # (R, D)
@@ -129,8 +133,8 @@ class RowWiseAdagradRule(UpdateRule):
     def state_width(self, dim: int) -> int:
         return 1
 
-    def init_state(self, rows: int, dim: int) -> torch.Tensor:
-        return torch.full((rows, 1), self.initial_accumulator_value, dtype=torch.float32)
+    def initial_state_value(self) -> float:
+        return self.initial_accumulator_value
 
     def apply(self, w: torch.Tensor, g: torch.Tensor, state: torch.Tensor) -> None:
         g = self._decayed(w, g)  # (R, D)

@@ -180,11 +180,9 @@ class _Channel:
                 return
 
     def _drain(self, sock: zmq.Socket) -> None:
-        while True:
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
+        # Socket.get() keeps the GIL where a receive that fails with Again would let go of it.
+        while sock.get(zmq.EVENTS) & zmq.POLLIN:
+            frames = wire.recv(sock, zmq.NOBLOCK)
             try:
                 msg = wire.decode(frames)
             except wire.WireError as e:

@@ -189,29 +189,21 @@ class TransportServer:
             poller.register(s, zmq.POLLIN)
         try:
             while not self._stopping.is_set():
-                events = dict(poller.poll(_POLL_MS))
-                if control in events:
+                if control in dict(poller.poll(_POLL_MS)):
                     break
-                if router in events:
-                    while True:
-                        try:
-                            item = router.recv_multipart(zmq.NOBLOCK, copy=False)  # [identity, *frames]
-                        except zmq.Again:
-                            break
-                        if self._num_threads:
-                            self._queue.put(item)
-                            continue
-                        reply = self._serve(item[0], item[1:])  # inline: no thread hop, no concurrency
-                        if reply is not None:
-                            router.send_multipart([item[0], *reply], zmq.NOBLOCK, copy=False)
-                if replies in events:
-                    while True:
-                        try:
-                            frames = replies.recv_multipart(zmq.NOBLOCK, copy=False)
-                        except zmq.Again:
-                            break
-                        # ROUTER drops (never blocks on) a reply to a peer that left or is full.
-                        router.send_multipart(frames, zmq.NOBLOCK, copy=False)
+                # Socket.get() keeps the GIL where a receive that fails with Again would let go of it.
+                while router.get(zmq.EVENTS) & zmq.POLLIN:
+                    item = wire.recv(router, zmq.NOBLOCK, envelope=1)  # [identity, head, *tensor frames]
+                    if self._num_threads:
+                        self._queue.put(item)
+                        continue
+                    reply = self._serve(item[0], item[1:])  # inline: no thread hop, no concurrency
+                    if reply is not None:
+                        router.send_multipart([item[0], *reply], zmq.NOBLOCK, copy=False)
+                while replies.get(zmq.EVENTS) & zmq.POLLIN:
+                    frames = replies.recv_multipart(zmq.NOBLOCK, copy=False)  # moved as they are
+                    # ROUTER drops (never blocks on) a reply to a peer that left or is full.
+                    router.send_multipart(frames, zmq.NOBLOCK, copy=False)
         except Exception:  # noqa: BLE001 - the thread must close its sockets whatever happened
             logger.exception("server %s: front thread failed", self._endpoint)
             self._stopping.set()

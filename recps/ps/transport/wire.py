@@ -1,13 +1,20 @@
 """The wire format: how a request or reply travels as one multipart ZeroMQ message.
 
-    frame 0   header   fixed part (_FIXED) + one descriptor per tensor: dtype code u8, ndim u8, ndim x u64
-    frame 1   verb     UTF-8 ("pull", "push", ...; empty in replies)
-    frame 2   text     UTF-8: the table name in a request, the error message in an error reply
-    frame 3   meta     a flat dict[str, int | float | bool | str] in a tiny binary encoding (_encode_meta)
-    frame 4+  tensors  the raw bytes of each tensor, C order, little-endian, one frame per tensor
+    frame 0   head     fixed part (_FIXED), verb, text, meta, then one descriptor per tensor
+    frame 1+  tensors  the raw bytes of each tensor, C order, little-endian, one frame per tensor
 
-Fixed header, little-endian, 34 bytes: magic b"RCPS", version u8, kind u8 (1 request, 2 reply),
-status u16 (`Status`), request id u64, token digest 16 bytes (zeros in replies), tensor count u16.
+Fixed part, little-endian, 43 bytes: magic b"RCPS", version u8, kind u8 (1 request, 2 reply),
+status u16 (`Status`), request id u64, token digest 16 bytes (zeros in replies), tensor count u16,
+verb length u8, text length u32, meta length u32. Then:
+
+    verb    UTF-8 ("pull", "push", ...; empty in replies)
+    text    UTF-8: the table name in a request, the error message in an error reply
+    meta    a flat dict[str, int | float | bool | str] in a tiny binary encoding (_encode_meta)
+    per tensor: dtype code u8, ndim u8, ndim x u64 dims
+
+Everything but the tensors shares one frame because every ZeroMQ send, receive and frame release
+lets go of the GIL, and each time a busy training thread of the same process may keep it for up
+to the interpreter's switch interval (5 ms): a pull is 2 frames each way, not 5.
 
 Nothing received is unpickled or evaluated. `decode` checks the magic, the version, the frame count,
 every length, every dtype code and that each tensor frame holds exactly numel x itemsize bytes;
@@ -56,6 +63,7 @@ __all__ = [
     "encode",
     "decode",
     "peek_request_id",
+    "recv",
     "token_digest",
     "resolve_token",
     "TOKEN_ENV",
@@ -67,7 +75,8 @@ REQUEST = 1
 REPLY = 2
 TOKEN_ENV = "RECPS_CLUSTER_TOKEN"
 
-_FIXED = struct.Struct("<4sBBHQ16sH")  # magic, version, kind, status, request id, token digest, n tensors
+# magic, version, kind, status, request id, token digest, n tensors, verb, text and meta lengths
+_FIXED = struct.Struct("<4sBBHQ16sHBII")
 _DIM = struct.Struct("<Q")
 _NO_TOKEN = bytes(16)
 
@@ -77,6 +86,7 @@ MAX_NDIM = 8
 MAX_DIM = 1 << 48
 MAX_TEXT_BYTES = 1 << 16
 MAX_META_ENTRIES = 256
+_MAX_META_BYTES = MAX_META_ENTRIES * (2 + 255 + 5 + MAX_TEXT_BYTES)
 
 MetaValue = int | float | bool | str
 
@@ -107,6 +117,7 @@ _DTYPES: dict[int, tuple[torch.dtype, np.dtype]] = {
     8: (torch.int8, np.dtype("i1")),
     9: (torch.uint8, np.dtype("u1")),
 }
+_STATUSES = frozenset(int(s) for s in Status)
 DTYPE_CODES: dict[torch.dtype, int] = {tdt: code for code, (tdt, _) in _DTYPES.items()}
 
 
@@ -242,11 +253,14 @@ def _tensor_buffer(i: int, t: torch.Tensor) -> tuple[bytes, object]:
         raise ValueError(f"tensor {i} is on {t.device}; move it to the CPU before sending")
     if t.dim() > MAX_NDIM:
         raise ValueError(f"tensor {i} has {t.dim()} dims; at most {MAX_NDIM} travel")
-    flat = t.detach().contiguous().reshape(-1)  # (numel,)
-    if flat.dtype == torch.bfloat16:
-        flat = flat.view(torch.int16)  # numpy has no bfloat16; the bits travel as int16
-    desc = struct.pack("<BB", code, t.dim()) + b"".join(_DIM.pack(d) for d in t.shape)
-    return desc, memoryview(flat.numpy()).cast("B")
+    if t.requires_grad:
+        t = t.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()  # the one copy the sender makes: strided views travel by value
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)  # numpy has no bfloat16; the bits travel as int16
+    desc = struct.pack(f"<BB{t.dim()}Q", code, t.dim(), *t.shape)
+    return desc, t.numpy().reshape(-1)  # (numel,) shares the tensor's memory; sent through the buffer protocol
 
 
 def encode(
@@ -271,8 +285,23 @@ def encode(
         desc, buf = _tensor_buffer(i, t)
         descs.append(desc)
         bufs.append(buf)
-    header = _FIXED.pack(MAGIC, VERSION, kind, int(status), request_id, token_digest, len(bufs)) + b"".join(descs)
-    return [header, verb_b, text_b, _encode_meta(meta), *bufs]
+    meta_b = _encode_meta(meta)
+    fixed = _FIXED.pack(MAGIC, VERSION, kind, int(status), request_id, token_digest, len(bufs), len(verb_b), len(text_b), len(meta_b))
+    return [b"".join((fixed, verb_b, text_b, meta_b, *descs)), *bufs]
+
+
+def recv(sock, flags: int = 0, envelope: int = 0) -> list:
+    """One message from a ZeroMQ socket: the first `envelope` + 1 frames (a ROUTER's identity, the
+    head) as bytes, the tensor frames as zmq.Frames (no copy). Copying the small frames saves a
+    GIL release per frame (a zmq.Frame lets go of the GIL when it is freed)."""
+    import zmq  # the wire format itself does not need ZeroMQ; only this helper does
+
+    frames = [sock.recv(flags, copy=True)]
+    while len(frames) <= envelope and sock.get(zmq.RCVMORE):
+        frames.append(sock.recv(flags, copy=True))
+    while sock.get(zmq.RCVMORE):
+        frames.append(sock.recv(flags, copy=False))
+    return frames
 
 
 def peek_request_id(frame0) -> int | None:
@@ -280,7 +309,7 @@ def peek_request_id(frame0) -> int | None:
     buf = _buffer(frame0)
     if len(buf) < _FIXED.size:
         return None
-    magic, version, _kind, _status, rid, _token, _n = _FIXED.unpack_from(buf, 0)
+    magic, version, _kind, _status, rid, *_ = _FIXED.unpack_from(buf, 0)
     return rid if magic == MAGIC and version == VERSION else None
 
 
@@ -295,7 +324,7 @@ def _text(buf: memoryview, what: str) -> str:
     if len(buf) > MAX_TEXT_BYTES:
         raise WireError(f"{what} frame has {len(buf)} bytes; at most {MAX_TEXT_BYTES}")
     try:
-        return bytes(buf).decode("utf-8")
+        return str(buf, "utf-8")
     except UnicodeDecodeError as e:
         raise WireError(f"{what} is not UTF-8: {e}") from None
 
@@ -310,33 +339,38 @@ def _tensor_from_buffer(i: int, code: int, shape: tuple[int, ...], buf: memoryvi
     arr = np.frombuffer(buf, dtype=ndt)  # (numel,) shares the frame's memory
     if not (arr.flags.aligned and arr.flags.writeable):
         arr = arr.copy()  # small frames live unaligned inside the zmq message; copying them is cheap
-    t = torch.from_numpy(arr)
-    if tdt == torch.bfloat16:
-        t = t.view(torch.bfloat16)
-    return t.view(shape)
+    t = torch.from_numpy(arr.reshape(shape))
+    return t.view(torch.bfloat16) if tdt == torch.bfloat16 else t
 
 
 def decode(frames: Sequence) -> Message:
     """Parse and validate the frames of one message (without a ROUTER identity). Raises WireError."""
-    if len(frames) < 4:
-        raise WireError(f"message has {len(frames)} frames; at least 4 expected (header, verb, text, meta)")
+    if not frames:
+        raise WireError("empty message")
     head = _buffer(frames[0])
     if len(head) < _FIXED.size:
-        raise WireError(f"header has {len(head)} bytes; at least {_FIXED.size} expected")
-    magic, version, kind, status, rid, digest, n = _FIXED.unpack_from(head, 0)
+        raise WireError(f"head has {len(head)} bytes; at least {_FIXED.size} expected")
+    magic, version, kind, status, rid, digest, n, verb_len, text_len, meta_len = _FIXED.unpack_from(head, 0)
     if magic != MAGIC:
         raise WireError(f"bad magic {bytes(magic)!r}; expected {MAGIC!r} (not a recps peer)")
     if version != VERSION:
         raise WireError(f"protocol version {version}; this process speaks version {VERSION}")
     if kind not in (REQUEST, REPLY):
         raise WireError(f"unknown message kind {kind}")
-    try:
-        status = Status(status)
-    except ValueError:
-        raise WireError(f"unknown status code {status}") from None
-    if n > MAX_TENSORS or len(frames) != 4 + n:
-        raise WireError(f"header declares {n} tensors; the message has {len(frames) - 4} tensor frames")
-    shapes, pos = [], _FIXED.size
+    if status not in _STATUSES:
+        raise WireError(f"unknown status code {status}")
+    if n > MAX_TENSORS or len(frames) != 1 + n:
+        raise WireError(f"head declares {n} tensors; the message has {len(frames) - 1} tensor frames")
+    if text_len > MAX_TEXT_BYTES or meta_len > _MAX_META_BYTES:
+        raise WireError(f"head declares {text_len} bytes of text and {meta_len} of meta; too many")
+    pos = _FIXED.size
+    end = pos + verb_len + text_len + meta_len
+    if end > len(head):
+        raise WireError(f"head of {len(head)} bytes is too short for the {end - pos} bytes of verb, text and meta it declares")
+    verb = _text(head[pos : pos + verb_len], "verb")
+    text = _text(head[pos + verb_len : pos + verb_len + text_len], "text")
+    meta = _decode_meta(head[pos + verb_len + text_len : end])
+    shapes, pos = [], end
     try:
         for i in range(n):
             code, ndim = struct.unpack_from("<BB", head, pos)
@@ -348,11 +382,8 @@ def decode(frames: Sequence) -> Message:
             shapes.append((code, shape))
             pos += 2 + 8 * ndim
     except struct.error:
-        raise WireError(f"header of {len(head)} bytes is too short for {n} tensor descriptors") from None
+        raise WireError(f"head of {len(head)} bytes is too short for {n} tensor descriptors") from None
     if pos != len(head):
-        raise WireError(f"header has {len(head) - pos} trailing bytes")
-    verb = _text(_buffer(frames[1]), "verb")
-    text = _text(_buffer(frames[2]), "text")
-    meta = _decode_meta(_buffer(frames[3]))
-    tensors = [_tensor_from_buffer(i, code, shape, _buffer(frames[4 + i])) for i, (code, shape) in enumerate(shapes)]
-    return Message(kind, rid, status, verb, text, meta, tensors, bytes(digest))
+        raise WireError(f"head has {len(head) - pos} trailing bytes")
+    tensors = [_tensor_from_buffer(i, code, shape, _buffer(frames[1 + i])) for i, (code, shape) in enumerate(shapes)]
+    return Message(kind, rid, Status(status), verb, text, meta, tensors, bytes(digest))

@@ -221,18 +221,19 @@ def test_malformed_frames_from_a_raw_socket_do_not_kill_the_server(servers, clie
     calls = []
     server = servers(lambda verb, table, tensors, meta: calls.append(verb) or [], num_threads=num_threads)
     good = wire.encode(wire.REQUEST, 77, verb="pull", text="t", tensors=[torch.arange(4)], token_digest=wire.token_digest(TOKEN))
-    good = [bytes(f) for f in good]
-    head = good[0]
+    head, keys = bytes(good[0]), bytes(good[1])
+    fixed = wire._FIXED.size
     garbage = [
         [b"hello"],
         [b""],
         [b"GET / HTTP/1.1\r\n\r\n"],
-        [b"XXXX" + head[4:], *good[1:]],
-        [head[:4] + bytes([9]) + head[5:], *good[1:]],  # another protocol version
-        [head, *good[1:4], good[4][:-3]],  # tensor bytes vs shape
-        [head + b"\x00", *good[1:]],
-        [head[: wire._FIXED.size] + b"\xff" + head[wire._FIXED.size + 1 :], *good[1:]],  # unknown dtype
-        [head, *good[1:3], b"\x05\x00", *good[4:]],  # meta truncated
+        [b"XXXX" + head[4:], keys],
+        [head[:4] + bytes([9]) + head[5:], keys],  # another protocol version
+        [head, keys[:-3]],  # tensor bytes vs shape
+        [head, keys, keys],  # more frames than tensors
+        [head + b"\x00", keys],
+        [head[:-10] + b"\xff" + head[-9:], keys],  # unknown dtype code
+        [head[:fixed - 8] + b"\xff\xff\xff\x00" + head[fixed - 4 :], keys],  # text length past the end
         [bytes(range(256)) * 100] * 7,
     ]
     ctx = zmq.Context()

@@ -69,35 +69,49 @@ def _good():
     return _copy_frames(encode(REQUEST, 5, verb="pull", text="t", tensors=[torch.arange(4)], meta={"a": 1}))
 
 
-def _with_header(frames, header):
-    return [header, *frames[1:]]
+_KEYS = torch.arange(4).numpy().tobytes()  # the one tensor of _build's messages: (4,) int64
+_DESC = struct.pack("<BBQ", wire.DTYPE_CODES[torch.int64], 1, 4)
+_META = struct.pack("<HB", 1, 1) + b"aq" + struct.pack("<q", 1)
+
+
+def _build(verb=b"pull", text=b"t", meta=_META, descs=_DESC, tensors=(_KEYS,), extra=b"", **fixed):
+    """A message put together field by field, so that one field at a time can be broken."""
+    fields = dict(magic=wire.MAGIC, version=wire.VERSION, kind=REQUEST, status=0, rid=5, digest=bytes(16),
+                  n=len(tensors), verb_len=len(verb), text_len=len(text), meta_len=len(meta))
+    fields.update(fixed)
+    return [wire._FIXED.pack(*fields.values()) + verb + text + meta + descs + extra, *tensors]
 
 
 def _malformed():
-    good = _good()
-    head = good[0]
-    fixed = wire._FIXED.size
     return {
-        "too few frames": good[:3],
-        "short header": _with_header(good, head[:10]),
-        "bad magic": _with_header(good, b"XXXX" + head[4:]),
-        "other version": _with_header(good, head[:4] + bytes([wire.VERSION + 1]) + head[5:]),
-        "unknown kind": _with_header(good, head[:5] + b"\x07" + head[6:]),
-        "unknown status": _with_header(good, head[:6] + struct.pack("<H", 999) + head[8:]),
-        "tensor count vs frames": _with_header(good, head[: fixed - 2] + struct.pack("<H", 2) + head[fixed:]),
-        "unknown dtype": _with_header(good, head[:fixed] + b"\x63" + head[fixed + 1 :]),
-        "too many dims": _with_header(good, head[:fixed] + head[fixed : fixed + 1] + b"\x09" + head[fixed + 2 :]),
-        "shape vs bytes": _with_header(good, head[:fixed] + head[fixed : fixed + 2] + struct.pack("<Q", 5)),
-        "huge dim": _with_header(good, head[:fixed] + head[fixed : fixed + 2] + struct.pack("<Q", 1 << 63)),
-        "trailing header": _with_header(good, head + b"\x00"),
-        "truncated tensor": good[:4] + [good[4][:-1]],
-        "verb not utf-8": [good[0], b"\xff\xfe", *good[2:]],
-        "truncated meta": [*good[:3], good[3][:-2], *good[4:]],
-        "meta trailing": [*good[:3], good[3] + b"\x00", *good[4:]],
-        "meta bad type": [*good[:3], b"\x01\x00\x01kZ", *good[4:]],
-        "meta bad bool": [*good[:3], b"\x01\x00\x01k?\x02", *good[4:]],
-        "meta string past end": [*good[:3], b"\x01\x00\x01ks" + struct.pack("<I", 99) + b"ab", *good[4:]],
+        "empty message": [],
+        "short head": [_build()[0][:10], _KEYS],
+        "bad magic": _build(magic=b"XXXX"),
+        "other version": _build(version=wire.VERSION + 1),
+        "unknown kind": _build(kind=7),
+        "unknown status": _build(status=999),
+        "tensor count vs frames": _build(n=2),
+        "lengths past the head": _build(text_len=1000),
+        "text too long": _build(text_len=1 << 20),
+        "unknown dtype": _build(descs=struct.pack("<BBQ", 99, 1, 4)),
+        "too many dims": _build(descs=struct.pack("<BB", wire.DTYPE_CODES[torch.int64], 9) + bytes(72)),
+        "descriptor cut short": _build(descs=_DESC[:6]),
+        "shape vs bytes": _build(descs=struct.pack("<BBQ", wire.DTYPE_CODES[torch.int64], 1, 5)),
+        "huge dim": _build(descs=struct.pack("<BBQQ", wire.DTYPE_CODES[torch.int64], 2, 0, 1 << 63)),
+        "trailing head": _build(extra=b"\x00"),
+        "truncated tensor": _build(tensors=(_KEYS[:-1],)),
+        "verb not utf-8": _build(verb=b"\xff\xfe\xfd\xfc"),
+        "truncated meta": _build(meta=_META[:-2]),
+        "meta trailing": _build(meta=_META + b"\x00"),
+        "meta bad type": _build(meta=b"\x01\x00\x01kZ"),
+        "meta bad bool": _build(meta=b"\x01\x00\x01k?\x02"),
+        "meta key past end": _build(meta=b"\x01\x00\x09k"),
+        "meta string past end": _build(meta=b"\x01\x00\x01ks" + struct.pack("<I", 99) + b"ab"),
     }
+
+
+def test_build_makes_the_same_bytes_as_encode():
+    assert _build() == _good()
 
 
 @pytest.mark.parametrize("case", list(_malformed()))
@@ -110,7 +124,7 @@ def test_malformed_messages_raise_wire_error(case):
 def test_peek_request_id_only_for_this_version():
     good = _good()
     assert wire.peek_request_id(good[0]) == 5
-    assert wire.peek_request_id(b"RCPS\x09" + good[0][5:]) is None
+    assert wire.peek_request_id(_build(version=9)[0]) is None
     assert wire.peek_request_id(b"abc") is None
 
 

@@ -1,0 +1,269 @@
+"""Pull latency of the recps transport on one machine (loopback TCP or IPC).
+
+A server process answers "pull" with a slice of a preallocated table (K, D) fp32, so the figure
+is the transport's cost: request of K int64 keys out, K x D fp32 rows back. Reported: median over
+--runs after --warmup.
+
+    python benchmarks/transport_bench.py                         # the issue's two sizes, TCP and IPC
+    python benchmarks/transport_bench.py --fanout                # also: 2 servers, 1 and 2 client threads,
+                                                                 #   per-thread sockets vs one I/O thread
+
+Issue 4's reference (ZeroMQ, loopback TCP): 8k keys -> 8k x 16 in 0.42 ms, 64k keys -> 64k x 64 in 6.4 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import multiprocessing as mp
+import queue
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import Future
+
+import numpy as np
+import torch
+import zmq
+
+from recps.ps.transport import TransportClient, TransportServer, wait_all, wire
+
+TOKEN = "bench-token"
+SIZES = [(8192, 16), (65536, 64)]
+
+
+def _serve(bind: str, num_threads: int, ready: mp.Queue, stop: mp.Event) -> None:
+    torch.set_num_threads(1)
+    tables = {f"d{d}": torch.randn(k, d) for k, d in SIZES}  # (K, D) preallocated rows
+
+    def pull(verb, table, tensors, meta):
+        return [tables[table][: tensors[0].shape[0]]]  # (K, D) a contiguous slice, sent without a copy
+
+    with TransportServer(pull, token=TOKEN, bind=bind, num_threads=num_threads) as server:
+        ready.put(server.endpoint)
+        stop.wait(600)
+
+
+def _serve_raw(ready: mp.Queue, stop: mp.Event) -> None:
+    """The floor: bare pyzmq ROUTER answering with the same rows, no header, no checks, one thread."""
+    tables = {d: torch.randn(k, d).numpy() for k, d in SIZES}  # (K, D)
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.linger = 0
+    ready.put(f"tcp://127.0.0.1:{router.bind_to_random_port('tcp://127.0.0.1')}")
+    while not stop.is_set():
+        if router.poll(100):
+            identity, dim, keys = router.recv_multipart(copy=False)
+            router.send_multipart([identity, tables[int(dim.bytes)][: len(keys.buffer) // 8]], copy=False)
+    router.close()
+    ctx.term()
+
+
+def _raw_caller(endpoint: str, k: int, d: int):
+    """A call() against the bare pyzmq server, and its cleanup."""
+    zctx = zmq.Context()
+    sock = zctx.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.rcvtimeo = 30_000
+    sock.connect(endpoint)
+    keys = torch.randint(0, 1 << 40, (k,)).numpy()  # (K,) int64
+
+    def call():
+        sock.send_multipart([str(d).encode(), keys], copy=False)
+        (reply,) = sock.recv_multipart(copy=False)
+        return torch.from_numpy(np.frombuffer(reply.buffer, np.float32)).view(k, d)  # (K, D)
+
+    def close():
+        sock.close()
+        zctx.term()
+
+    return call, close
+
+
+class IOThreadClient:
+    """The alternative client design, for comparison only: one I/O thread owns every socket;
+    callers hand it requests over inproc and wait on a Future."""
+
+    def __init__(self, endpoints, token):
+        self._ctx = zmq.Context()
+        self._digest = wire.token_digest(token)
+        self._ids = itertools.count(1)
+        self._pending: dict[int, Future] = {}
+        self._local = threading.local()
+        self._inbox = f"inproc://io-{id(self)}"
+        pull = self._ctx.socket(zmq.PULL)
+        pull.bind(self._inbox)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(endpoints, pull), daemon=True)
+        self._thread.start()
+
+    def request(self, server, verb, table, tensors):
+        push = getattr(self._local, "push", None)
+        if push is None:
+            push = self._local.push = self._ctx.socket(zmq.PUSH)
+            push.linger = 0
+            push.connect(self._inbox)
+        rid = next(self._ids)
+        future = self._pending[rid] = Future()
+        frames = wire.encode(wire.REQUEST, rid, verb=verb, text=table, tensors=tensors, token_digest=self._digest)
+        push.send_multipart([server.to_bytes(2, "little"), *frames], copy=False)
+        return future
+
+    def _run(self, endpoints, pull):
+        socks = []
+        for e in endpoints:
+            s = self._ctx.socket(zmq.DEALER)
+            s.linger = 0
+            s.connect(e)
+            socks.append(s)
+        poller = zmq.Poller()
+        for s in (pull, *socks):
+            poller.register(s, zmq.POLLIN)
+        while not self._stop.is_set():
+            for s, _ in poller.poll(100):
+                if s is pull:
+                    frames = pull.recv_multipart(copy=False)
+                    socks[int.from_bytes(frames[0].bytes, "little")].send_multipart(frames[1:], copy=False)
+                else:
+                    msg = wire.decode(s.recv_multipart(copy=False))
+                    self._pending.pop(msg.request_id).set_result(msg.tensors)
+        for s in (pull, *socks):
+            s.close()
+
+    def close(self):
+        self._stop.set()
+        self._thread.join(5)
+
+
+def _median_ms(fn, runs: int, warmup: int) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def _start(target, args_list):
+    ctx = mp.get_context("spawn")
+    ready, stop = ctx.Queue(), ctx.Event()
+    procs = []
+    endpoints = []
+    for args in args_list:  # one at a time, so that endpoints[i] belongs to args_list[i]
+        procs.append(ctx.Process(target=target, args=(*args, ready, stop), daemon=True))
+        procs[-1].start()
+        endpoints.append(ready.get(timeout=180))
+    return endpoints, stop, procs
+
+
+def _stop_servers(stop, procs):
+    stop.set()
+    for p in procs:
+        p.join(10)
+        if p.is_alive():
+            p.kill()
+
+
+def bench_latency(configs: list[tuple[str, int]], runs: int, warmup: int, rounds: int) -> list[dict]:
+    """Median pull latency per (transport, server threads) and size. The configurations take turns,
+    `rounds` times, so that load from other processes on the machine hits them all alike."""
+    tmp = tempfile.mkdtemp(prefix="recps-bench-")
+    binds = ["127.0.0.1" if t == "tcp" else f"ipc://{tmp}/s{i}.sock" for i, (t, _) in enumerate(configs)]
+    endpoints, stop, procs = _start(_serve, [(b, n) for b, (_, n) in zip(binds, configs)])
+    raw_endpoints, raw_stop, raw_procs = _start(_serve_raw, [()])
+    callers, closers = {}, []
+    try:
+        client = TransportClient(endpoints, token=TOKEN, timeout_s=30)
+        closers.append(client.close)
+        for k, d in SIZES:
+            call, close = _raw_caller(raw_endpoints[0], k, d)
+            callers[("raw pyzmq, tcp", "-", k, d)] = call
+            closers.append(close)
+            keys = torch.randint(0, 1 << 40, (k,))  # (K,) int64
+            for i, (transport, threads) in enumerate(configs):
+                callers[(f"recps, {transport}", threads, k, d)] = lambda i=i, d=d, keys=keys: client.call(i, "pull", f"d{d}", [keys])
+        for key, call in callers.items():
+            got = call()
+            got = got.tensors[0] if hasattr(got, "tensors") else got
+            assert tuple(got.shape) == key[2:], (key, got.shape)
+            for _ in range(warmup):
+                call()
+        samples: dict[tuple, list[float]] = {key: [] for key in callers}
+        for _ in range(rounds):
+            for key, call in callers.items():
+                for _ in range(runs):
+                    start = time.perf_counter()
+                    call()
+                    samples[key].append(time.perf_counter() - start)
+    finally:
+        for close in closers:
+            close()
+        _stop_servers(stop, procs)
+        _stop_servers(raw_stop, raw_procs)
+    return [{"what": w, "server_threads": n, "keys": k, "dim": d, "runs": len(v), "median_ms": statistics.median(v) * 1e3}
+            for (w, n, k, d), v in samples.items()]
+
+
+def bench_fanout(runs: int, warmup: int, num_threads: int) -> list[dict]:
+    """8k keys -> 8k x 16 rows split over 2 servers, from 1 and from 2 client threads at once."""
+    endpoints, stop, procs = _start(_serve, [("127.0.0.1", num_threads)] * 2)
+    k, d = SIZES[0]
+    rows = []
+    try:
+        direct = TransportClient(endpoints, token=TOKEN, timeout_s=30)
+        io = IOThreadClient(endpoints, TOKEN)
+        halves = [torch.randint(0, 1 << 40, (k // 2,)) for _ in endpoints]  # (K/2,) per server
+        designs = {
+            "per-thread sockets": lambda: wait_all([direct.request(s, "pull", f"d{d}", [halves[s]]) for s in range(2)]),
+            "one I/O thread": lambda: [f.result(30) for f in [io.request(s, "pull", f"d{d}", [halves[s]]) for s in range(2)]],
+        }
+        for name, fn in designs.items():
+            for threads in (1, 2):
+                per_thread: list[float] = []
+
+                def loop():
+                    per_thread.append(_median_ms(fn, runs, warmup))
+
+                ts = [threading.Thread(target=loop) for _ in range(threads)]
+                for t in ts:
+                    t.start()
+                for t in ts:
+                    t.join(300)
+                rows.append({"design": name, "client_threads": threads, "servers": 2, "keys": k, "dim": d,
+                             "median_ms": statistics.median(per_thread)})
+        direct.close()
+        io.close()
+    finally:
+        _stop_servers(stop, procs)
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=10, help="calls per configuration and round")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--configs", default="tcp:2,tcp:0,ipc:2", help="transport:server_threads, comma-separated")
+    parser.add_argument("--fanout", action="store_true", help="also compare the two client designs")
+    parser.add_argument("--json", help="also write the rows to this file")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    configs = [(c.split(":")[0], int(c.split(":")[1])) for c in args.configs.split(",")]
+    rows = bench_latency(configs, args.runs, args.warmup, args.rounds)
+    if args.fanout:
+        rows += bench_fanout(args.runs * args.rounds, args.warmup, 2)
+    for row in rows:
+        print(json.dumps(row))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

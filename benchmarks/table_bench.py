@@ -24,6 +24,7 @@ Prints one JSON object and, with --markdown, a Markdown table for benchmarks/RES
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import json
 import os
@@ -35,6 +36,15 @@ import torch
 
 from recps.ps.table import CtrAccessor, Initializer, KeyIndex, RowWiseAdagradRule, SparseTable
 from recps.ps.table.hashing import splitmix64
+
+
+def trim() -> None:
+    """Return freed heap memory to the OS so RSS counts live memory only."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:  # pragma: no cover - non-glibc
+        pass
 
 
 def rss_bytes(field: str = "VmRSS") -> int:
@@ -156,7 +166,7 @@ def main() -> None:
             new = key_of(torch.arange(args.rows + i * n_new, args.rows + (i + 1) * n_new))
             upserts.append(torch.cat([old, new])[torch.from_numpy(rng.permutation(args.batch))])
         grads = torch.randn(args.batch, args.dim)
-    gc.collect()
+    trim()
     base_rss = rss_bytes()
 
     table = SparseTable(
@@ -168,7 +178,7 @@ def main() -> None:
     )
     result["build_s"] = build(table, args.rows, args.build_batch)
     result["build_rows_per_s"] = args.rows / result["build_s"]
-    gc.collect()
+    trim()
     rss = rss_bytes()
     result["rss_gib"] = rss / 2**30
     result["peak_rss_gib"] = rss_bytes("VmHWM") / 2**30

@@ -395,7 +395,8 @@ class SparseTable:
         """Values of (K,) int64 keys -> (K, D) float32.
 
         Missing keys get a row when `create` and the entry policy admits them; keys left
-        without a row read as zeros (and count a sighting for the count filter).
+        without a row read as zeros. With a count filter, each occurrence of a missing key
+        in a creating pull is one sighting.
         """
         keys = _as_keys(keys, f"SparseTable {self.name}.pull")
         with self._lock:

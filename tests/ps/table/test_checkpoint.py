@@ -292,3 +292,14 @@ def test_dense_sync_buffer_sums_contributions():
     assert table.pull()["w"].tolist() == [-4.0, -6.0]
     with pytest.raises(ConfigError, match="unknown parameter 'v'"):
         table.accumulate({"v": torch.zeros(2)})
+
+
+def test_full_checkpoint_keeps_count_filter_candidates(tmp_path):
+    table = make(entry=CountFilterEntry(3))
+    table.pull(torch.tensor([8, 8, 9]))  # key 8 seen twice, key 9 once
+    assert len(table) == 0
+    table.save(tmp_path / "ckpt", "full")
+    restored = make(entry=CountFilterEntry(3))
+    restored.load(tmp_path / "ckpt")
+    restored.pull(torch.tensor([8, 9]))
+    assert restored.contains(torch.tensor([8, 9])).tolist() == [True, False]

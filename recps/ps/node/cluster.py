@@ -1,0 +1,148 @@
+"""Joining a cluster from a `Role`: `serve(role)` runs a server, `connect(role)` gives a worker its client.
+
+    server i                                   worker j
+    --------                                   --------
+    i == 0: start the Coordinator on           register as worker j, heartbeat
+            role.coordinator                   wait until all S servers registered (timeout)
+    PSServer on role.host (port from           PSClient(endpoints) with the coordinator for barriers
+      role.server_endpoints[i] or free)
+    register server i + endpoint, heartbeat
+    serve until a client sends `stop`, SIGTERM/SIGINT arrives, or stop() is called
+
+Every process heartbeats to the coordinator; one silent for `dead_after_s` is declared dead and
+every barrier or server wait fails naming it (see coordinator.py).
+
+>>> from recps.ps.roles import UserDefinedRoleMaker
+>>> from recps.launch import free_port
+>>> address = f"127.0.0.1:{free_port()}"
+>>> server_role = UserDefinedRoleMaker("server", 0, 1, 1, coordinator=address, token="t").role()
+>>> worker_role = UserDefinedRoleMaker("worker", 0, 1, 1, coordinator=address, token="t").role()
+>>> with ServerNode(server_role).start() as node, connect(worker_role, timeout_s=10.0) as client:
+...     client.barrier("ready", timeout=5.0)
+...     client.num_servers
+1
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+
+from recps.errors import ConfigError
+from recps.ps.node.client import PSClient
+from recps.ps.node.coordinator import DEFAULT_DEAD_AFTER_S, Coordinator, CoordinatorClient, tcp_endpoint
+from recps.ps.node.server import PSServer
+from recps.ps.roles import Role, split_host_port
+
+__all__ = ["ServerNode", "serve", "connect"]
+
+logger = logging.getLogger(__name__)
+
+
+class ServerNode:
+    """Server `role.index` with, on server 0, the coordinator; `start()` returns at once.
+
+    Args:
+        role: a server Role.
+        num_threads: handler threads of the PSServer.
+        dead_after_s: heartbeat silence after which the coordinator declares a peer dead (server 0 only).
+        timeout_s: how long registering may wait for the coordinator to come up.
+    """
+
+    def __init__(self, role: Role, num_threads: int = 2, dead_after_s: float = DEFAULT_DEAD_AFTER_S, timeout_s: float = 60.0) -> None:
+        if not role.is_server:
+            raise ConfigError(f"ServerNode: role {role.name} is not a server; workers call connect(role)")
+        self.role = role
+        self.coordinator: Coordinator | None = None
+        if role.index == 0:
+            host, port = split_host_port(role.coordinator, what="role.coordinator")
+            self.coordinator = Coordinator(role.num_servers, role.num_workers, token=role.token, bind=host, port=port,
+                                           dead_after_s=dead_after_s)
+        port = split_host_port(role.server_endpoints[role.index])[1] if role.server_endpoints else 0
+        self.server = PSServer(role.index, role.num_servers, token=role.token, bind=role.host, port=port, num_threads=num_threads)
+        self.link = CoordinatorClient(role.coordinator, token=role.token, timeout_s=timeout_s)
+        self._timeout_s = timeout_s
+        self._stopped = False
+
+    @property
+    def endpoint(self) -> str:
+        return self.server.endpoint
+
+    def start(self) -> "ServerNode":
+        if self.coordinator is not None:
+            self.coordinator.start()
+        self.server.start()
+        try:
+            self.link.register("server", self.role.index, self.server.endpoint, timeout_s=self._timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until a client asked this server to stop (or stop() ran); True if so within `timeout`."""
+        return self.server.wait_stop_requested(timeout)
+
+    def stop(self) -> None:
+        """Deregister, stop serving, and (server 0) stop the coordinator. Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self.link.deregister(timeout_s=2.0)
+        self.link.close()
+        self.server.stop()
+        if self.coordinator is not None:
+            self.coordinator.stop()
+
+    def __enter__(self) -> "ServerNode":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def serve(role: Role, num_threads: int = 2, dead_after_s: float = DEFAULT_DEAD_AFTER_S, timeout_s: float = 60.0) -> None:
+    """Run server `role.index` until a client sends `stop` or the process gets SIGTERM / SIGINT
+    (handled when called from the main thread); then stop cleanly and return."""
+    node = ServerNode(role, num_threads=num_threads, dead_after_s=dead_after_s, timeout_s=timeout_s).start()
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        def on_signal(signum, frame) -> None:
+            logger.info("%s: signal %d, stopping", role.name, signum)
+            node.server._stop_requested.set()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, on_signal)
+    try:
+        # Wake now and then: Python runs signal handlers between bytecodes of the main thread only.
+        while not node.wait(0.5):
+            pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        node.stop()
+        logger.info("%s: stopped", role.name)
+
+
+def connect(role: Role, timeout_s: float = 60.0, request_timeout_s: float | None = None) -> PSClient:
+    """A worker's PSClient for the cluster of `role`: registers with the coordinator (heartbeats
+    start), waits up to `timeout_s` for every server to register (PSTimeoutError naming the missing
+    ones; PSError at once if one is dead), and returns the client (`close()` deregisters).
+    `request_timeout_s` is the client's default wait (default `timeout_s`)."""
+    if not role.is_worker:
+        raise ConfigError(f"connect: role {role.name} is not a worker; servers call serve(role)")
+    link = CoordinatorClient(role.coordinator, token=role.token, timeout_s=timeout_s)
+    try:
+        link.register("worker", role.index, timeout_s=timeout_s)
+        endpoints = link.wait_for_servers(timeout_s)
+    except BaseException:
+        link.deregister(timeout_s=1.0)
+        link.close()
+        raise
+    if role.server_endpoints is not None:
+        expected = [tcp_endpoint(e) for e in role.server_endpoints]
+        if expected != endpoints:
+            logger.warning("%s: servers registered at %s, the role says %s; using the registered ones", role.name, endpoints, expected)
+    return PSClient(endpoints, token=role.token, timeout_s=request_timeout_s or timeout_s, coordinator=link,
+                    worker_index=role.index, num_workers=role.num_workers)

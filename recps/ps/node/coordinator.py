@@ -1,0 +1,433 @@
+"""Coordinator: cluster membership, named barriers and dead-peer detection (hosted by server 0).
+
+Every process (S servers, W workers) registers under its name ("server0", "worker1") and then
+heartbeats every `heartbeat_s`. A peer silent for `dead_after_s` is declared dead, for good:
+every pending barrier and server wait fails at once with an error naming it, and so does every
+later one. A peer that deregisters (a clean exit) has left; a barrier that needs a worker that
+left fails naming it.
+
+Verbs (meta in, meta out; all answered by a `CoordinatorClient`):
+
+    register     kind, index, endpoint        -> heartbeat_s, dead_after_s, num_servers, num_workers
+    deregister   name
+    heartbeat    name                         -> dead (comma-separated names of dead peers)
+    wait_servers timeout_s                    -> endpoints (comma-separated, server order), once all S registered
+    barrier      name (text), index, timeout_s      released when all W workers arrived
+    members                                   -> members (JSON)
+
+Waiting verbs are deferred replies: no thread is held while a barrier waits. A failed wait
+answers OK with meta {"error": "timeout" | "dead" | "left" | "usage", "message": ...}; the client
+raises PSTimeoutError for "timeout" and PSError otherwise.
+
+>>> with Coordinator(num_servers=1, num_workers=1, token="t") as coord:
+...     server, worker = CoordinatorClient(coord.endpoint, "t"), CoordinatorClient(coord.endpoint, "t")
+...     _ = server.register("server", 0, "tcp://127.0.0.1:7000", heartbeats=False)
+...     _ = worker.register("worker", 0, heartbeats=False)
+...     worker.wait_for_servers(timeout_s=5.0), worker.barrier("start", timeout_s=5.0)
+...     server.close(); worker.close()
+(['tcp://127.0.0.1:7000'], None)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from recps.errors import ConfigError, PSError, PSTimeoutError
+from recps.ps.transport import TransportClient, TransportServer
+
+__all__ = ["Coordinator", "CoordinatorClient", "DEFAULT_DEAD_AFTER_S", "tcp_endpoint"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_DEAD_AFTER_S = 10.0
+_REPLY_MARGIN_S = 2.0  # a client waits this much longer than the coordinator, to get its message
+
+
+def tcp_endpoint(address: str) -> str:
+    """ "host:port" (or "[v6]:port") -> "tcp://host:port"; a full ZeroMQ endpoint is returned as is."""
+    return address if "://" in address else f"tcp://{address}"
+
+
+@dataclass
+class _Peer:
+    kind: str
+    index: int
+    endpoint: str
+    last_seen: float
+    state: str = "alive"  # alive | dead | left
+    why: str = ""
+
+
+@dataclass
+class _Waiter:
+    future: Future
+    deadline: float
+    what: str
+
+
+@dataclass
+class _Barrier:
+    arrived: dict[int, _Waiter] = field(default_factory=dict)  # worker index -> its wait
+
+
+class Coordinator:
+    """Membership and barriers for `num_servers` servers and `num_workers` workers.
+
+    Args:
+        token: cluster token (None reads $RECPS_CLUSTER_TOKEN).
+        bind, port: where to listen ("127.0.0.1", 0 = a free port), or a full endpoint in bind.
+        dead_after_s: seconds without a heartbeat after which a registered peer is dead.
+        heartbeat_s: heartbeat period told to peers (default dead_after_s / 5).
+    """
+
+    def __init__(
+        self,
+        num_servers: int,
+        num_workers: int,
+        token: str | bytes | None = None,
+        bind: str = "127.0.0.1",
+        port: int = 0,
+        dead_after_s: float = DEFAULT_DEAD_AFTER_S,
+        heartbeat_s: float | None = None,
+    ) -> None:
+        if num_servers < 1 or num_workers < 1:
+            raise ConfigError(f"Coordinator: num_servers={num_servers}, num_workers={num_workers}; both must be >= 1")
+        if not dead_after_s > 0:
+            raise ConfigError(f"Coordinator: dead_after_s={dead_after_s}; give a positive number of seconds")
+        self.num_servers, self.num_workers = num_servers, num_workers
+        self.dead_after_s = float(dead_after_s)
+        self.heartbeat_s = float(heartbeat_s) if heartbeat_s else self.dead_after_s / 5
+        self._transport = TransportServer(self._handle, token=token, bind=bind, port=port, num_threads=1)
+        self._lock = threading.Lock()
+        self._peers: dict[str, _Peer] = {}
+        self._server_waiters: list[_Waiter] = []
+        self._barriers: dict[str, _Barrier] = {}
+        self._stop = threading.Event()
+        self._monitor: threading.Thread | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return self._transport.endpoint
+
+    def start(self) -> "Coordinator":
+        self._transport.start()
+        self._monitor = threading.Thread(target=self._watch, name="recps-coordinator-monitor", daemon=True)
+        self._monitor.start()
+        logger.info("coordinator on %s for %d servers, %d workers (dead after %.1fs)",
+                    self.endpoint, self.num_servers, self.num_workers, self.dead_after_s)
+        return self
+
+    def stop(self, timeout: float = 5.0) -> bool:
+        self._stop.set()
+        with self._lock:
+            waiters = self._server_waiters + [w for b in self._barriers.values() for w in b.arrived.values()]
+            self._server_waiters, self._barriers = [], {}
+        for w in waiters:
+            _answer(w.future, "left", f"{w.what}: the coordinator stopped")
+        clean = self._transport.stop(timeout)
+        if self._monitor is not None:
+            self._monitor.join(timeout)
+        return clean
+
+    def __enter__(self) -> "Coordinator":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def members(self) -> dict[str, dict]:
+        """name -> {kind, index, endpoint, state, silent_s}."""
+        now = time.monotonic()
+        with self._lock:
+            return {
+                n: {"kind": p.kind, "index": p.index, "endpoint": p.endpoint, "state": p.state, "silent_s": round(now - p.last_seen, 3)}
+                for n, p in self._peers.items()
+            }
+
+    # -- verbs ----------------------------------------------------------------------------------
+
+    def _handle(self, verb: str, text: str, tensors: list, meta: dict):
+        if verb == "heartbeat":
+            return self._heartbeat(str(meta.get("name", "")))
+        if verb == "register":
+            return self._register(str(meta["kind"]), int(meta["index"]), str(meta.get("endpoint", "")))
+        if verb == "deregister":
+            return self._deregister(str(meta.get("name", "")))
+        if verb == "wait_servers":
+            return self._wait_servers(float(meta.get("timeout_s", 60.0)))
+        if verb == "barrier":
+            return self._barrier(text, int(meta["index"]), float(meta.get("timeout_s", 60.0)))
+        if verb == "members":
+            return [], {"members": json.dumps(self.members())}
+        raise PSError(f"coordinator: unknown verb {verb!r}")
+
+    def _register(self, kind: str, index: int, endpoint: str):
+        count = {"server": self.num_servers, "worker": self.num_workers}.get(kind)
+        if count is None or not 0 <= index < count:
+            raise ConfigError(f"coordinator: cannot register {kind}{index}; this cluster has {self.num_servers} servers and {self.num_workers} workers")
+        name = f"{kind}{index}"
+        with self._lock:
+            old = self._peers.get(name)
+            if old is not None and old.state == "dead":
+                raise PSError(f"coordinator: {name} was declared dead ({old.why}); restart the whole cluster")
+            if old is not None and old.state == "alive" and old.endpoint != endpoint:
+                raise ConfigError(f"coordinator: {name} is already registered at {old.endpoint}; two processes claim the same role")
+            self._peers[name] = _Peer(kind, index, endpoint, time.monotonic())
+            ready = self._servers_ready()
+            waiters = self._server_waiters if ready is not None else []
+            if ready is not None:
+                self._server_waiters = []
+        logger.info("coordinator: %s registered (%s)", name, endpoint or "no endpoint")
+        for w in waiters:
+            _resolve(w.future, {"endpoints": ",".join(ready)})
+        return [], {
+            "heartbeat_s": self.heartbeat_s,
+            "dead_after_s": self.dead_after_s,
+            "num_servers": self.num_servers,
+            "num_workers": self.num_workers,
+        }
+
+    def _deregister(self, name: str):
+        with self._lock:
+            peer = self._peers.get(name)
+            if peer is not None and peer.state == "alive":
+                peer.state, peer.why = "left", "it deregistered"
+                failed = self._fail_for(peer, name) if peer.kind == "worker" else []
+            else:
+                failed = []
+        logger.info("coordinator: %s left", name)
+        for w, message in failed:
+            _answer(w.future, "left", message)
+        return []
+
+    def _heartbeat(self, name: str):
+        with self._lock:
+            peer = self._peers.get(name)
+            if peer is not None and peer.state == "alive":
+                peer.last_seen = time.monotonic()
+            dead = ",".join(n for n, p in self._peers.items() if p.state == "dead")
+        return [], {"dead": dead, "known": peer is not None}
+
+    def _servers_ready(self) -> list[str] | None:
+        """Endpoints of all S servers if all registered and alive (lock held)."""
+        out = []
+        for i in range(self.num_servers):
+            p = self._peers.get(f"server{i}")
+            if p is None or p.state != "alive":
+                return None
+            out.append(p.endpoint)
+        return out
+
+    def _broken(self, kinds: tuple[str, ...]) -> tuple[str, str] | None:
+        """(error kind, message) if a peer of `kinds` is dead (any kind) or left (lock held)."""
+        for n, p in self._peers.items():
+            if p.state == "dead":
+                return "dead", f"{n} ({p.endpoint or p.kind}) is dead: {p.why}"
+        for n, p in self._peers.items():
+            if p.state == "left" and p.kind in kinds:
+                return "left", f"{n} left the cluster ({p.why})"
+        return None
+
+    def _wait_servers(self, timeout_s: float):
+        future: Future = Future()
+        with self._lock:
+            broken = self._broken(("server",))
+            ready = self._servers_ready()
+            if broken is None and ready is None:
+                self._server_waiters.append(_Waiter(future, time.monotonic() + timeout_s, "waiting for the servers"))
+        if broken is not None:
+            _answer(future, broken[0], f"waiting for the servers: {broken[1]}")
+        elif ready is not None:
+            _resolve(future, {"endpoints": ",".join(ready)})
+        return future
+
+    def _barrier(self, name: str, index: int, timeout_s: float):
+        future: Future = Future()
+        what = f"barrier {name!r}"
+        if not 0 <= index < self.num_workers:
+            _answer(future, "usage", f"{what}: worker index {index} is outside [0, {self.num_workers})")
+            return future
+        release: list[_Waiter] = []
+        with self._lock:
+            broken = self._broken(("worker",))
+            if broken is None:
+                barrier = self._barriers.setdefault(name, _Barrier())
+                if index in barrier.arrived:
+                    broken = ("usage", f"worker{index} arrived twice at {what} before it was released")
+                else:
+                    barrier.arrived[index] = _Waiter(future, time.monotonic() + timeout_s, what)
+                    if len(barrier.arrived) == self.num_workers:
+                        release = list(barrier.arrived.values())
+                        del self._barriers[name]
+        if broken is not None:
+            _answer(future, broken[0], f"{what}: {broken[1]}")
+        for w in release:
+            _resolve(w.future, {})
+        return future
+
+    # -- monitor --------------------------------------------------------------------------------
+
+    def _fail_for(self, peer: _Peer, name: str) -> list[tuple[_Waiter, str]]:
+        """Every pending wait that can no longer succeed because `name` died or left (lock held)."""
+        why = f"{name} ({peer.endpoint or peer.kind}) is dead: {peer.why}" if peer.state == "dead" else f"{name} left the cluster"
+        failed = [(w, f"{w.what}: {why}") for w in self._server_waiters]
+        self._server_waiters = []
+        for b in self._barriers.values():
+            failed += [(w, f"{w.what}: {why}") for w in b.arrived.values()]
+        self._barriers = {}
+        return failed
+
+    def _watch(self) -> None:
+        tick = min(0.25, self.dead_after_s / 8)
+        while not self._stop.wait(tick):
+            now = time.monotonic()
+            failed: list[tuple[_Waiter, str, str]] = []
+            with self._lock:
+                for name, peer in self._peers.items():
+                    if peer.state == "alive" and now - peer.last_seen > self.dead_after_s:
+                        peer.state = "dead"
+                        peer.why = f"no heartbeat for {now - peer.last_seen:.1f} s (dead_after_s={self.dead_after_s:g})"
+                        logger.error("coordinator: %s (%s) is dead: %s", name, peer.endpoint, peer.why)
+                        failed += [(w, "dead", m) for w, m in self._fail_for(peer, name)]
+                # Expired waits: each fails alone, naming who is missing.
+                keep = []
+                for w in self._server_waiters:
+                    if w.deadline <= now:
+                        missing = [f"server{i}" for i in range(self.num_servers) if f"server{i}" not in self._peers]
+                        failed.append((w, "timeout", f"{w.what}: {missing} did not register in time; are they running?"))
+                    else:
+                        keep.append(w)
+                self._server_waiters = keep
+                for bname, b in list(self._barriers.items()):
+                    for index, w in list(b.arrived.items()):
+                        if w.deadline <= now:
+                            del b.arrived[index]
+                            missing = [f"worker{i}" for i in range(self.num_workers) if i not in b.arrived and i != index]
+                            failed.append((w, "timeout", f"{w.what}: worker(s) {missing} did not arrive in time"))
+                    if not b.arrived:
+                        del self._barriers[bname]
+            for w, kind, message in failed:
+                _answer(w.future, kind, message)
+
+
+def _resolve(future: Future, meta: dict) -> None:
+    if not future.done():
+        future.set_result(([], meta))
+
+
+def _answer(future: Future, kind: str, message: str) -> None:
+    if not future.done():
+        future.set_result(([], {"error": kind, "message": message}))
+
+
+class CoordinatorClient:
+    """A peer's link to the coordinator: register, wait for servers, barriers, heartbeats.
+
+    Args:
+        address: the coordinator's "host:port" (Role.coordinator) or ZeroMQ endpoint.
+        token: cluster token.
+        name: this peer's name ("worker0"), set by register() as well.
+        timeout_s: default timeout of every call.
+    """
+
+    def __init__(self, address: str, token: str | bytes | None = None, name: str = "", timeout_s: float = 60.0) -> None:
+        self.endpoint = tcp_endpoint(address)
+        self.name = name
+        self.timeout_s = float(timeout_s)
+        self._transport = TransportClient([self.endpoint], token=token, timeout_s=self.timeout_s)
+        self._heartbeat_s = DEFAULT_DEAD_AFTER_S / 5
+        self._dead: tuple[str, ...] = ()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def _call(self, verb: str, text: str = "", meta: dict | None = None, timeout_s: float | None = None) -> dict:
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        try:
+            reply = self._transport.call(0, verb, text, meta=meta or {}, timeout=timeout)
+        except PSTimeoutError as e:
+            raise PSTimeoutError(f"coordinator {self.endpoint} did not answer {verb} {text!r} within {timeout:g} s; is server 0 alive? ({e})") from None
+        error = reply.meta.get("error")
+        if error:
+            cls = PSTimeoutError if error == "timeout" else PSError
+            raise cls(f"coordinator: {reply.meta.get('message', error)}")
+        return reply.meta
+
+    def register(self, kind: str, index: int, endpoint: str = "", timeout_s: float | None = None, heartbeats: bool = True) -> dict:
+        """Join the cluster as `kind``index`; starts heartbeats unless heartbeats=False.
+        Waits up to `timeout_s` for the coordinator to come up."""
+        self.name = f"{kind}{index}"
+        meta = self._call("register", meta={"kind": kind, "index": index, "endpoint": endpoint}, timeout_s=timeout_s)
+        self._heartbeat_s = float(meta["heartbeat_s"])
+        if heartbeats:
+            self.start_heartbeats()
+        return meta
+
+    def wait_for_servers(self, timeout_s: float | None = None) -> list[str]:
+        """The S server endpoints, once all registered; PSTimeoutError after `timeout_s`,
+        PSError at once if a server is dead or left."""
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        meta = self._call("wait_servers", meta={"timeout_s": timeout}, timeout_s=timeout + _REPLY_MARGIN_S)
+        return str(meta["endpoints"]).split(",")
+
+    def barrier(self, name: str, index: int | None = None, timeout_s: float | None = None) -> None:
+        """Block until every worker reached barrier `name`. `index` defaults to this peer's
+        worker index. PSTimeoutError names the workers missing; PSError names a dead peer."""
+        if index is None:
+            if not self.name.startswith("worker"):
+                raise ConfigError(f"barrier {name!r}: {self.name or 'this peer'} is not a registered worker; pass index=")
+            index = int(self.name[len("worker"):])
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        self._call("barrier", name, {"index": index, "timeout_s": timeout}, timeout_s=timeout + _REPLY_MARGIN_S)
+
+    def members(self) -> dict[str, dict]:
+        return json.loads(str(self._call("members")["members"]))
+
+    @property
+    def dead_peers(self) -> tuple[str, ...]:
+        """Names of peers the coordinator declared dead, as of the last heartbeat."""
+        return self._dead
+
+    def start_heartbeats(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._beat, name=f"recps-{self.name}-heartbeat", daemon=True)
+            self._thread.start()
+
+    def _beat(self) -> None:
+        warned = False
+        while not self._stop.wait(self._heartbeat_s):
+            try:
+                meta = self._call("heartbeat", meta={"name": self.name}, timeout_s=max(1.0, 2 * self._heartbeat_s))
+                dead = tuple(n for n in str(meta.get("dead", "")).split(",") if n)
+                if dead and dead != self._dead:
+                    logger.error("%s: the coordinator declared %s dead", self.name, ", ".join(dead))
+                self._dead, warned = dead, False
+            except PSError as e:
+                if self._stop.is_set():
+                    return
+                if not warned:
+                    logger.warning("%s: heartbeat failed: %s", self.name, e)
+                    warned = True
+
+    def deregister(self, timeout_s: float = 5.0) -> None:
+        """Leave the cluster cleanly (stops heartbeats); errors are logged, not raised."""
+        self._stop.set()
+        if self.name:
+            try:
+                self._call("deregister", meta={"name": self.name}, timeout_s=timeout_s)
+            except PSError as e:
+                logger.warning("%s: deregister failed: %s", self.name, e)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(max(1.0, 2 * self._heartbeat_s) + 1.0)
+        self._transport.close()

@@ -5,6 +5,8 @@ collections and the trainer talk to that protocol only, so `ps=sync|async|geo` t
 no model and no reader.
 """
 
+from recps.ps.modes.asynchronous import AsyncCommunicator
 from recps.ps.modes.base import Communicator
+from recps.ps.modes.synchronous import SyncCommunicator
 
-__all__ = ["Communicator"]
+__all__ = ["Communicator", "SyncCommunicator", "AsyncCommunicator"]

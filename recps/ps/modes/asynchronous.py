@@ -1,0 +1,248 @@
+"""AsyncCommunicator: Paddle's async mode over one PSClient, with a background sender.
+
+Shape letters: K keys, D row width, N flat dense size.
+
+    training threads --push--> bounded queue --sender thread--> merge per table --> client.push
+                     --push_dense--> per-table sum  ------------------------------> client.push_dense
+                     <--pull------ client.pull (direct)
+                     <--pull_dense- latest copy, refreshed by the sender (never waits on the network
+                                    after the first call)
+
+- `push` enqueues and returns; the sender takes up to `merge_threshold` queued pushes at a time,
+  concatenates them per table and sends one push per table (the client sums duplicate keys),
+  and the servers apply the update rule on arrival.
+- At most `max_pending` pushes are unapplied at any time (queued or in flight): a push beyond that
+  blocks until the sender catches up, up to `timeout_s` (then PSTimeoutError). That is the
+  staleness bound: a pull never misses more than `max_pending` of this worker's pushes.
+- Dense gradients are summed per table as they come (as Paddle's communicator merges them) and
+  sent by the sender, which gets the fresh values back in the same round trip; `pull_dense`
+  returns the latest copy it received. Every `dense_refresh_steps` steps (counted by
+  `step_end`) the sender also pulls the dense tables, so other workers' updates show up even
+  when this worker has nothing to send.
+- An error of the sender is raised by the next push, pull_dense, flush or close.
+
+>>> import torch
+>>> from recps.ps.node import PSClient, PSServer
+>>> with PSServer(token="t") as server, PSClient([server.endpoint], token="t") as client:
+...     _ = client.create_sparse_table("emb", dim=1, optimizer={"name": "sgd", "lr": 1.0},
+...                                    initializer={"kind": "zeros"})
+...     comm = AsyncCommunicator(client, max_pending=4)
+...     for _ in range(3):
+...         comm.push("emb", torch.tensor([4, 9]), torch.ones(2, 1))
+...     comm.flush()
+...     rows = comm.pull("emb", torch.tensor([4, 9]))
+...     comm.close()
+>>> rows.squeeze(1).tolist()
+[-3.0, -3.0]
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+
+import torch
+
+from recps.errors import ConfigError, PSError, PSTimeoutError
+from recps.ps.node import PSClient
+
+__all__ = ["AsyncCommunicator"]
+
+logger = logging.getLogger(__name__)
+
+
+class AsyncCommunicator:
+    """Asynchronous training over `client`; see the module docstring.
+
+    Args:
+        client: this worker's PSClient (shared by the training threads).
+        max_pending: most pushes unapplied at once (the staleness bound); >= 1.
+        merge_threshold: most queued pushes merged into one send; >= 1.
+        timeout_s: bound of every wait (default: the client's timeout_s).
+        dense_refresh_steps: pull the dense tables in the background every this many steps
+            (0: only the values returned by this worker's dense pushes).
+    """
+
+    mode = "async"
+
+    def __init__(
+        self,
+        client: PSClient,
+        max_pending: int = 8,
+        merge_threshold: int = 4,
+        timeout_s: float | None = None,
+        dense_refresh_steps: int = 1,
+    ) -> None:
+        if max_pending < 1 or merge_threshold < 1 or dense_refresh_steps < 0:
+            raise ConfigError(
+                f"AsyncCommunicator: max_pending={max_pending}, merge_threshold={merge_threshold}, "
+                f"dense_refresh_steps={dense_refresh_steps}; the first two must be >= 1, the last >= 0"
+            )
+        self.client = client
+        self.max_pending = max_pending
+        self.merge_threshold = merge_threshold
+        self.timeout_s = client.timeout_s if timeout_s is None else float(timeout_s)
+        self.dense_refresh_steps = dense_refresh_steps
+        self._cond = threading.Condition()
+        self._queue: collections.deque[tuple[str, torch.Tensor, torch.Tensor]] = collections.deque()
+        self._unapplied = 0  # pushes queued or in flight
+        self._dense_grads: dict[str, torch.Tensor] = {}  # summed, not sent yet
+        self._dense_inflight = 0
+        self._dense_values: dict[str, torch.Tensor] = {}  # latest copy from the servers
+        self._dense_tables: set[str] = set()
+        self._refresh = False
+        self._steps = 0
+        self._error: BaseException | None = None
+        self._closing = False
+        self._closed = False
+        self.sent_pushes = 0  # pushes the servers applied (for tests and logs)
+        self.sends = 0  # merged sends
+        self._sender = threading.Thread(target=self._run, name="recps-async-sender", daemon=True)
+        self._sender.start()
+
+    # -- Communicator --------------------------------------------------------------------------
+
+    def pull(self, table: str, keys: torch.Tensor) -> torch.Tensor:
+        """(K,) unique keys -> (K, D) rows, straight from the servers."""
+        return self.client.pull(table, keys, assume_unique=True).wait(self.timeout_s)
+
+    def push(self, table: str, keys: torch.Tensor, grads: torch.Tensor) -> None:
+        """Queue (K, D) gradients of (K,) keys; blocks while max_pending pushes are unapplied.
+        The communicator keeps the tensors: do not modify them afterwards."""
+        if grads.dim() != 2 or grads.shape[0] != keys.numel():
+            raise ConfigError(f"push {table!r}: grads have shape {tuple(grads.shape)} for {keys.numel()} keys; expected (K, D)")
+        deadline = time.monotonic() + self.timeout_s
+        with self._cond:
+            while self._unapplied >= self.max_pending and self._error is None and not self._closing:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise PSTimeoutError(
+                        f"async push {table!r} ({keys.numel()} keys): {self._unapplied} pushes unapplied "
+                        f"(max_pending={self.max_pending}) for {self.timeout_s:g} s; the servers do not keep up or are gone"
+                    )
+                self._cond.wait(left)
+            self._check()
+            self._queue.append((table, keys, grads))
+            self._unapplied += 1
+            self._cond.notify_all()
+
+    def pull_dense(self, table: str) -> torch.Tensor:
+        """(N,) latest values known to this worker (fetched from the servers on the first call).
+        The tensor is shared: read it, do not modify it."""
+        with self._cond:
+            self._check()
+            values = self._dense_values.get(table)
+            self._dense_tables.add(table)
+        if values is None:
+            values = self.client.pull_dense(table).wait(self.timeout_s)
+            with self._cond:
+                self._dense_values.setdefault(table, values)
+        return values
+
+    def push_dense(self, table: str, grads: torch.Tensor) -> None:
+        """Add (N,) gradients to the table's pending sum, sent by the sender thread."""
+        grads = grads.detach().reshape(-1).to(torch.float32)
+        with self._cond:
+            self._check()
+            acc = self._dense_grads.get(table)
+            self._dense_grads[table] = grads.clone() if acc is None else acc.add_(grads)
+            self._dense_tables.add(table)
+            self._cond.notify_all()
+
+    def step_end(self, thread: int) -> None:
+        """Count a step; every dense_refresh_steps steps the sender refreshes the dense copies."""
+        with self._cond:
+            self._steps += 1
+            if self.dense_refresh_steps and self._steps % self.dense_refresh_steps == 0 and self._dense_tables:
+                self._refresh = True
+                self._cond.notify_all()
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Wait until every push so far was applied by the servers."""
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            self._cond.notify_all()
+            while (self._unapplied or self._dense_grads or self._dense_inflight) and self._error is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise PSTimeoutError(
+                        f"async flush: {self._unapplied} pushes and {len(self._dense_grads) + self._dense_inflight} dense "
+                        f"sums still unapplied after {timeout:g} s"
+                    )
+                self._cond.wait(left)
+            self._check()
+
+    def close(self) -> None:
+        """Flush, then stop the sender thread. Idempotent; the client stays open."""
+        if self._closed:
+            return
+        try:
+            if self._error is None:
+                self.flush()
+        finally:
+            with self._cond:
+                self._closing = True
+                self._cond.notify_all()
+            self._sender.join(self.timeout_s)
+            self._closed = True
+        self._check()
+
+    # -- the sender thread ---------------------------------------------------------------------
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise PSError(f"async communicator: the sender failed: {self._error}") from self._error
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._queue or self._dense_grads or self._refresh or self._closing):
+                    self._cond.wait()
+                if self._closing and not (self._queue or self._dense_grads):
+                    return
+                batch = [self._queue.popleft() for _ in range(min(self.merge_threshold, len(self._queue)))]
+                dense, self._dense_grads = self._dense_grads, {}
+                self._dense_inflight += len(dense)
+                refresh = [t for t in self._dense_tables if t not in dense] if self._refresh else []
+                self._refresh = False
+            try:
+                self._send(batch, dense, refresh)
+            except BaseException as e:  # noqa: BLE001 - handed to the training threads
+                logger.error("async sender failed: %s", e)
+                with self._cond:
+                    self._error = e
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self._unapplied -= len(batch)
+                self._dense_inflight -= len(dense)
+                self.sent_pushes += len(batch)
+                self.sends += 1
+                self._cond.notify_all()
+
+    def _send(self, batch: list, dense: dict[str, torch.Tensor], refresh: list[str]) -> None:
+        by_table: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        for table, keys, grads in batch:
+            by_table.setdefault(table, []).append((keys, grads))
+        handles = []
+        for table, pieces in by_table.items():
+            if len(pieces) == 1:
+                keys, grads = pieces[0]
+                handles.append((None, self.client.push(table, keys, grads, assume_unique=True)))
+            else:
+                keys = torch.cat([k for k, _ in pieces])  # (sum K,) duplicates summed by the client
+                grads = torch.cat([g for _, g in pieces])  # (sum K, D)
+                handles.append((None, self.client.push(table, keys, grads)))
+        for table, grads in dense.items():
+            handles.append((table, self.client.push_dense(table, grads, return_values=True)))
+        for table in refresh:
+            handles.append((table, self.client.pull_dense(table)))
+        deadline = time.monotonic() + self.timeout_s
+        for table, h in handles:
+            result = h.wait(max(0.0, deadline - time.monotonic()))
+            if table is not None:
+                with self._cond:
+                    self._dense_values[table] = result

@@ -1,0 +1,199 @@
+"""SyncCommunicator: Paddle's sync mode over one PSClient.
+
+Shape letters: K keys, D row width, N flat dense size, T threads of this worker, W workers.
+
+Per step s, each of the worker's T training threads calls `push` / `push_dense` (its batch's
+mean-loss gradients) and then `step_end(thread)`. The last thread to arrive merges the T
+threads' gradients, keys concatenated and every gradient divided by T, so a worker with T
+threads of batch B equals one thread with the merged batch of T*B examples, and sends ONE
+`push_sync` per sparse table (`push_dense_sync` per dense table) for step s. Each server
+applies one update with the mean over the W workers once all W arrived; `step_end` returns to
+every thread after every table's update was applied, so the next step's pulls see fresh values.
+
+Every worker must take the same number of steps, and its threads the same number each (the
+step's barrier waits for all T). A table this worker ever pushed is sent every step (with 0
+keys, or zero dense gradients, when no thread pushed it), because the servers wait for all W
+workers on every table that any worker pushed.
+
+>>> import torch
+>>> from recps.ps.node import PSClient, PSServer
+>>> with PSServer(token="t") as server, PSClient([server.endpoint], token="t") as client:
+...     _ = client.create_sparse_table("emb", dim=1, optimizer={"name": "sgd", "lr": 1.0},
+...                                    initializer={"kind": "zeros"})
+...     comm = SyncCommunicator(client, num_threads=1)
+...     comm.push("emb", torch.tensor([4]), torch.tensor([[0.5]]))
+...     comm.step_end(0)
+...     rows = comm.pull("emb", torch.tensor([4]))
+...     comm.close()
+>>> rows.tolist()
+[[-0.5]]
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import torch
+
+from recps.errors import ConfigError, PSError, PSTimeoutError
+from recps.ps.node import PSClient
+
+__all__ = ["SyncCommunicator"]
+
+logger = logging.getLogger(__name__)
+
+_MARGIN_S = 2.0
+
+
+class SyncCommunicator:
+    """Synchronous training over `client` for `num_threads` threads; see the module docstring.
+
+    Args:
+        client: this worker's PSClient (its worker_index / num_workers are used unless given).
+        num_threads: T, the training threads that call step_end each step.
+        worker_index, num_workers: override the client's.
+        timeout_s: bound of every wait (default: the client's timeout_s); includes waiting for
+            the slowest worker of the step.
+    """
+
+    mode = "sync"
+
+    def __init__(
+        self,
+        client: PSClient,
+        num_threads: int = 1,
+        worker_index: int | None = None,
+        num_workers: int | None = None,
+        timeout_s: float | None = None,
+    ) -> None:
+        if num_threads < 1:
+            raise ConfigError(f"SyncCommunicator: num_threads={num_threads}; it must be >= 1")
+        if worker_index is not None and worker_index != client.worker_index or num_workers is not None and num_workers != client.num_workers:
+            raise ConfigError(
+                f"SyncCommunicator: worker_index={worker_index}, num_workers={num_workers} but the client was built "
+                f"for worker {client.worker_index} of {client.num_workers}; build the client with the same values"
+            )
+        self.client = client
+        self.num_threads = num_threads
+        self.timeout_s = client.timeout_s if timeout_s is None else float(timeout_s)
+        self.step = 0  # the step being accumulated
+        self._cond = threading.Condition()
+        self._sparse: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._dense: dict[str, torch.Tensor] = {}
+        self._known_sparse: dict[str, int] = {}  # table -> dim, pushed at some step
+        self._known_dense: dict[str, int] = {}  # table -> N
+        self._arrived: set[int] = set()
+        self._generation = 0
+        self._error: BaseException | None = None
+        self._closed = False
+
+    # -- Communicator --------------------------------------------------------------------------
+
+    def pull(self, table: str, keys: torch.Tensor) -> torch.Tensor:
+        """(K,) unique keys -> (K, D) rows as of the last completed step."""
+        return self.client.pull(table, keys, assume_unique=True).wait(self.timeout_s)
+
+    def push(self, table: str, keys: torch.Tensor, grads: torch.Tensor) -> None:
+        """Buffer one thread's (K, D) gradients for this step (sent by step_end). Keeps the tensors."""
+        if grads.dim() != 2 or grads.shape[0] != keys.numel():
+            raise ConfigError(f"push {table!r}: grads have shape {tuple(grads.shape)} for {keys.numel()} keys; expected (K, D)")
+        with self._cond:
+            self._check()
+            self._sparse.setdefault(table, []).append((keys, grads))
+            self._known_sparse.setdefault(table, int(grads.shape[1]))
+
+    def pull_dense(self, table: str) -> torch.Tensor:
+        """(N,) values as of the last completed step."""
+        return self.client.pull_dense(table).wait(self.timeout_s)
+
+    def push_dense(self, table: str, grads: torch.Tensor) -> None:
+        """Add one thread's (N,) gradients to this step's sum."""
+        grads = grads.detach().reshape(-1).to(torch.float32)
+        with self._cond:
+            self._check()
+            acc = self._dense.get(table)
+            self._dense[table] = grads.clone() if acc is None else acc.add_(grads)
+            self._known_dense.setdefault(table, grads.numel())
+
+    def step_end(self, thread: int) -> None:
+        """Wait for the T threads, send the merged step, return once the servers applied it."""
+        if not 0 <= thread < self.num_threads:
+            raise ConfigError(f"step_end: thread={thread} is outside [0, num_threads={self.num_threads})")
+        deadline = time.monotonic() + self.timeout_s
+        with self._cond:
+            self._check()
+            if thread in self._arrived:
+                raise ConfigError(f"step_end: thread {thread} ended step {self.step} twice; each thread ends each step once")
+            self._arrived.add(thread)
+            generation = self._generation
+            if len(self._arrived) < self.num_threads:
+                while self._generation == generation and self._error is None:
+                    if len(self._arrived) == self.num_threads:
+                        self._cond.wait()  # the last thread is sending; its waits are bounded
+                        continue
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        missing = sorted(set(range(self.num_threads)) - self._arrived)
+                        self._error = PSTimeoutError(
+                            f"sync step {self.step}: thread(s) {missing} of worker {self.client.worker_index} did not end the "
+                            f"step within {self.timeout_s:g} s; every thread must take the same number of steps"
+                        )
+                        self._cond.notify_all()
+                        break
+                    self._cond.wait(left)
+                self._check()
+                return
+            # The last thread of the step sends it; the others wait for the new generation.
+            sparse, dense, step = self._sparse, self._dense, self.step
+            self._sparse, self._dense = {}, {}
+        try:
+            self._send(sparse, dense, step)
+        except BaseException as e:
+            with self._cond:
+                self._error = e
+                self._cond.notify_all()
+            raise
+        with self._cond:
+            self._arrived = set()
+            self.step += 1
+            self._generation += 1
+            self._cond.notify_all()
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Nothing is queued between steps in sync mode: a completed step_end is applied."""
+        with self._cond:
+            self._check()
+
+    def close(self) -> None:
+        """Idempotent; the client stays open (its owner closes it)."""
+        self._closed = True
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise PSError(f"sync communicator failed earlier: {self._error}") from self._error
+
+    def _send(self, sparse: dict, dense: dict, step: int) -> None:
+        t = float(self.num_threads)
+        handles = []
+        for table, dim in self._known_sparse.items():
+            pieces = sparse.get(table, [])
+            if pieces:
+                keys = torch.cat([k for k, _ in pieces]) if len(pieces) > 1 else pieces[0][0]  # (sum K,)
+                grads = torch.cat([g for _, g in pieces]) if len(pieces) > 1 else pieces[0][1]  # (sum K, D)
+                grads = grads.to(torch.float32) / t if t > 1 else grads.to(torch.float32)
+            else:
+                keys, grads = torch.empty(0, dtype=torch.int64), torch.empty(0, dim)
+            handles.append(self.client.push_sync(table, keys, grads, step, timeout_s=self.timeout_s))
+        for table, n in self._known_dense.items():
+            grads = dense.get(table)
+            grads = torch.zeros(n) if grads is None else (grads.div_(t) if t > 1 else grads)
+            handles.append(self.client.push_dense_sync(table, grads, step, timeout_s=self.timeout_s))
+        # The servers fail an incomplete step after timeout_s naming the missing workers; wait a
+        # little longer so that message, not a bare timeout, reaches the caller.
+        deadline = time.monotonic() + self.timeout_s + _MARGIN_S
+        for h in handles:
+            h.wait(max(0.0, deadline - time.monotonic()))

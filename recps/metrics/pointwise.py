@@ -23,7 +23,6 @@ MAE and RMSE also accept any real preds and labels (regression targets).
 from __future__ import annotations
 
 import math
-from typing import ClassVar
 
 import torch
 from torch import Tensor

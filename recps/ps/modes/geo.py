@@ -1,0 +1,336 @@
+"""GEO mode: each worker trains a local replica; every k steps it sends deltas and pulls merged values.
+
+Paddle's GEO-SGD semantics over one `PSClient`:
+
+- Sparse tables. The worker keeps, per PS table, a replica of the rows it has seen: a
+  `KeyIndex` key -> local slot that grows, the rows in an FBGEMM TBE's host buffer trained
+  by its fused optimizer (EXACT_SGD, or EXACT_ROWWISE_ADAGRAD) in the backward pass, a copy
+  of each row as last synced, and a "touched" mark. A key seen for the first time is pulled
+  from the servers (their deterministic initial value, or what other workers made of it).
+- Dense tables. The trainer's own parameters are the replica: a local torch optimizer steps
+  them (see recps.ps.worker); `attach_dense` tells this communicator where they are.
+- Every `k_steps` worker steps (`step_end` calls, summed over the worker's threads) the
+  thread that ends the k-th step syncs, while the other threads keep training:
+
+      delta  = current - synced              rows touched since the last sync, all dense params
+      server: value += delta                 client.push_delta / push_dense_delta (no update rule)
+      merged = the servers' values           after every worker's deltas so far
+      local += merged - current              keeps local updates made during the sync
+      synced  = merged
+
+  With one worker and k = 1 this is exactly local training (tested to 1e-5).
+
+Verbs of the Communicator protocol: `pull` / `push` read and train the replica (SGD or
+row-wise Adagrad in torch, for PSEmbeddingCollection); `lookup_bags` is the fused path that
+PSEmbeddingBagCollection uses (TBE forward; backward updates the replica in place);
+`pull_dense` / `push_dense` read / SGD-step the attached dense params.
+
+Thread safety: every method may be called from several training threads. Slot assignment
+(lookup + insert) holds one lock per table; the TBE's forward and backward run outside it,
+Hogwild like local training. Growing a replica (capacity doubles) rebuilds the TBE over
+larger buffers; a thread whose backward is in flight at that moment loses that step's
+update of the rows (rare: capacities start at `capacity` rows and double).
+
+Shapes: K keys, N keys with duplicates, U unique keys, C replica capacity (rows), D row
+width, P = D rounded up to a multiple of 4 (TBE's width), B batch, Fg features of a table.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Mapping, Sequence
+
+import torch
+from fbgemm_gpu.split_embedding_configs import EmbOptimType
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode, EmbeddingLocation, PoolingMode
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+    ComputeDevice,
+    SplitTableBatchedEmbeddingBagsCodegen,
+)
+
+from recps.errors import ConfigError, PSError
+from recps.ps.table import KeyIndex
+from recps.ps.table.sparse import unique_with_inverse
+
+__all__ = ["GeoCommunicator", "GEO_OPTIMIZERS"]
+
+log = logging.getLogger(__name__)
+
+GEO_OPTIMIZERS = {"sgd": EmbOptimType.EXACT_SGD, "rowwise_adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD}
+
+
+class _Replica:
+    """One PS sparse table's local replica (see the module docstring)."""
+
+    def __init__(self, name: str, dim: int, optimizer: str, lr: float, eps: float, capacity: int, client) -> None:
+        self.name, self.dim, self.client = name, dim, client
+        self.width = -(-dim // 4) * 4  # P: TBE rows are multiples of 4 wide; pad columns stay 0
+        self.optimizer, self.lr, self.eps = optimizer, lr, eps
+        # Row-wise Adagrad's state is mean(g^2) over P columns = (D/P) x the mean over D: rescale
+        # lr and eps by sqrt(D/P) so the padding changes nothing (as recps.nn.local_embedding).
+        scale = math.sqrt(dim / self.width) if optimizer == "rowwise_adagrad" else 1.0
+        self._tbe_lr, self._tbe_eps = lr * scale, eps * scale
+        self.lock = threading.Lock()
+        self.index = KeyIndex(capacity)
+        self.size = 0
+        self._alloc(max(64, capacity))
+        self._tbes: dict[int, SplitTableBatchedEmbeddingBagsCodegen] = {}
+
+    def _alloc(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.weights = torch.zeros(capacity * self.width)  # (C*P,) the TBE's host buffer
+        self.state = torch.zeros(capacity)  # (C,) row-wise Adagrad accumulator
+        self.rows = self.weights.view(capacity, self.width)  # (C, P)
+        self.synced = torch.zeros(capacity, self.dim)  # (C, D) values at the last sync
+        self.slot_keys = torch.empty(capacity, dtype=torch.int64)  # (C,)
+        self.touched = torch.zeros(capacity, dtype=torch.bool)  # (C,) trained since the last sync
+
+    def _grow(self, needed: int) -> None:
+        old = (self.weights, self.state, self.synced, self.slot_keys, self.touched)
+        capacity = self.capacity
+        while capacity < needed:
+            capacity *= 2
+        self._alloc(capacity)
+        n = self.size
+        self.rows[:n].copy_(old[0].view(-1, self.width)[:n])
+        self.state[:n].copy_(old[1][:n])
+        self.synced[:n].copy_(old[2][:n])
+        self.slot_keys[:n].copy_(old[3][:n])
+        self.touched[:n].copy_(old[4][:n])
+        self._tbes.clear()  # rebuilt over the new buffers on the next lookup
+        log.debug("geo replica %s grew to %d rows", self.name, capacity)
+
+    def tbe(self, num_features: int) -> SplitTableBatchedEmbeddingBagsCodegen:
+        """The TBE over this replica's buffers for lookups of `num_features` features (call under lock)."""
+        tbe = self._tbes.get(num_features)
+        if tbe is None:
+            buffers = {"weights": self.weights}
+            if self.optimizer == "rowwise_adagrad":
+                buffers["momentum1"] = self.state
+            tbe = SplitTableBatchedEmbeddingBagsCodegen(
+                [(self.capacity, self.width, EmbeddingLocation.HOST, ComputeDevice.CPU)],
+                feature_table_map=[0] * num_features, optimizer=GEO_OPTIMIZERS[self.optimizer],
+                learning_rate=self._tbe_lr, eps=self._tbe_eps, pooling_mode=PoolingMode.SUM,
+                bounds_check_mode=BoundsCheckMode.NONE, preallocated_host_buffers=buffers,
+            )
+            self._tbes[num_features] = tbe
+        return tbe
+
+    def slots(self, keys: torch.Tensor, timeout: float | None) -> torch.Tensor:
+        """(N,) keys -> (N,) local slots; keys seen for the first time are pulled from the servers.
+        Call under `lock`."""
+        slots = self.index.lookup(keys)  # (N,)
+        missing = slots < 0
+        if bool(missing.any()):
+            new_keys, _, _ = unique_with_inverse(keys[missing])  # (M,)
+            rows = self.client.pull(self.name, new_keys, assume_unique=True).wait(timeout)  # (M, D)
+            m, start = new_keys.numel(), self.size
+            if start + m > self.capacity:
+                self._grow(start + m)
+            new_slots = torch.arange(start, start + m, dtype=torch.int64)
+            self.rows[start:start + m, : self.dim] = rows
+            self.synced[start:start + m] = rows
+            self.slot_keys[start:start + m] = new_keys
+            self.index.insert(new_keys, new_slots)
+            self.size += m
+            slots[missing] = self.index.lookup(keys[missing])
+        return slots
+
+    def apply_grads(self, slots: torch.Tensor, grads: torch.Tensor) -> None:
+        """The local optimizer on unique `slots` (K,) with gradients (K, D), as the TBE would."""
+        rows = self.rows[slots, : self.dim]  # (K, D)
+        if self.optimizer == "sgd":
+            rows.sub_(grads, alpha=self.lr)
+        else:
+            state = self.state[slots] + grads.pow(2).mean(dim=1)  # (K,)
+            self.state[slots] = state
+            rows.sub_(grads * (self.lr / (state.sqrt() + self.eps)).unsqueeze(1))
+        self.rows[slots, : self.dim] = rows
+        self.touched[slots] = True
+
+    def sync(self, timeout: float | None) -> int:
+        """Push deltas of touched rows, pull the merged values, fold them in; returns rows synced."""
+        with self.lock:
+            slots = self.touched[: self.size].nonzero().squeeze(1)  # (K,)
+            self.touched[slots] = False  # rows trained from here on are marked again
+            keys = self.slot_keys[slots]
+        if slots.numel() == 0:
+            return 0
+        current = self.rows[slots, : self.dim]  # (K, D) a copy
+        self.client.push_delta(self.name, keys, current - self.synced[slots], assume_unique=True).wait(timeout)
+        merged = self.client.pull(self.name, keys, assume_unique=True).wait(timeout)  # (K, D)
+        with self.lock:  # a growth in between moved the buffers; slots stay valid
+            self.rows[slots, : self.dim] += merged - current
+            self.synced[slots] = merged
+        return slots.numel()
+
+
+class _DenseReplica:
+    """The trainer's dense parameters as the replica of one PS dense table."""
+
+    def __init__(self, name: str, params: Mapping[str, torch.Tensor], client) -> None:
+        self.name, self.client = name, client
+        layout = client.dense_layout(name)
+        missing = [n for n in layout.names if n not in params]
+        if missing:
+            raise ConfigError(f"geo: dense table {name!r} holds parameters {missing} that attach_dense did not get; "
+                              f"pass every parameter of the table (it has {layout.names})")
+        self.params = [params[n] for n in layout.names]  # spec order = the flat vector's order
+        self.synced = self.flat()  # (N,)
+
+    def flat(self) -> torch.Tensor:
+        return torch.cat([p.detach().reshape(-1) for p in self.params])  # (N,)
+
+    def assign(self, flat: torch.Tensor, add: bool) -> None:
+        pos = 0
+        with torch.no_grad():
+            for p in self.params:
+                n = p.numel()
+                part = flat[pos:pos + n].view_as(p)
+                p.add_(part) if add else p.copy_(part)
+                pos += n
+
+    def sync(self, timeout: float | None) -> None:
+        current = self.flat()  # (N,)
+        merged = self.client.push_dense_delta(self.name, current - self.synced, return_values=True).wait(timeout)
+        self.assign(merged - current, add=True)
+        self.synced = merged
+
+
+class GeoCommunicator:
+    """GEO over one PSClient; see the module docstring.
+
+    Args:
+        client: the worker's PSClient (tables created already, or created by another worker).
+        k_steps: worker steps (over all threads) between two syncs; 1 syncs after every step.
+        optimizer: the replica's sparse optimizer: {"name": "sgd" | "rowwise_adagrad", "lr", "eps"}.
+        dense_lr: SGD rate of `push_dense` (protocol callers; the trainer steps its own optimizer).
+        capacity: initial replica rows per table (doubles when full).
+        timeout_s: every wait on the servers (None: the client's).
+    """
+
+    mode = "geo"
+
+    def __init__(self, client, k_steps: int = 100, optimizer: Mapping | None = None, dense_lr: float = 0.01,
+                 capacity: int = 1 << 16, timeout_s: float | None = None) -> None:
+        if isinstance(k_steps, bool) or int(k_steps) != k_steps or k_steps < 1:
+            raise ConfigError(f"geo: k_steps={k_steps!r}; set ps.k_steps to an integer >= 1")
+        opt = dict(optimizer or {"name": "sgd", "lr": 0.01})
+        name = opt.pop("name", "sgd")
+        if name not in GEO_OPTIMIZERS:
+            raise ConfigError(f"geo: the local sparse optimizer {name!r} is not one of {sorted(GEO_OPTIMIZERS)} "
+                              "(FBGEMM's fused CPU optimizers); set ps.embedding_optimizer.name")
+        self._opt_name, self._lr, self._eps = name, float(opt.get("lr", 0.01)), float(opt.get("eps", 1e-8))
+        self.client = client
+        self.k_steps = int(k_steps)
+        self.dense_lr = float(dense_lr)
+        self.capacity = int(capacity)
+        self.timeout_s = timeout_s
+        self._replicas: dict[str, _Replica] = {}
+        self._dense: dict[str, _DenseReplica] = {}
+        self._lock = threading.Lock()  # replicas dict, step counter
+        self._sync_lock = threading.Lock()  # one sync at a time
+        self._steps = 0
+        self.syncs = 0
+        self._closed = False
+
+    # -- replicas ------------------------------------------------------------------------------
+
+    def _replica(self, table: str) -> _Replica:
+        replica = self._replicas.get(table)
+        if replica is None:
+            with self._lock:
+                replica = self._replicas.get(table)
+                if replica is None:
+                    spec = self.client.table_spec(table)
+                    if spec["kind"] != "sparse":
+                        raise ConfigError(f"geo: table {table!r} is {spec['kind']}; pull/push take sparse tables")
+                    replica = _Replica(table, int(spec["dim"]), self._opt_name, self._lr, self._eps,
+                                       self.capacity, self.client)
+                    self._replicas[table] = replica
+        return replica
+
+    def attach_dense(self, table: str, params: Mapping[str, torch.Tensor]) -> None:
+        """Use `params` (name -> the trainer's shared tensors, every parameter of dense table
+        `table`) as that table's replica; their current values count as synced."""
+        self._dense[table] = _DenseReplica(table, params, self.client)
+
+    def replica_rows(self, table: str) -> int:
+        """Rows the replica of `table` holds (the worker's share of the table, never all of it)."""
+        replica = self._replicas.get(table)
+        return 0 if replica is None else replica.size
+
+    # -- Communicator protocol -----------------------------------------------------------------
+
+    def pull(self, table: str, keys: torch.Tensor) -> torch.Tensor:
+        """(K,) keys -> (K, D) replica rows (new keys pulled from the servers first)."""
+        replica = self._replica(table)
+        with replica.lock:
+            slots = replica.slots(keys, self.timeout_s)
+            return replica.rows[slots, : replica.dim]  # (K, D) a copy
+
+    def push(self, table: str, keys: torch.Tensor, grads: torch.Tensor) -> None:
+        """The local optimizer on (K,) unique keys' rows with gradients (K, D)."""
+        replica = self._replica(table)
+        with replica.lock:
+            slots = replica.slots(keys, self.timeout_s)
+            replica.apply_grads(slots, grads.to(torch.float32))
+
+    def lookup_bags(self, table: str, keys: torch.Tensor, offsets: torch.Tensor, num_features: int) -> torch.Tensor:
+        """Fused path: (N,) keys, (Fg*B+1,) offsets -> pooled (B, Fg*D); the backward pass runs the
+        TBE's fused optimizer on the replica."""
+        replica = self._replica(table)
+        with replica.lock:
+            slots = replica.slots(keys, self.timeout_s)  # (N,)
+            replica.touched[slots] = True
+            tbe = replica.tbe(num_features)
+        pooled = tbe(slots, offsets)  # (B, Fg*P)
+        if replica.width != replica.dim:
+            batch = pooled.shape[0]
+            pooled = pooled.view(batch, num_features, replica.width)[:, :, : replica.dim]  # (B, Fg, D)
+            pooled = pooled.reshape(batch, num_features * replica.dim)  # (B, Fg*D)
+        return pooled
+
+    def pull_dense(self, table: str) -> torch.Tensor:
+        dense = self._dense.get(table)
+        if dense is None:
+            return self.client.pull_dense(table).wait(self.timeout_s)
+        return dense.flat()
+
+    def push_dense(self, table: str, grads: torch.Tensor) -> None:
+        dense = self._dense.get(table)
+        if dense is None:
+            raise PSError(f"geo: dense table {table!r} has no local replica; call attach_dense first")
+        dense.assign(grads.reshape(-1).to(torch.float32) * -self.dense_lr, add=True)
+
+    def step_end(self, thread: int) -> None:
+        """Counts one worker step; the k-th syncs (in this thread; the others keep training)."""
+        with self._lock:
+            self._steps += 1
+            due = self._steps % self.k_steps == 0
+        if due:
+            self.sync()
+
+    def sync(self) -> int:
+        """Push the deltas of every replica, pull merged values back; returns sparse rows synced."""
+        with self._sync_lock:
+            rows = sum(r.sync(self.timeout_s) for r in list(self._replicas.values()))
+            for dense in list(self._dense.values()):
+                dense.sync(self.timeout_s)
+            self.syncs += 1
+            return rows
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        """The last deltas go to the servers (a final sync)."""
+        if not self._closed:
+            self.sync()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            self.flush()
+        finally:
+            self._closed = True

@@ -1,0 +1,229 @@
+"""GEO: a worker's replica (FBGEMM TBE, fused optimizer) syncs deltas every k steps.
+
+Servers run in this process (PSServer on 127.0.0.1); the reference is plain torch: one
+nn.Parameter over every key of the data, F.embedding_bag, torch.optim.SGD.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchrec.sparse.jagged_tensor import KeyedTensor
+
+from models import CTRDNN
+from recps.data.reader import Examples, TensorBatches
+from recps.errors import ConfigError
+from recps.ps.embedding import PSEmbeddingBagCollection, salted_keys
+from recps.ps.modes.geo import GeoCommunicator
+from recps.ps.node import PSClient, PSServer
+from recps.ps.table import Initializer
+from recps.tasks import BinaryTask
+
+FEATURES = ["C1", "C2", "C3", "C4"]
+DIM = 9  # not a multiple of 4: the TBE pads to 12 and must not change the arithmetic
+INIT = {"kind": "uniform", "low": -0.1, "high": 0.1}
+TOKEN = "geo-test"
+
+
+def examples(n: int, vocab: int = 40, seed: int = 0) -> Examples:
+    g = torch.Generator().manual_seed(seed)
+    keys = torch.randint(0, vocab, (n, len(FEATURES)), generator=g)  # small vocabulary: many repeats
+    dense = torch.randn(n, 3, generator=g)
+    labels = ((keys[:, 0] % 3 == 0) ^ (dense[:, 0] > 0.5)).float().unsqueeze(1)
+    return Examples(tuple(FEATURES), dense, keys, labels)
+
+
+class ReferenceEBC(nn.Module):
+    """Plain torch: every key of `data` as a row of one Parameter, initialized as the servers do."""
+
+    def __init__(self, ps_ebc: PSEmbeddingBagCollection, data: Examples, seed: int = 0) -> None:
+        super().__init__()
+        self._configs = ps_ebc.embedding_bag_configs()
+        all_keys = torch.cat([salted_keys(data.keys[:, i], f"t_{f}") for i, f in enumerate(FEATURES)])
+        self.keys = torch.unique(all_keys)  # (U,) sorted
+        self.weight = nn.Parameter(Initializer(**INIT)(self.keys, DIM, seed=seed))  # (U, D)
+
+    def embedding_bag_configs(self):
+        return self._configs
+
+    def forward(self, kjt) -> KeyedTensor:
+        b = kjt.stride()
+        per_feature = kjt.values().view(len(FEATURES), b)  # one key per bag here
+        ps_keys = torch.cat([salted_keys(per_feature[i], f"t_{f}") for i, f in enumerate(FEATURES)])
+        idx = torch.searchsorted(self.keys, ps_keys)  # (F*B,)
+        pooled = F.embedding_bag(idx, self.weight, torch.arange(idx.numel()), mode="sum")  # (F*B, D)
+        values = pooled.view(len(FEATURES), b, DIM).transpose(0, 1).reshape(b, -1)  # (B, F*D)
+        return KeyedTensor(keys=FEATURES, length_per_key=[DIM] * len(FEATURES), values=values)
+
+
+def make_model(ebc, seed: int = 1) -> CTRDNN:
+    torch.manual_seed(seed)
+    return CTRDNN(ebc, dense_in_features=3, hidden=(16, 8))
+
+
+def dense_named(model, ebc):
+    owned = {id(p) for p in ebc.parameters()}
+    return {n: p for n, p in model.named_parameters() if id(p) not in owned}
+
+
+@pytest.fixture
+def server():
+    with PSServer(token=TOKEN) as s:
+        yield s
+
+
+def geo_worker(endpoint: str, optimizer: dict, k_steps: int, create: bool = True, dense_values=None):
+    client = PSClient([endpoint], token=TOKEN, timeout_s=20.0)
+    if create:
+        client.create_sparse_table("embedding_d9", dim=DIM, optimizer={"name": "sgd", "lr": 1.0}, initializer=INIT)
+    ebc = PSEmbeddingBagCollection.from_features(FEATURES, DIM)
+    model = make_model(ebc)
+    named = dense_named(model, ebc)
+    if create:
+        client.create_dense_table("dense", {n: p.detach() for n, p in named.items()})
+    geo = GeoCommunicator(client, k_steps=k_steps, optimizer=optimizer)
+    ebc.bind(geo)
+    geo.attach_dense("dense", named)
+    return client, geo, ebc, model, named
+
+
+def test_geo_one_worker_k1_sgd_equals_local_sgd(server):
+    data = examples(256)
+    lr, dense_lr, steps = 0.5, 0.1, 12
+    client, geo, ebc, model, named = geo_worker(server.endpoint, {"name": "sgd", "lr": lr}, k_steps=1)
+    opt = torch.optim.SGD(list(named.values()), lr=dense_lr)
+    ref_ebc = ReferenceEBC(ebc, data)
+    ref = make_model(ref_ebc)
+    ref_opt = torch.optim.SGD([{"params": [ref_ebc.weight], "lr": lr},
+                               {"params": [p for n, p in ref.named_parameters() if n != "sparse_arch.weight"]}],
+                              lr=dense_lr)
+    task = BinaryTask()
+    losses = []
+    for step, batch in enumerate(TensorBatches(data, 16)):
+        if step == steps:
+            break
+        loss = task.loss(model(batch.dense, batch.sparse), batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        geo.step_end(0)
+        ref_loss = task.loss(ref(batch.dense, batch.sparse), batch)
+        ref_opt.zero_grad()
+        ref_loss.backward()
+        ref_opt.step()
+        losses.append((loss.item(), ref_loss.item()))
+    assert geo.syncs == steps
+    for a, b in losses:
+        assert a == pytest.approx(b, abs=1e-5)
+    # The servers hold exactly what local SGD computed: rows and dense parameters.
+    pulled = client.pull("embedding_d9", ref_ebc.keys).wait()
+    torch.testing.assert_close(pulled, ref_ebc.weight.detach(), atol=1e-5, rtol=0)
+    server_dense = client.dense_layout("dense").unflatten(client.pull_dense("dense").wait())
+    for name, p in ref.named_parameters():
+        if name != "sparse_arch.weight":
+            torch.testing.assert_close(server_dense[name], p.detach(), atol=1e-5, rtol=0)
+    # The worker holds only the rows it saw, not a table.
+    seen = ReferenceEBC(ebc, data.select(slice(0, steps * 16))).keys.numel()
+    assert geo.replica_rows("embedding_d9") == seen < ref_ebc.keys.numel()
+    client.close()
+
+
+def test_geo_rowwise_adagrad_replica_equals_torch_rowwise_adagrad(server):
+    """The TBE's fused row-wise Adagrad on a width-9 (padded to 12) row equals the textbook rule."""
+    client, geo, ebc, model, named = geo_worker(server.endpoint, {"name": "rowwise_adagrad", "lr": 0.3, "eps": 1e-8},
+                                                k_steps=1000)
+    batch = next(iter(TensorBatches(examples(32), 32)))
+    ps_keys = salted_keys(batch.sparse.values()[:32], "t_C1")  # feature C1's keys
+    uniq = torch.unique(ps_keys)
+    before = geo.pull("embedding_d9", uniq)  # (U, D)
+    pooled = ebc(batch.sparse).values()  # (B, F*D)
+    upstream = torch.randn(pooled.shape, generator=torch.Generator().manual_seed(3))
+    (pooled * upstream).sum().backward()
+    # d loss / d row of key u (feature C1 = columns 0..8): sum of upstream over its bags.
+    idx = torch.searchsorted(uniq, ps_keys)
+    grad = torch.zeros(uniq.numel(), DIM).index_add_(0, idx, upstream[:, :DIM])
+    state = grad.pow(2).mean(dim=1, keepdim=True)
+    expected = before - 0.3 * grad / (state.sqrt() + 1e-8)
+    torch.testing.assert_close(geo.pull("embedding_d9", uniq), expected, atol=1e-5, rtol=1e-5)
+    client.close()
+
+
+def test_geo_two_workers_server_adds_both_deltas(server):
+    """Deltas of two workers add up on the server; each worker pulls the merged rows back and
+    keeps updates it made while syncing."""
+    c0, g0, *_ = geo_worker(server.endpoint, {"name": "sgd", "lr": 1.0}, k_steps=2)
+    c1, g1, *_ = geo_worker(server.endpoint, {"name": "sgd", "lr": 1.0}, k_steps=2, create=False)
+    keys = torch.tensor([11, 22, 33])
+    start = g0.pull("embedding_d9", keys)
+    torch.testing.assert_close(start, g1.pull("embedding_d9", keys))
+    g0.push("embedding_d9", keys[:2], torch.ones(2, DIM))  # worker 0 trains keys 11, 22
+    g1.push("embedding_d9", keys[1:], 2 * torch.ones(2, DIM))  # worker 1 trains keys 22, 33
+    g0.step_end(0)
+    g1.step_end(0)
+    assert g0.syncs == g1.syncs == 0  # k = 2: nothing sent yet
+    torch.testing.assert_close(c0.pull("embedding_d9", keys).wait(), start)
+    g0.step_end(0)  # worker 0 syncs first: the server has its deltas only
+    g1.step_end(0)  # worker 1 syncs: the server adds its deltas, worker 1 sees both
+    expected = start - torch.tensor([[1.0], [3.0], [2.0]])
+    torch.testing.assert_close(c0.pull("embedding_d9", keys).wait(), expected)
+    torch.testing.assert_close(g1.pull("embedding_d9", keys[1:]), expected[1:])
+    # Key 11 is in worker 1's replica since its first pull; worker 1 never trained it: still stale.
+    torch.testing.assert_close(g1.pull("embedding_d9", keys[:1]), start[:1])
+    # Worker 0 synced before worker 1 pushed: it sees worker 1's work on key 22 after its next sync.
+    torch.testing.assert_close(g0.pull("embedding_d9", keys[:2]), start[:2] - torch.tensor([[1.0], [1.0]]))
+    g0.push("embedding_d9", keys[1:2], torch.zeros(1, DIM))  # touch key 22 again
+    g0.sync()
+    torch.testing.assert_close(g0.pull("embedding_d9", keys[1:2]), expected[1:2])
+    c0.close()
+    c1.close()
+
+
+def test_geo_replica_grows_and_keeps_rows(server):
+    client = PSClient([server.endpoint], token=TOKEN)
+    client.create_sparse_table("emb", dim=5, initializer=INIT)
+    geo = GeoCommunicator(client, k_steps=1, optimizer={"name": "sgd", "lr": 1.0}, capacity=64)
+    keys = torch.arange(1000, dtype=torch.int64) * 7919
+    first = geo.pull("emb", keys[:100])
+    geo.push("emb", keys[:100], torch.ones(100, 5))
+    all_rows = geo.pull("emb", keys)  # grows 64 -> 128 -> ... -> 1024
+    assert geo.replica_rows("emb") == 1000
+    torch.testing.assert_close(all_rows[:100], first - 1.0)
+    torch.testing.assert_close(all_rows[100:], client.pull("emb", keys[100:]).wait())
+    geo.sync()
+    torch.testing.assert_close(client.pull("emb", keys[:100]).wait(), first - 1.0)
+    client.close()
+
+
+def test_geo_threads_sync_once_per_k_worker_steps(server):
+    client = PSClient([server.endpoint], token=TOKEN)
+    client.create_sparse_table("emb", dim=4, initializer={"kind": "zeros"})
+    geo = GeoCommunicator(client, k_steps=10, optimizer={"name": "sgd", "lr": 1.0})
+
+    def train(thread: int) -> None:
+        for _ in range(25):
+            geo.push("emb", torch.tensor([thread]), torch.ones(1, 4))
+            geo.step_end(thread)
+
+    threads = [threading.Thread(target=train, args=(t,)) for t in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert geo.syncs == 5  # 50 worker steps, k = 10
+    geo.flush()
+    torch.testing.assert_close(client.pull("emb", torch.tensor([0, 1])).wait(), torch.full((2, 4), -25.0))
+    client.close()
+
+
+def test_geo_bad_settings_are_named(server):
+    client = PSClient([server.endpoint], token=TOKEN)
+    with pytest.raises(ConfigError, match=r"k_steps=0.*ps.k_steps"):
+        GeoCommunicator(client, k_steps=0)
+    with pytest.raises(ConfigError, match=r"'adam'.*rowwise_adagrad"):
+        GeoCommunicator(client, optimizer={"name": "adam", "lr": 0.1})
+    client.close()

@@ -453,3 +453,43 @@ def test_examples_cat_and_select_round_trip():
     assert torch.equal(back.keys, keys) and torch.equal(back.seq_values[0], torch.arange(7))
     assert ex.select(slice(2, 4)).seq_values[0].tolist() == [1, 2, 3]
     assert ex.select(torch.tensor([5, 2])).seq_values[0].tolist() == [4, 5, 6, 1, 2]
+
+
+# ----------------------------------------------------------------------------- blocks and threads
+
+
+def test_block_boundaries_threads_and_long_lines_do_not_change_rows(tmp_path):
+    rows = criteo_rows(40, seed=6)
+    path = write_text(tmp_path / "a.txt", rows)
+    reference = read([path], CRITEO, batch_size=16, threads=1)
+    # Blocks smaller than a line (~150 bytes) grow to whole lines; many blocks run in parallel.
+    for block_size, threads in ((100, 2), (1000, 3), (7, 1)):
+        batches_equal(reference, read([path], CRITEO, batch_size=16, threads=threads, block_size=block_size))
+    header = ["Id"] + list(CRITEO_COLUMNS)
+    csv = write_text(tmp_path / "b.csv", [[str(i)] + r for i, r in enumerate(rows)], ",", header)
+    schema = Schema(labels=("label",), dense=CRITEO_DENSE, sparse=CRITEO_SPARSE, dense_transform="log1p")
+    batches_equal(reference, read([csv], schema, batch_size=16, block_size=5))  # header longer than a block
+
+
+def test_blank_lines_and_byte_order_mark(tmp_path, caplog):
+    path = tmp_path / "blank.csv"
+    path.write_bytes(b"\xef\xbb\xbfy,x,c\n1,1,a\n\n\r\n0,2,b\n\n1,oops,c\n0,4,d")  # no final newline
+    schema = Schema(labels=("y",), dense=("x",), sparse=("c",))
+    with caplog.at_level(logging.WARNING, logger="recps.data.reader"):
+        [batch] = read([path], schema, batch_size=8, error_budget=1)
+    assert batch.dense[:, 0].tolist() == [1.0, 2.0, 4.0]
+    assert f"{path}:7: dense x is not a finite number" in caplog.text  # blank lines 3, 4 and 6 counted
+
+
+def test_stopping_early_ends_the_reader_threads(tmp_path):
+    import threading
+    import time
+
+    path = write_text(tmp_path / "a.txt", criteo_rows(400, seed=7))
+    reader = TabularReader([path], CRITEO, 4, block_size=200, threads=2)
+    for _ in reader:
+        break  # the consumer walks away with blocks still in flight
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any("reader shard" in t.name for t in threading.enumerate()):
+        time.sleep(0.05)
+    assert not [t.name for t in threading.enumerate() if "reader shard" in t.name]

@@ -32,7 +32,8 @@ Verbs (request tensors -> reply tensors; `table` is the transport's text field):
 Concurrency: requests are served by `num_threads` handler threads; each table is thread-safe on
 its own (see recps.ps.table), so pulls and pushes of different threads and workers interleave.
 A push_sync whose step does not complete within its `timeout_s` fails for the workers that did
-push, naming the ones that did not.
+push, naming the ones that did not (reply meta {"error": "timeout", "message": ...}, raised by the
+client as PSTimeoutError).
 
 >>> import torch
 >>> from recps.ps.node.client import PSClient
@@ -58,7 +59,7 @@ from pathlib import Path
 
 import torch
 
-from recps.errors import ConfigError, PSError, PSTimeoutError
+from recps.errors import ConfigError, PSError
 from recps.ps.node.specs import (
     DenseLayout,
     build_dense,
@@ -356,7 +357,7 @@ class PSServer:
                     del self._sync[k]
             for (kind, name, step_id), step in expired:
                 missing = sorted(set(range(step.workers)) - set(step.arrived))
-                _fail(step, PSTimeoutError(
+                _fail(step, _Timeout(
                     f"server {self.index}: {kind} of table {name!r} step {step_id}: worker(s) {missing} did not push "
                     f"within the timeout ({len(step.arrived)} of {step.workers} arrived); is a worker dead or behind?"
                 ))
@@ -460,9 +461,18 @@ class PSServer:
         return []
 
 
+class _Timeout(Exception):
+    """A synchronous step expired: answered as meta {"error": "timeout"}, raised by the client as
+    PSTimeoutError (an exception crossing the transport would arrive as a plain PSError)."""
+
+
 def _fail(step: _SyncStep, error: Exception) -> None:
     for f in step.arrived.values():
-        if not f.done():
+        if f.done():
+            continue
+        if isinstance(error, _Timeout):
+            f.set_result(([], {"error": "timeout", "message": str(error)}))
+        else:
             f.set_exception(error)
 
 

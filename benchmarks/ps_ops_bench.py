@@ -1,0 +1,155 @@
+"""Pull and push latency through the full PS client + server (recps.ps.node), on loopback.
+
+The issue's workload per training step: CTR-DNN, 26 slots, batch 512 -> 13,312 keys per batch,
+~6k unique (Zipf a=1.1 per slot, keys salted per slot), dim 9, all slots in ONE sparse table.
+A server runs in its own process (as in the 1 server + 1 worker setup); the client process
+de-duplicates, pulls (K, 9) rows and pushes (K, 9) gradients (Adagrad on the server).
+
+Reported, median over --steps after --warmup (ms):
+    pull        client.pull(keys).wait()  (unique + partition + round trip + reassembly)
+    push        client.push(keys, grads).wait()
+    step        pull + push, one thread
+    step_2thr   pull + push per thread, 2 threads at once (wall time per pair of steps)
+    table_pull / table_push   the same ops on an in-process SparseTable (no transport)
+
+    python benchmarks/ps_ops_bench.py                  # 1 server, prints a JSON line and a Markdown row
+    python benchmarks/ps_ops_bench.py --servers 2      # keys split over 2 server processes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import statistics
+import threading
+import time
+
+import numpy as np
+
+TOKEN = "bench-token"
+SLOTS, BATCH, DIM = 26, 512, 9
+
+
+def _serve(index: int, num_servers: int, ready, stop) -> None:
+    import torch
+
+    from recps.ps.node import PSServer
+
+    torch.set_num_threads(1)
+    with PSServer(index, num_servers, token=TOKEN, num_threads=2) as server:
+        ready.put((index, server.endpoint))
+        stop.wait(900)
+
+
+def _batches(n: int, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    salt = np.arange(SLOTS, dtype=np.int64) * 10_000_000
+    return [(np.minimum(rng.zipf(1.1, size=(BATCH, SLOTS)), 1_000_000) + salt).reshape(-1) for _ in range(n)]
+
+
+def _median_ms(xs: list[float]) -> float:
+    return round(statistics.median(xs) * 1000, 3)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--servers", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=50)
+    args = parser.parse_args()
+
+    ctx = mp.get_context("spawn")
+    ready, stop = ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=_serve, args=(i, args.servers, ready, stop), daemon=True) for i in range(args.servers)]
+    for p in procs:
+        p.start()
+
+    import torch
+
+    from recps.ps.node import PSClient, unique_inverse
+    from recps.ps.table import AdagradRule, SparseTable
+
+    torch.set_num_threads(1)
+    endpoints = [e for _, e in sorted(ready.get(timeout=120) for _ in procs)]  # server order
+    client = PSClient(endpoints, token=TOKEN, timeout_s=30)
+    client.create_sparse_table("ctr", dim=DIM, optimizer={"name": "adagrad", "lr": 0.05})
+
+    batches = [torch.from_numpy(b) for b in _batches(args.warmup + args.steps)]
+    uniq = [unique_inverse(b)[0] for b in batches]
+    unique_keys = statistics.median(u.numel() for u in uniq)
+
+    def step(keys: torch.Tensor, times: dict | None) -> None:
+        t0 = time.perf_counter()
+        rows = client.pull("ctr", keys).wait()  # (K, D)
+        t1 = time.perf_counter()
+        client.push("ctr", keys, rows * 0.01).wait()
+        t2 = time.perf_counter()
+        if times is not None:
+            times["pull"].append(t1 - t0)
+            times["push"].append(t2 - t1)
+            times["step"].append(t2 - t0)
+
+    times = {"pull": [], "push": [], "step": []}
+    for i, b in enumerate(batches):
+        step(b, times if i >= args.warmup else None)
+
+    # Two training threads, each with its own batches, at once.
+    pair = []
+    barrier = threading.Barrier(2)
+
+    def worker(offset: int, out: list) -> None:
+        for i in range(args.steps // 2):
+            barrier.wait()
+            t0 = time.perf_counter()
+            step(batches[(2 * i + offset) % len(batches)], None)
+            out.append(time.perf_counter() - t0)
+
+    outs = [[], []]
+    threads = [threading.Thread(target=worker, args=(k, outs[k])) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    pair = [max(a, b) for a, b in zip(*outs)]
+
+    # The same ops on an in-process table: what the transport and the client add.
+    table = SparseTable(DIM, optimizer=AdagradRule(lr=0.05))
+    tt = {"pull": [], "push": []}
+    for i, u in enumerate(uniq):
+        t0 = time.perf_counter()
+        rows = table.pull(u)
+        t1 = time.perf_counter()
+        table.push(u, rows * 0.01)
+        t2 = time.perf_counter()
+        if i >= args.warmup:
+            tt["pull"].append(t1 - t0)
+            tt["push"].append(t2 - t1)
+
+    result = {
+        "servers": args.servers,
+        "keys_per_batch": BATCH * SLOTS,
+        "unique_keys": int(unique_keys),
+        "dim": DIM,
+        "pull_ms": _median_ms(times["pull"]),
+        "push_ms": _median_ms(times["push"]),
+        "step_ms": _median_ms(times["step"]),
+        "step_2threads_ms": _median_ms(pair),
+        "table_pull_ms": _median_ms(tt["pull"]),
+        "table_push_ms": _median_ms(tt["push"]),
+        "keys_per_s_1thread": round(BATCH * SLOTS / statistics.median(times["step"])),
+        "keys_per_s_2threads": round(2 * BATCH * SLOTS / statistics.median(pair)),
+    }
+    client.close()
+    stop.set()
+    for p in procs:
+        p.join(10)
+    print(json.dumps(result))
+    print(
+        f"| {args.servers} | {result['unique_keys']} | {result['pull_ms']} | {result['push_ms']} | {result['step_ms']} | "
+        f"{result['step_2threads_ms']} | {result['table_pull_ms']} | {result['table_push_ms']} |"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,279 @@
+"""PSServer + PSClient: ps-lite arithmetic, partition and reassembly, sync pushes, dense tables,
+checkpoints across cluster sizes, errors. Servers run in this process on 127.0.0.1 free ports."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from recps.errors import ConfigError, PSError, PSTimeoutError
+from recps.ps.node import PSClient, PSServer, unique_inverse
+from recps.ps.table import AdagradRule, Initializer, SparseTable, partition
+
+TOKEN = "node-test"
+INIT = {"kind": "uniform", "low": -0.1, "high": 0.1}
+
+
+class Cluster:
+    """S in-process servers and a way to make clients for them."""
+
+    def __init__(self, num_servers: int) -> None:
+        self.servers = [PSServer(i, num_servers, token=TOKEN).start() for i in range(num_servers)]
+        self.endpoints = [s.endpoint for s in self.servers]
+        self.clients: list[PSClient] = []
+
+    def client(self, worker: int = 0, workers: int = 1, timeout_s: float = 10.0) -> PSClient:
+        c = PSClient(self.endpoints, token=TOKEN, timeout_s=timeout_s, worker_index=worker, num_workers=workers)
+        self.clients.append(c)
+        return c
+
+    def close(self) -> None:
+        for c in self.clients:
+            c.close()
+        for s in self.servers:
+            s.stop()
+
+
+@pytest.fixture
+def cluster2():
+    c = Cluster(2)
+    yield c
+    c.close()
+
+
+def test_unique_inverse_round_trip():
+    keys = torch.tensor([5, -3, 5, 2**62, -3, 7])
+    uniq, inverse = unique_inverse(keys)
+    assert torch.equal(uniq[inverse], keys)
+    assert uniq.numel() == 4
+    same, none = unique_inverse(torch.tensor([3, 1, 2]))
+    assert none is None and same.tolist() == [3, 1, 2]
+
+
+def test_push_n_times_equals_table_in_process(cluster2):
+    """ps-lite style: push n times (duplicates inside each push), pull, compare with one SparseTable."""
+    client = cluster2.client()
+    client.create_sparse_table("emb", dim=4, optimizer={"name": "adagrad", "lr": 0.1}, initializer=INIT, seed=7)
+    reference = SparseTable(4, optimizer=AdagradRule(lr=0.1), initializer=Initializer(**INIT), seed=7)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        keys = torch.randint(-50, 50, (300,), generator=g) * 1_000_003  # (K,) many duplicates, negative keys too
+        grads = torch.randn(300, 4, generator=g)  # (K, 4)
+        pulled = client.pull("emb", keys).wait()
+        torch.testing.assert_close(pulled, reference.pull(keys), rtol=1e-6, atol=1e-6)  # sums of duplicates may round differently
+        client.push("emb", keys, grads).wait()
+        reference.push(keys, grads)
+    keys = torch.arange(-50, 50) * 1_000_003
+    torch.testing.assert_close(client.pull("emb", keys).wait(), reference.pull(keys), rtol=1e-6, atol=1e-6)
+
+
+def test_two_servers_partition_and_key_order(cluster2):
+    client = cluster2.client()
+    client.create_sparse_table("emb", dim=3, optimizer={"name": "sgd", "lr": 1.0}, initializer={"kind": "zeros"})
+    keys = torch.tensor([9, 4, 9, 100, -7, 4, 2**40, 9])  # duplicates, arbitrary order
+    grads = torch.arange(keys.numel() * 3, dtype=torch.float32).view(-1, 3)  # (K, 3)
+    client.push("emb", keys, grads).wait()
+    rows = client.pull("emb", keys).wait()  # (K, 3)
+    # Each key's row is minus the sum of its gradients, returned at every occurrence in caller order.
+    expected = torch.stack([-grads[keys == k].sum(0) for k in keys.tolist()])
+    torch.testing.assert_close(rows, expected)
+    # Each server holds exactly the keys the shared partition function gives it.
+    held = [set(s.sparse("emb").keys().tolist()) for s in cluster2.servers]
+    uniq = torch.unique(keys)
+    owner = partition(uniq, 2)
+    for i in range(2):
+        assert held[i] == set(uniq[owner == i].tolist())
+    assert held[0] and held[1]
+
+
+def test_empty_pull_and_create_false(cluster2):
+    client = cluster2.client()
+    client.create_sparse_table("emb", dim=2, initializer={"kind": "uniform", "low": 1.0, "high": 2.0})
+    assert client.pull("emb", torch.empty(0, dtype=torch.int64)).wait().shape == (0, 2)
+    rows = client.pull("emb", torch.tensor([1, 2]), create=False).wait()
+    assert rows.abs().sum() == 0  # not created: zeros
+    assert client.stats()["tables"]["emb"]["rows"] == 0
+    assert client.pull("emb", torch.tensor([1, 2])).wait().min() >= 1.0
+    assert client.stats()["tables"]["emb"]["rows"] == 2
+
+
+def test_push_sync_two_workers_applies_once_with_the_mean(cluster2):
+    a, b = cluster2.client(0, 2), cluster2.client(1, 2)
+    a.create_sparse_table("emb", dim=2, optimizer={"name": "sgd", "lr": 1.0}, initializer={"kind": "zeros"})
+    keys_a, grads_a = torch.tensor([1, 2, 3]), torch.tensor([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])
+    keys_b, grads_b = torch.tensor([3, 4]), torch.tensor([[5.0, 5.0], [8.0, 8.0]])
+    handle_a = a.push_sync("emb", keys_a, grads_a, step=0)
+    time.sleep(0.2)
+    assert not handle_a.done()  # waits for worker 1
+    assert b.pull("emb", torch.tensor([1, 3])).wait().abs().sum() == 0  # nothing applied yet
+    b.push_sync("emb", keys_b, grads_b, step=0).wait()
+    handle_a.wait()
+    rows = a.pull("emb", torch.tensor([1, 2, 3, 4])).wait()[:, 0]
+    # Mean over the 2 workers: (sum of both workers' gradients) / 2, applied once with lr 1.
+    assert rows.tolist() == [-0.5, -1.0, -4.0, -4.0]
+    # The next step works the same way (state is per step).
+    threads = [threading.Thread(target=lambda c: c.push_sync("emb", torch.tensor([1]), torch.ones(1, 2), step=1).wait(), args=(c,)) for c in (a, b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert a.pull("emb", torch.tensor([1])).wait()[0, 0].item() == -1.5
+
+
+def test_push_sync_missing_worker_fails_naming_it(cluster2):
+    a = cluster2.client(0, 2)
+    a.create_sparse_table("emb", dim=2)
+    start = time.monotonic()
+    with pytest.raises(PSTimeoutError, match=r"worker\(s\) \[1\] did not push"):
+        a.push_sync("emb", torch.tensor([1]), torch.ones(1, 2), step=0, timeout_s=0.5).wait(5.0)
+    assert time.monotonic() - start < 3.0
+
+
+def test_dense_table_named_params_two_servers(cluster2):
+    a, b = cluster2.client(0, 2), cluster2.client(1, 2)
+    params = {"w": torch.arange(6.0).view(2, 3), "b": torch.tensor([10.0, 20.0]), "s": torch.tensor([7.0])}
+    a.create_dense_table("dense", params, optimizer={"name": "sgd", "lr": 1.0})
+    layout = b.dense_layout("dense")  # b learns the spec from the servers
+    assert layout.names == ["w", "b", "s"] and layout.size == 9
+    assert set(layout.owner) == {0, 1}  # spread over both servers
+    flat = b.pull_dense("dense").wait()
+    assert flat.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0, 7.0]
+    a.push_dense("dense", torch.ones(9)).wait()
+    values = a.push_dense("dense", {"w": torch.ones(2, 3), "b": torch.ones(2), "s": torch.ones(1)}, return_values=True).wait()
+    assert torch.equal(values, flat - 2)
+    a.push_dense_delta("dense", torch.full((9,), 0.5)).wait()
+    assert torch.equal(b.pull_dense("dense").wait(), flat - 1.5)
+    # Sync: mean over workers, applied once.
+    ha = a.push_dense_sync("dense", torch.full((9,), 2.0), step=0)
+    hb = b.push_dense_sync("dense", torch.full((9,), 4.0), step=0)
+    ha.wait(), hb.wait()
+    assert torch.equal(a.pull_dense("dense").wait(), flat - 1.5 - 3.0)
+    with pytest.raises(ConfigError, match="got 8 values"):
+        a.push_dense("dense", torch.ones(8))
+
+
+def test_create_is_idempotent_and_refuses_another_spec(cluster2):
+    a, b = cluster2.client(), cluster2.client()
+    spec = a.create_sparse_table("emb", dim=4, optimizer={"name": "adagrad", "lr": 0.1})
+    assert b.create_sparse_table("emb", dim=4, optimizer={"name": "adagrad", "lr": 0.1}) == spec
+    with pytest.raises(PSError, match=r"already exists with another spec \(dim: 4 -> 8"):
+        b.create_sparse_table("emb", dim=8, optimizer={"name": "adagrad", "lr": 0.1})
+    with pytest.raises(ConfigError, match="optimizer"):
+        b.create_sparse_table("other", dim=4, optimizer={"name": "lion"})
+    with pytest.raises(ConfigError, match="table name"):
+        b.create_sparse_table("a/b", dim=4)
+    with pytest.raises(PSError, match="no table 'missing'"):
+        b.pull("missing", torch.tensor([1])).wait()
+    with pytest.raises(ConfigError, match="is sparse"):
+        a.pull_dense("emb")
+
+
+def test_save_on_two_servers_load_on_three(tmp_path, cluster2):
+    client = cluster2.client()
+    client.create_sparse_table("emb", dim=3, optimizer={"name": "adagrad", "lr": 0.1}, initializer=INIT)
+    client.create_dense_table("dense", {"w": torch.randn(4, 2), "b": torch.randn(3)}, optimizer={"name": "adam", "lr": 0.01})
+    keys = torch.arange(0, 500) * 7919
+    client.push("emb", keys, torch.randn(500, 3)).wait()
+    client.push_dense("dense", torch.randn(11)).wait()
+    written = client.save(str(tmp_path / "ckpt"), mode="full")
+    assert written == {"emb": 500, "dense": 2}
+    before_rows, before_dense = client.pull("emb", keys).wait(), client.pull_dense("dense").wait()
+
+    three = Cluster(3)
+    try:
+        c3 = three.client()
+        loaded = c3.load(str(tmp_path / "ckpt"))  # tables are created from the saved specs
+        assert loaded == {"emb": 500, "dense": 2}
+        torch.testing.assert_close(c3.pull("emb", keys).wait(), before_rows, rtol=0, atol=0)
+        torch.testing.assert_close(c3.pull_dense("dense").wait(), before_dense, rtol=0, atol=0)
+        for i, s in enumerate(three.servers):  # re-partitioned by the shared function
+            held = s.sparse("emb").keys()
+            assert held.numel() > 0 and bool((partition(held, 3) == i).all())
+        # Optimizer state came along: the same push gives the same values on both clusters.
+        g = torch.randn(500, 3)
+        client.push("emb", keys, g).wait()
+        c3.push("emb", keys, g).wait()
+        torch.testing.assert_close(c3.pull("emb", keys).wait(), client.pull("emb", keys).wait(), rtol=1e-6, atol=1e-6)
+    finally:
+        three.close()
+
+
+def test_stats_and_shrink(cluster2):
+    client = cluster2.client()
+    client.create_sparse_table("ctr", dim=2, accessor={"delete_threshold": 0.5, "nonclk_coeff": 0.1, "click_coeff": 1.0})
+    client.create_sparse_table("plain", dim=2)
+    keys = torch.arange(100)
+    client.pull("ctr", keys).wait()
+    client.pull("plain", keys).wait()
+    clicks = (keys < 30).float()  # score 1 (clicked) or 0.1, decayed by 0.98: 30 keys stay above 0.5
+    client.push("ctr", keys, torch.zeros(100, 2), shows=torch.ones(100), clicks=clicks).wait()
+    stats = client.stats()
+    assert stats["tables"]["ctr"]["rows"] == 100 and stats["tables"]["plain"]["rows"] == 100
+    assert sum(s["tables"]["ctr"]["rows"] for s in stats["servers"]) == 100
+    assert stats["tables"]["ctr"]["memory_bytes"] > 0
+    assert client.shrink() == 70  # tables without an accessor are skipped
+    assert client.stats()["tables"]["ctr"]["rows"] == 30
+    with pytest.raises(PSError, match="no accessor"):
+        client.shrink(["plain"])
+
+
+def test_wrong_token_is_refused(cluster2):
+    bad = PSClient(cluster2.endpoints, token="not-the-token", timeout_s=5.0)
+    try:
+        with pytest.raises(PSError, match="token mismatch"):
+            bad.create_sparse_table("emb", dim=2)
+    finally:
+        bad.close()
+
+
+def test_dead_server_times_out_naming_it():
+    cluster = Cluster(2)
+    try:
+        client = cluster.client(timeout_s=1.0)
+        client.create_sparse_table("emb", dim=2)
+        keys = torch.arange(1000)
+        client.pull("emb", keys).wait()
+        dead = cluster.servers[1]
+        dead.stop()
+        start = time.monotonic()
+        with pytest.raises(PSTimeoutError) as info:
+            client.pull("emb", keys).wait()
+        elapsed = time.monotonic() - start
+        n1 = int((partition(keys, 2) == 1).sum())
+        assert dead.endpoint in str(info.value) and "'emb'" in str(info.value) and f"({n1} keys)" in str(info.value)
+        assert elapsed < 2.5
+    finally:
+        cluster.close()
+
+
+def test_stop_verb_sets_the_server_flag(cluster2):
+    client = cluster2.client()
+    client.stop_servers()
+    assert all(s.wait_stop_requested(2.0) for s in cluster2.servers)
+
+
+def test_client_is_thread_safe(cluster2):
+    """4 threads pull and push at once through one client; SGD is additive, so the result is exact."""
+    client = cluster2.client()
+    client.create_sparse_table("emb", dim=2, optimizer={"name": "sgd", "lr": 1.0}, initializer={"kind": "zeros"})
+    keys = torch.arange(64)
+    errors = []
+
+    def run() -> None:
+        try:
+            for _ in range(25):
+                client.pull("emb", keys).wait()
+                client.push("emb", keys, torch.ones(64, 2)).wait()
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors
+    assert torch.equal(client.pull("emb", keys).wait(), torch.full((64, 2), -100.0))

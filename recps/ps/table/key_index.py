@@ -51,7 +51,7 @@ class KeyIndex:
 
     def __init__(self, expected_keys: int = 0) -> None:
         # A reservation fills to 90% of MAX_LOAD before the first resize.
-        self._capacity = max(_MIN_CAPACITY, int(expected_keys / (0.9 * MAX_LOAD)) + 1)
+        self._capacity = _capacity_for(expected_keys, 0.9 * MAX_LOAD)
         self._buckets = _empty_buckets(self._capacity)  # (C, 2)
         self._bucket_offsets = torch.tensor([0, self._capacity], dtype=torch.int64)
         self._size = 0  # keys stored in buckets (key -1 excluded)
@@ -88,9 +88,14 @@ class KeyIndex:
         if keys.numel() == 0:
             return
         if self._size + keys.numel() > MAX_LOAD * self._capacity:
-            self._resize(self._size + keys.numel())
+            self._rebuild(_capacity_for(self._size + keys.numel(), _GROW_LOAD), *self.entries())
         _insert(keys, slots, torch.tensor([0, keys.numel()], dtype=torch.int64), self._buckets, self._bucket_offsets)
         self._size += keys.numel()
+
+    def reserve(self, keys: int) -> None:
+        """Resize now so that `keys` keys in total fit without another resize."""
+        if keys > MAX_LOAD * self._capacity:
+            self._rebuild(_capacity_for(keys, 0.9 * MAX_LOAD), *self.entries())
 
     def entries(self) -> tuple[torch.Tensor, torch.Tensor]:
         """All (keys, slots), each (N,) int64, in bucket order."""
@@ -106,20 +111,19 @@ class KeyIndex:
         """Keep only the keys whose slot s has slot_alive[s] True (a (S,) bool); rebuilds."""
         keys, slots = self.entries()
         keep = slot_alive[slots]
-        self._rebuild(keys[keep], slots[keep], shrink=True)
+        keys, slots = keys[keep], slots[keep]
+        capacity = self._capacity
+        if keys.numel() < _SHRINK_LOAD * capacity:
+            capacity = _capacity_for(keys.numel(), _GROW_LOAD)
+        self._rebuild(capacity, keys, slots)
 
     def clear(self) -> None:
-        self._rebuild(torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64), shrink=True)
+        empty = torch.empty(0, dtype=torch.int64)
+        self._rebuild(_MIN_CAPACITY, empty, empty)
 
-    def _resize(self, needed: int) -> None:
-        keys, slots = self.entries()
-        self._rebuild(keys, slots, shrink=False, needed=needed)
-
-    def _rebuild(self, keys: torch.Tensor, slots: torch.Tensor, shrink: bool, needed: int = 0) -> None:
-        needed = max(needed, keys.numel())
-        capacity = self._capacity
-        if needed > MAX_LOAD * capacity or (shrink and needed < _SHRINK_LOAD * capacity):
-            capacity = max(_MIN_CAPACITY, int(needed / _GROW_LOAD) + 1)
+    def _rebuild(self, capacity: int, keys: torch.Tensor, slots: torch.Tensor) -> None:
+        """Re-insert (keys, slots) into `capacity` buckets (at most MAX_LOAD full)."""
+        capacity = max(capacity, _capacity_for(keys.numel(), MAX_LOAD))
         if capacity == self._capacity:
             self._buckets.fill_(-1)  # in place: never two tables alive at once
         else:
@@ -130,3 +134,7 @@ class KeyIndex:
         self._size = 0
         self._minus_one_slot = -1
         self.insert(keys, slots)
+
+
+def _capacity_for(keys: int, load: float) -> int:
+    return max(_MIN_CAPACITY, int(keys / load) + 1)

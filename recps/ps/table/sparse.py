@@ -277,6 +277,13 @@ class SparseTable:
             n += self._half.numel() * 2
         return n
 
+    def reserve(self, rows: int) -> None:
+        """Make room for `rows` rows in total without further resizes (buckets and row
+        arrays; untouched capacity costs address space, not resident memory)."""
+        with self._lock:
+            self._reserve(max(0, rows - self._used))
+            self._index.reserve(rows)
+
     def _reserve(self, n_new: int) -> None:
         need = self._used + n_new
         if need <= self.capacity:

@@ -24,7 +24,7 @@ from torch import nn
 from recps.data.batch import Batch
 from recps.errors import ConfigError
 
-__all__ = ["BatchSource", "DenseUpdater", "LocalDenseUpdater", "TrainStats", "Trainer"]
+__all__ = ["BatchSource", "DenseUpdater", "LocalDenseUpdater", "TrainObserver", "TrainStats", "Trainer"]
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +88,34 @@ def thread_replica(model: nn.Module, collection: nn.Module) -> tuple[nn.Module, 
     return replica, mine
 
 
+class TrainObserver:
+    """Hooks the trainer calls around every step (metrics, debug dumps); all are no-ops here.
+
+    Called from the training threads (`thread` is the index, `step` the fit's step count over
+    all threads, `epoch` the pass); an observer keeps per-thread state and locks what it
+    shares. `on_fit_start` and `on_fit_end` run in the caller's thread.
+    """
+
+    def on_fit_start(self, replicas: Sequence[nn.Module]) -> None:
+        """Before any thread starts; replicas[t] is thread t's model (shares the collection)."""
+
+    def on_thread_start(self, thread: int) -> None:
+        """First thing in training thread `thread`."""
+
+    def after_backward(self, thread: int) -> None:
+        """Gradients of the thread's replica are in `.grad`, not yet applied."""
+
+    def on_batch(self, thread: int, step: int, epoch: int, batch: Batch, logits: torch.Tensor,
+                 loss: float) -> None:
+        """After the update of `step`; logits (B,) still carry the graph: detach them."""
+
+    def on_epoch_end(self, thread: int, epoch: int) -> None:
+        """Thread `thread` has no more batches in `epoch` (not called when stopped early)."""
+
+    def on_fit_end(self, failed: bool) -> None:
+        """After every thread joined; `failed`: a thread raised (skip collectives then)."""
+
+
 class Trainer:
     """Runs `threads` training threads over a model whose collection trains itself.
 
@@ -97,11 +125,13 @@ class Trainer:
         task: owns the loss (`task.loss(logits, batch)`).
         updater: applies dense gradients (local optimizer or a PS communicator).
         threads: Hogwild training threads in this process.
-        on_step: called as on_step(thread, step, loss) after every step (metrics, dumps).
+        on_step: called as on_step(thread, step, loss) after every step.
+        observers: `TrainObserver`s (metrics reporter, debug dump); none costs nothing.
     """
 
     def __init__(self, model: nn.Module, collection: nn.Module, task, updater: DenseUpdater,
-                 threads: int = 1, on_step: Callable[[int, int, float], None] | None = None) -> None:
+                 threads: int = 1, on_step: Callable[[int, int, float], None] | None = None,
+                 observers: Sequence[TrainObserver] = ()) -> None:
         if threads < 1:
             raise ConfigError(f"trainer.threads={threads}; set it to 1 or more")
         self.model = model
@@ -110,6 +140,7 @@ class Trainer:
         self.updater = updater
         self.threads = threads
         self.on_step = on_step
+        self.observers = list(observers)
         self._replicas = [thread_replica(model, collection) for _ in range(threads)]
 
     def fit(self, source: BatchSource, batch_size: int, epochs: int = 1, max_steps: int = -1,
@@ -120,10 +151,15 @@ class Trainer:
         errors: list[BaseException] = []
         stop = threading.Event()
         bar = _progress_bar(progress)
+        observers = list(self.observers)
+        for obs in observers:
+            obs.on_fit_start([replica for replica, _ in self._replicas])
 
         def run(thread: int) -> None:
             replica, params = self._replicas[thread]
             try:
+                for obs in observers:
+                    obs.on_thread_start(thread)
                 for epoch in range(first_epoch, first_epoch + epochs):
                     for batch in source.batches(batch_size, thread, self.threads, epoch):
                         if stop.is_set():
@@ -131,6 +167,8 @@ class Trainer:
                         logits = replica(batch.dense, batch.sparse)  # (B,)
                         loss = self.task.loss(logits, batch)
                         loss.backward()
+                        for obs in observers:
+                            obs.after_backward(thread)
                         self.updater.apply([p.grad for p in params])
                         for p in params:
                             p.grad = None
@@ -146,11 +184,15 @@ class Trainer:
                                 bar.update(batch.batch_size)
                                 if step % 20 == 0:
                                     bar.set_postfix(loss=f"{value:.4f}", refresh=False)
+                        for obs in observers:
+                            obs.on_batch(thread, step, epoch, batch, logits, value)
                         if self.on_step is not None:
                             self.on_step(thread, step, value)
                         if 0 < max_steps <= step:
                             stop.set()
                             return
+                    for obs in observers:
+                        obs.on_epoch_end(thread, epoch)
             except BaseException as exc:  # surfaced in the caller's thread below
                 errors.append(exc)
                 stop.set()
@@ -175,6 +217,8 @@ class Trainer:
             torch.set_num_threads(previous)
             if bar is not None:
                 bar.close()
+        for obs in observers:
+            obs.on_fit_end(failed=bool(errors))
         if errors:
             raise errors[0]
         return TrainStats(steps=state["steps"], examples=state["examples"], seconds=seconds,

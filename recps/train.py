@@ -1,12 +1,15 @@
 """Training entry: `python -m recps.train [overrides]` (Hydra; configs in conf/).
 
-    python -m recps.train                                  # DeepFM on generated data
-    python -m recps.train model=ctr_dnn trainer.threads=2
+    python -m recps.train                                  # DeepFM on generated data, async PS: 1 server + 1 worker x 2 threads
+    python -m recps.train model=ctr_dnn ps=geo ps.k_steps=100 cluster.servers=2 cluster.workers=2
+    python -m recps.train ps=local trainer.threads=2       # one process, no servers
     python -m recps.train -m model=deepfm,ctr_dnn trainer.max_steps=50   # sweep
     python -m recps.train --cfg job                        # print the config, start nothing
 
 Writes `metrics.json` and `checkpoint/` into the Hydra run folder and returns the
-`objective` metric so that sweepers can optimise it.
+`objective` metric so that sweepers can optimise it. With ps=sync|async|geo this process
+launches the cluster (recps.cluster); a process started with a role in its environment acts
+as that server or worker instead (worker 0 writes metrics.json and the PS checkpoint).
 """
 
 from __future__ import annotations
@@ -35,7 +38,14 @@ def main(cfg: DictConfig) -> float:
     from recps.run import run_training  # heavy imports only once a job really runs
 
     out_dir = Path(HydraConfig.get().runtime.output_dir)
-    metrics = run_training(cfg, out_dir)
+    if cfg.ps.name == "local":
+        metrics = run_training(cfg, out_dir)
+    else:
+        from recps.cluster import run_distributed
+
+        metrics = run_distributed(cfg, out_dir, list(HydraConfig.get().overrides.task))
+        if metrics is None:  # a server or worker of the cluster: the launcher reports
+            return float("nan")
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
     summary = ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
                         for k, v in metrics.items() if k in ("auc", "logloss", "accuracy",

@@ -5,7 +5,10 @@ storage (so every thread reads the latest values) but whose `.grad` is its own; 
 embedding collection is shared, and FBGEMM's fused optimizer (or the parameter server's
 communicator) updates it inside the backward pass. Dense gradients are applied by one
 `DenseUpdater` under a lock: the shared optimizer's state is never touched by two
-threads at once.
+threads at once. After each step every thread calls `updater.step_end(thread)`: a no-op
+locally; with a parameter server it ends the step on the communicator (sync: the step's
+barrier; geo: counts towards k) and refreshes the shared dense parameters
+(recps.ps.worker).
 """
 
 from __future__ import annotations
@@ -37,9 +40,12 @@ class BatchSource(Protocol):
 
 
 class DenseUpdater(Protocol):
-    """Applies one thread's dense gradients to the shared dense parameters."""
+    """Applies one thread's dense gradients to the shared dense parameters; `step_end(thread)`
+    follows every step of every thread."""
 
     def apply(self, grads: Sequence[torch.Tensor | None]) -> None: ...
+
+    def step_end(self, thread: int) -> None: ...
 
 
 class LocalDenseUpdater:
@@ -57,6 +63,9 @@ class LocalDenseUpdater:
             self.optimizer.step()
             for param in self.params:
                 param.grad = None
+
+    def step_end(self, thread: int) -> None:
+        """Nothing to do locally."""
 
 
 @dataclass
@@ -144,8 +153,11 @@ class Trainer:
         self._replicas = [thread_replica(model, collection) for _ in range(threads)]
 
     def fit(self, source: BatchSource, batch_size: int, epochs: int = 1, max_steps: int = -1,
-            progress: bool = True, first_epoch: int = 0) -> TrainStats:
-        """Trains for `epochs` passes (or `max_steps` steps over all threads, if > 0)."""
+            progress: bool = True, first_epoch: int = 0, thread_steps_per_epoch: int = -1) -> TrainStats:
+        """Trains for `epochs` passes (or `max_steps` steps over all threads, if > 0).
+
+        `thread_steps_per_epoch` > 0 caps the batches each thread takes per epoch (sync mode:
+        every thread of every worker must take the same number of steps)."""
         lock = threading.Lock()
         state = {"steps": 0, "examples": 0, "loss": math.nan, "first": []}
         errors: list[BaseException] = []
@@ -161,9 +173,11 @@ class Trainer:
                 for obs in observers:
                     obs.on_thread_start(thread)
                 for epoch in range(first_epoch, first_epoch + epochs):
-                    for batch in source.batches(batch_size, thread, self.threads, epoch):
+                    for taken, batch in enumerate(source.batches(batch_size, thread, self.threads, epoch)):
                         if stop.is_set():
                             return
+                        if 0 < thread_steps_per_epoch <= taken:
+                            break
                         logits = replica(batch.dense, batch.sparse)  # (B,)
                         loss = self.task.loss(logits, batch)
                         loss.backward()
@@ -172,6 +186,7 @@ class Trainer:
                         self.updater.apply([p.grad for p in params])
                         for p in params:
                             p.grad = None
+                        self.updater.step_end(thread)
                         value = float(loss.detach())
                         with lock:
                             state["steps"] += 1

@@ -1,0 +1,303 @@
+"""`recps.train` with ps=sync|async|geo: start a cluster on this machine, or be one of its processes.
+
+    python -m recps.train ps=async cluster.servers=1 cluster.workers=2 trainer.threads=2
+
+The Hydra process (no role in its environment, cluster=local) is the launcher: it generates
+the data set if the config asks for it, then starts S servers and W workers on
+`cluster.host` (127.0.0.1) with `recps.launch.launch`, each one `python -m recps.train` with
+the same overrides, the same run folder and its role in RECPS_* variables. Their output is
+forwarded with a "[worker0] " prefix and copied to <run dir>/cluster.log. `launch` supervises:
+when the workers are done the servers stop; when any process dies every other one is stopped
+and the run fails naming it; nothing is left behind.
+
+A process that finds its role in the environment (RECPS_ROLE from recps.launch; torchrun,
+mpirun or srun with more than one task: the first `cluster.servers` ranks serve) acts as that
+role:
+- a server serves until worker 0 stops it (or it is signalled);
+- a worker builds the model over a PS-backed embedding collection, joins through
+  `recps.ps.fleet.Fleet`, trains `trainer.threads` Hogwild threads on shards
+  worker * T + thread of W * T, sends what is queued and waits for the others; worker 0
+  then evaluates on the held-out split with the servers' values, has the servers save
+  their shards under <run dir>/checkpoint and writes <run dir>/metrics.json.
+
+`run_distributed` returns the metrics on the launcher, None in the cluster's processes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+from recps.errors import ConfigError, RecpsError
+
+__all__ = ["run_distributed", "environment_role", "strategy_from_config", "child_command", "PS_MODES"]
+
+log = logging.getLogger("recps.cluster")
+
+PS_MODES = ("sync", "async", "geo")
+STATS_TABLE = "recps_stats"  # [examples, examples/s, seconds] summed over workers (push_dense_delta)
+_PROGRESS_EVERY_S = 5.0
+
+
+def environment_role(cfg: DictConfig, environ: Mapping[str, str] | None = None):
+    """The Role this process was started with, or None (then cluster=local launches one).
+
+    RECPS_ROLE always counts; torchrun / MPI / Slurm variables only with more than one process
+    (a lone `srun python -m recps.train` is not a cluster)."""
+    from recps.ps.roles import ROLE_ENV, detect_role_maker
+
+    env = os.environ if environ is None else environ
+    sizes = [env.get(k) for k in ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")]
+    if not env.get(ROLE_ENV) and not any(s and s.isdigit() and int(s) > 1 for s in sizes):
+        return None
+    return detect_role_maker(env, num_servers=int(cfg.cluster.servers)).role()
+
+
+def strategy_from_config(cfg: DictConfig):
+    """The Fleet strategy that conf/ps/<mode>.yaml and trainer.threads describe."""
+    from recps.ps.fleet import DistributedStrategy
+
+    ps = cfg.ps
+    return DistributedStrategy(
+        mode=str(ps.name), k_steps=int(ps.get("k_steps", 100)), max_pending=int(ps.get("max_pending", 8)),
+        merge_threshold=int(ps.get("merge_threshold", 4)), threads=int(cfg.trainer.threads),
+        dense_refresh_steps=int(ps.get("dense_refresh_steps", 1)),
+        embedding_optimizer=OmegaConf.to_container(ps.embedding_optimizer, resolve=True),
+        init_std=float(ps.init_std), seed=int(cfg.seed), timeout_s=float(ps.timeout_s),
+        geo_capacity=int(ps.get("geo_capacity", 1 << 16)),
+    )
+
+
+def _check(cfg: DictConfig) -> None:
+    if cfg.ps.name not in PS_MODES:
+        raise ConfigError(f"ps={cfg.ps.name!r} is not a parameter-server mode {PS_MODES}")
+    if cfg.device != "cpu":
+        raise ConfigError(f"ps={cfg.ps.name} trains on CPU workers in this build, device={cfg.device!r}; "
+                          "set device=cpu (or ps=local for GPU training)")
+    if cfg.trainer.resume:
+        raise ConfigError(f"trainer.resume={cfg.trainer.resume!r} with ps={cfg.ps.name}: resuming a cluster "
+                          "from a PS checkpoint is not supported yet; resume with ps=local or start fresh")
+    if cfg.cluster.name != "local":
+        raise ConfigError(f"cluster={cfg.cluster.name!r} is unknown; use cluster=local (started processes with "
+                          "role variables act as their role under it)")
+    for key in ("servers", "workers"):
+        value = cfg.cluster[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"cluster.{key}={value!r}; it must be an integer >= 1")
+
+
+def run_distributed(cfg: DictConfig, out_dir: Path, overrides: Sequence[str] = ()) -> dict[str, Any] | None:
+    """Launch a local cluster, or act as this process's role; see the module docstring."""
+    _check(cfg)
+    role = environment_role(cfg)
+    if role is None:
+        return _launch_local(cfg, Path(out_dir), overrides)
+    _role_logging(role)
+    if role.is_server:
+        _serve(cfg, role)
+    else:
+        _work(cfg, role, Path(out_dir))
+    return None
+
+
+# ---------------------------------------------------------------------------------- the launcher
+
+
+def child_command(overrides: Sequence[str], out_dir: Path) -> list[str]:
+    """`python -m recps.train` with this job's overrides, in the same run folder, logging to stdout."""
+    own = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]
+    return [sys.executable, "-m", "recps.train", *own, f"hydra.run.dir={out_dir}", "hydra.output_subdir=null",
+            "hydra/job_logging=none", "hydra/hydra_logging=none", "progress=false"]
+
+
+def _role_logging(role) -> None:
+    """recps' INFO lines and everyone's warnings on stdout (library INFO chatter stays out)."""
+    from recps.ps.roles import ROLE_ENV
+
+    prefix = "" if os.environ.get(ROLE_ENV) else f"[{role.name}] "  # recps.launch adds it itself
+    logging.basicConfig(stream=sys.stdout, level=logging.WARNING, force=True,
+                        format=f"{prefix}%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("recps").setLevel(logging.INFO)
+
+
+class _Tee:
+    """Forwarded output to our stdout and to a file (launch writes line by line under a lock)."""
+
+    def __init__(self, path: Path) -> None:
+        self.file = open(path, "a", encoding="utf-8")
+
+    def write(self, text: str) -> None:
+        sys.stdout.write(text)
+        self.file.write(text)
+
+    def flush(self) -> None:
+        sys.stdout.flush()
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def _generate_data(cfg: DictConfig) -> None:
+    """Create generated data once, here, rather than in every worker at the same time."""
+    ds = cfg.dataset
+    if not ds.get("generate"):
+        return
+    from recps.data.synthetic import ensure_split
+
+    gen = OmegaConf.to_container(ds.generate, resolve=True)
+    ensure_split(ds.dir, int(gen.pop("train_rows")), int(gen.pop("test_rows")), seed=int(gen.pop("seed", 0)), **gen)
+
+
+def _launch_local(cfg: DictConfig, out_dir: Path, overrides: Sequence[str]) -> dict[str, Any]:
+    from recps.launch import launch
+
+    c = cfg.cluster
+    _generate_data(cfg)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    metrics_file = out_dir / "metrics.json"
+    metrics_file.unlink(missing_ok=True)
+    command = child_command(overrides, out_dir)
+    log.info("ps=%s: starting %d server(s) and %d worker(s) x %d thread(s) on %s", cfg.ps.name, c.servers,
+             c.workers, cfg.trainer.threads, c.host)
+    tee = _Tee(out_dir / "cluster.log")
+    try:
+        result = launch(command, servers=int(c.servers), workers=int(c.workers),
+                        timeout=None if c.timeout_s is None else float(c.timeout_s), host=str(c.host), output=tee)
+    finally:
+        tee.close()
+    result.check()
+    if not metrics_file.is_file():
+        raise RecpsError(f"the cluster finished but worker 0 wrote no {metrics_file}; see {out_dir / 'cluster.log'}")
+    metrics = json.loads(metrics_file.read_text())
+    metrics["cluster_seconds"] = round(result.duration_s, 3)
+    return metrics
+
+
+# -------------------------------------------------------------------------------------- servers
+
+
+def _fleet(cfg: DictConfig, role):
+    from recps.ps.fleet import Fleet
+
+    c = cfg.cluster
+    return Fleet(role, connect_timeout_s=float(c.connect_timeout_s), dead_after_s=float(c.dead_after_s),
+                 server_threads=int(c.server_threads))
+
+
+def _serve(cfg: DictConfig, role) -> None:
+    with _fleet(cfg, role) as fleet:
+        fleet.init_server()
+        fleet.run_server()
+
+
+# -------------------------------------------------------------------------------------- workers
+
+
+class _Progress:
+    """A log line every few seconds from worker 0 (a tqdm bar does not survive line forwarding)."""
+
+    def __init__(self, batch_size: int, threads: int) -> None:
+        self.batch_size, self.threads = batch_size, threads
+        self.start = self.last = time.perf_counter()
+        self.lock = threading.Lock()
+
+    def __call__(self, thread: int, step: int, loss: float) -> None:
+        now = time.perf_counter()
+        if now - self.last < _PROGRESS_EVERY_S:
+            return
+        with self.lock:
+            if now - self.last < _PROGRESS_EVERY_S:
+                return
+            self.last = now
+        log.info("step %d, %.0f examples/s on this worker, loss %.4f", step,
+                 step * self.batch_size / (now - self.start), loss)
+
+
+def _work(cfg: DictConfig, role, out_dir: Path) -> dict[str, Any] | None:
+    import torch
+    from hydra.utils import instantiate
+
+    from recps.data.dataset import prepare_data
+    from recps.metrics import MetricCollection
+    from recps.ps.embedding import PSEmbeddingBagCollection
+    from recps.ps.worker import DENSE_TABLE, ServerReader, WorkerShards, assign_flat
+    from recps.run import MODEL_ENGINE_KEYS, seed_everything
+    from recps.trainer import Trainer, dense_parameters
+
+    seed_everything(int(cfg.seed))
+    data = prepare_data(cfg.dataset, seed=int(cfg.seed))
+    schema = data.schema
+    collection = PSEmbeddingBagCollection.from_features(list(schema.feature_names), int(cfg.model.embedding_dim))
+    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+    for key in MODEL_ENGINE_KEYS:
+        model_cfg.pop(key, None)
+    model = instantiate(model_cfg, embedding_bag_collection=collection, dense_in_features=schema.num_dense,
+                        _convert_="all")
+    task = instantiate(cfg.task, _convert_="all")
+    dense = [p for _, p in dense_parameters(model, collection)]
+    optimizer = instantiate(cfg.optimizer)(dense)
+    strategy = strategy_from_config(cfg)
+    threads, batch_size = int(cfg.trainer.threads), int(cfg.trainer.batch_size)
+    epochs, max_steps = int(cfg.trainer.epochs), int(cfg.trainer.max_steps)
+    source = WorkerShards(data.train, role.index, role.num_workers)
+    per_thread = -1
+    if strategy.mode == "sync":
+        # Every thread of every worker takes the same number of steps (each step waits for all).
+        per_thread = min(source.shard_batches(batch_size, threads))
+        if max_steps > 0:
+            per_thread, epochs, max_steps = min(per_thread, max(1, max_steps // threads)), 1, -1
+
+    with _fleet(cfg, role) as fleet:
+        fleet.add_collection(collection)
+        dist = fleet.distributed_optimizer(optimizer, strategy)
+        fleet.init_worker()
+        fleet.client.create_dense_table(STATS_TABLE, 3)
+        on_step = _Progress(batch_size, threads) if role.index == 0 else None
+        trainer = Trainer(model, collection, task, dist.updater, threads=threads, on_step=on_step)
+        stats = trainer.fit(source, batch_size, epochs=epochs, max_steps=max_steps, progress=False,
+                            thread_steps_per_epoch=per_thread)
+        # Everything is sent (geo: the last deltas) and nothing more will be: worker 0 below
+        # overwrites its dense params with the servers' values, which must not count as a delta.
+        fleet.communicator.close()
+        fleet.client.push_dense_delta(STATS_TABLE, torch.tensor(
+            [float(stats.examples), stats.examples_per_sec, stats.seconds])).wait()
+        log.info("%s trained: %d steps, %d examples, %.0f examples/s", role.name, stats.steps, stats.examples,
+                 stats.examples_per_sec)
+        fleet.barrier("recps.trained")
+        if role.index != 0:
+            return None
+        # Worker 0: evaluate what the servers hold (every worker's pushes / deltas are in).
+        collection.bind(ServerReader(fleet.client))
+        assign_flat(dense, fleet.client.pull_dense(DENSE_TABLE).wait())
+        probs, targets = trainer.predict(data.test, int(cfg.trainer.eval_batch_size))
+        metric = MetricCollection(list(task.metrics))
+        metric.update(probs, targets)
+        metrics: dict[str, Any] = {name: float(v) for name, v in metric.compute().items()}
+        total_examples, total_rate, _ = fleet.client.pull_dense(STATS_TABLE).wait().tolist()
+        metrics.update(
+            examples_per_sec=total_rate, train_examples=int(total_examples), train_steps=stats.steps,
+            train_seconds=stats.seconds, train_loss=stats.last_loss, first_losses=stats.first_losses,
+            model=str(cfg.model._target_), ps=str(cfg.ps.name), threads=threads,
+            servers=role.num_servers, workers=role.num_workers,
+        )
+        if strategy.mode == "geo":
+            metrics["k_steps"] = strategy.k_steps
+        if data.best_auc:
+            metrics["best_reachable_auc"] = data.best_auc
+        if cfg.checkpoint:
+            path = out_dir / "checkpoint"
+            tables = [*collection.table_dims(), DENSE_TABLE]
+            fleet.client.save(str(path), mode="full", tables=tables)
+            (path / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+            metrics["checkpoint"] = str(path)
+        (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+        return metrics

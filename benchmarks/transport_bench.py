@@ -209,38 +209,42 @@ def bench_latency(configs: list[tuple[str, int]], runs: int, warmup: int, rounds
             for (w, n, k, d), v in samples.items()]
 
 
-def bench_fanout(runs: int, warmup: int, num_threads: int) -> list[dict]:
-    """8k keys -> 8k x 16 rows split over 2 servers, from 1 and from 2 client threads at once."""
+def bench_fanout(runs: int, warmup: int, rounds: int, num_threads: int) -> list[dict]:
+    """8k keys -> 8k x 16 rows split over 2 servers, from 1 and from 2 client threads at once,
+    with per-thread sockets (TransportClient) and with one I/O thread (IOThreadClient); taking turns."""
     endpoints, stop, procs = _start(_serve, [("127.0.0.1", num_threads)] * 2)
     k, d = SIZES[0]
-    rows = []
+    halves = [torch.randint(0, 1 << 40, (k // 2,)) for _ in endpoints]  # (K/2,) per server
+    direct = TransportClient(endpoints, token=TOKEN, timeout_s=30)
+    io = IOThreadClient(endpoints, TOKEN)
+    designs = {
+        "per-thread sockets": lambda: wait_all([direct.request(s, "pull", f"d{d}", [halves[s]]) for s in range(2)]),
+        "one I/O thread": lambda: [f.result(30) for f in [io.request(s, "pull", f"d{d}", [halves[s]]) for s in range(2)]],
+    }
+    samples: dict[tuple, list[float]] = {(name, n): [] for name in designs for n in (1, 2)}
+
+    def loop(fn, out, count):
+        for _ in range(warmup):  # each new thread opens its own connections first
+            fn()
+        for _ in range(count):
+            start = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - start)
+
     try:
-        direct = TransportClient(endpoints, token=TOKEN, timeout_s=30)
-        io = IOThreadClient(endpoints, TOKEN)
-        halves = [torch.randint(0, 1 << 40, (k // 2,)) for _ in endpoints]  # (K/2,) per server
-        designs = {
-            "per-thread sockets": lambda: wait_all([direct.request(s, "pull", f"d{d}", [halves[s]]) for s in range(2)]),
-            "one I/O thread": lambda: [f.result(30) for f in [io.request(s, "pull", f"d{d}", [halves[s]]) for s in range(2)]],
-        }
-        for name, fn in designs.items():
-            for threads in (1, 2):
-                per_thread: list[float] = []
-
-                def loop():
-                    per_thread.append(_median_ms(fn, runs, warmup))
-
-                ts = [threading.Thread(target=loop) for _ in range(threads)]
-                for t in ts:
+        for _ in range(rounds):
+            for (name, n), out in samples.items():
+                threads = [threading.Thread(target=loop, args=(designs[name], out, runs)) for _ in range(n)]
+                for t in threads:
                     t.start()
-                for t in ts:
+                for t in threads:
                     t.join(300)
-                rows.append({"design": name, "client_threads": threads, "servers": 2, "keys": k, "dim": d,
-                             "median_ms": statistics.median(per_thread)})
+    finally:
         direct.close()
         io.close()
-    finally:
         _stop_servers(stop, procs)
-    return rows
+    return [{"what": f"fan-out to 2 servers, {name}", "client_threads": n, "keys": k, "dim": d, "runs": len(v),
+             "median_ms": statistics.median(v) * 1e3} for (name, n), v in samples.items()]
 
 
 def main(argv=None) -> int:
@@ -256,7 +260,7 @@ def main(argv=None) -> int:
     configs = [(c.split(":")[0], int(c.split(":")[1])) for c in args.configs.split(",")]
     rows = bench_latency(configs, args.runs, args.warmup, args.rounds)
     if args.fanout:
-        rows += bench_fanout(args.runs * args.rounds, args.warmup, 2)
+        rows += bench_fanout(args.runs, args.warmup, args.rounds, 2)
     for row in rows:
         print(json.dumps(row))
     if args.json:

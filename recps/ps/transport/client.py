@@ -152,6 +152,7 @@ class _Channel:
 
     def __init__(self, client: "TransportClient") -> None:
         self.client = client
+        self.owner = threading.current_thread()
         self.lock = threading.Lock()
         self.sockets: dict[int, zmq.Socket] = {}
         self.poller = zmq.Poller()
@@ -163,6 +164,7 @@ class _Channel:
             sock = self.client._ctx.socket(zmq.DEALER)
             sock.linger = 0
             sock.sndhwm = _SNDHWM
+            sock.copy_threshold = wire.ZERO_COPY_BYTES
             sock.connect(self.client.endpoints[server])
             self.sockets[server] = sock
             self.poller.register(sock, zmq.POLLIN)
@@ -205,6 +207,19 @@ class _Channel:
         self.sockets.clear()
 
 
+def _reaped(channel: _Channel) -> bool:
+    """Close the sockets of a thread that ended with nothing in flight; True if closed."""
+    if channel.owner.is_alive() or not channel.lock.acquire(blocking=False):
+        return False
+    try:
+        if channel.pending:
+            return False  # another thread may still wait on these handles
+        channel.close()
+        return True
+    finally:
+        channel.lock.release()
+
+
 class TransportClient:
     """Talks to the servers at `endpoints` (index = server id). Thread-safe.
 
@@ -234,6 +249,7 @@ class TransportClient:
         if channel is None:
             channel = self._local.channel = _Channel(self)
             with self._channels_lock:
+                self._channels = [c for c in self._channels if not _reaped(c)]
                 self._channels.append(channel)
         return channel
 

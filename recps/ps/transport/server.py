@@ -118,6 +118,7 @@ class TransportServer:
         ctx = zmq.Context()
         router = ctx.socket(zmq.ROUTER)
         router.linger = 0
+        router.copy_threshold = wire.ZERO_COPY_BYTES
         try:
             router.bind(self._bind)
             self._endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -219,6 +220,7 @@ class TransportServer:
         out = ctx.socket(zmq.PUSH)
         out.linger = 0
         out.sndhwm = 0  # unbounded: a reply is never dropped while the front thread runs
+        out.copy_threshold = wire.ZERO_COPY_BYTES
         out.connect(f"inproc://{self._name}-replies")
         return out
 

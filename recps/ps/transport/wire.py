@@ -81,6 +81,11 @@ _DIM = struct.Struct("<Q")
 _NO_TOKEN = bytes(16)
 
 # Bounds on what a peer may declare, so that a malformed header cannot make us allocate or loop much.
+# Tensor frames at least this large are sent without a copy (pyzmq's default threshold). Below it a
+# memcpy is cheaper than a zero-copy frame, which wakes pyzmq's garbage-collector thread (and so
+# asks for the GIL) once ZeroMQ is done with it.
+ZERO_COPY_BYTES = 1 << 16
+
 MAX_TENSORS = 256
 MAX_NDIM = 8
 MAX_DIM = 1 << 48

@@ -116,6 +116,20 @@ def test_requests_are_served_concurrently(servers, clients):
     assert time.monotonic() - start < 0.9
 
 
+def test_threads_that_end_give_their_sockets_back(servers, clients):
+    client = clients([servers().endpoint])
+
+    def one_call(i):
+        assert client.call(0, "echo", "t", [torch.tensor([i])]).tensors[0].item() == i
+
+    for i in range(5):
+        t = threading.Thread(target=one_call, args=(i,))
+        t.start()
+        t.join(10)
+    one_call(5)  # a new thread's first request closes the sockets of the threads that ended
+    assert len(client._channels) == 1
+
+
 def test_handle_waited_from_another_thread(servers, clients):
     client = clients([servers().endpoint])
     made = []

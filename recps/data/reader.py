@@ -935,8 +935,10 @@ class TabularReader:
     def _mismatch(self, state: _FileState) -> DataError:
         s = self.schema
         widths = sorted({fields for _, fields in state.dropped})
+        which = f"its first {_MISMATCH_LINES} lines do not match" if len(state.dropped) >= _MISMATCH_LINES \
+            else "no line matches"
         return DataError(
-            f"{state.src.name}: no line matches dataset.schema: lines have {widths} fields "
+            f"{state.src.name}: {which} dataset.schema: lines have {widths} fields "
             f"(first at line {state.dropped[0][0]}) but the schema expects {state.fields} "
             f"(format {s.format!r}, separator {s.separator!r}, header={s.header}); "
             f"fix dataset.schema (columns, separator, format) to match the file"

@@ -415,7 +415,7 @@ def test_schema_that_does_not_match_the_file(tmp_path):
     # A big file whose every line is wrong fails after the first lines, not at the end.
     big = tmp_path / "big.txt"
     big.write_text("1\t2\t3\n" * 200_000)
-    _one_line_error(lambda: read([big], CRITEO), r"lines have \[3\] fields")
+    _one_line_error(lambda: read([big], CRITEO), r"big.txt: its first 1000 lines do not match dataset.schema: lines have \[3\] fields")
     # Parquet without the columns, and a text file read as Parquet.
     pq.write_table(pa.table({"label": [1], "I1": [2.0]}), tmp_path / "p.parquet")
     pschema = Schema(labels=("label",), dense=("I1",), sparse=("C1",), format="parquet")

@@ -19,7 +19,9 @@ from recps.checkpoint import load_checkpoint, save_checkpoint
 from recps.config import check_target_args
 from recps.data.dataset import PreparedData, prepare_data
 from recps.errors import ConfigError
+from recps.debug.dump import build_dump, check_debug_config
 from recps.metrics import MetricCollection
+from recps.metrics.reporter import build_reporter, check_metrics_config
 from recps.nn import LocalEmbeddingBagCollection
 from recps.trainer import LocalDenseUpdater, Trainer, dense_parameters
 
@@ -74,6 +76,8 @@ def build_job(cfg: DictConfig, data: PreparedData | None = None) -> Job:
                       engine_keys=MODEL_ENGINE_KEYS)
     check_target_args(cfg.task, "task")
     check_target_args(cfg.optimizer, "optimizer", injected=("params",))
+    check_metrics_config(cfg.get("metrics"))
+    check_debug_config(cfg.get("debug"))
     if cfg.device != "cpu" and not torch.cuda.is_available():
         raise ConfigError(f"device={cfg.device!r} but torch sees no GPU; set device=cpu or run `make setup-gpu`")
     seed_everything(int(cfg.seed))
@@ -107,9 +111,19 @@ def run_training(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     if cfg.trainer.resume:
         load_checkpoint(job, cfg.trainer.resume)
         log.info("resumed from %s at epoch %d, step %d", cfg.trainer.resume, job.epochs_done, job.steps_done)
-    stats = job.trainer.fit(job.data.train, int(cfg.trainer.batch_size), epochs=int(cfg.trainer.epochs),
-                            max_steps=int(cfg.trainer.max_steps), progress=bool(cfg.progress),
-                            first_epoch=job.epochs_done)
+    # Training observers: global metrics every N steps / pass, and the debug dump (off by default).
+    reporter = build_reporter(cfg.get("metrics"), task=job.task, threads=int(cfg.trainer.threads), out_dir=out_dir,
+                              step_base=job.steps_done, device=str(cfg.device))
+    dump = build_dump(cfg.get("debug"), out_dir, task=job.task, collection=job.collection, step_base=job.steps_done)
+    job.trainer.observers = [o for o in (reporter, dump) if o is not None]
+    try:
+        stats = job.trainer.fit(job.data.train, int(cfg.trainer.batch_size), epochs=int(cfg.trainer.epochs),
+                                max_steps=int(cfg.trainer.max_steps), progress=bool(cfg.progress),
+                                first_epoch=job.epochs_done)
+    finally:
+        for observer in job.trainer.observers:
+            observer.close()
+        job.trainer.observers = []
     job.epochs_done += int(cfg.trainer.epochs)
     job.steps_done += stats.steps
     metrics: dict[str, Any] = evaluate(job)
@@ -118,6 +132,8 @@ def run_training(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
         train_seconds=stats.seconds, train_loss=stats.last_loss, first_losses=stats.first_losses,
         model=str(cfg.model._target_), ps=str(cfg.ps.name), threads=int(cfg.trainer.threads),
     )
+    if reporter is not None:
+        metrics["train_metrics"] = reporter.reports
     if data_best := job.data.best_auc:
         metrics["best_reachable_auc"] = data_best
     if cfg.checkpoint:

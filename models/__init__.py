@@ -4,7 +4,15 @@ Embedding collections are injected (a local torchrec collection or recps' PS-bac
 `forward` returns logits; losses live in recps tasks.
 """
 
+from models.autoint import AutoInt
 from models.ctr_dnn import CTRDNN
+from models.dcn import DCN
+from models.dcn_v2 import DCNv2
 from models.deepfm import DeepFM
+from models.dlrm import DLRM
+from models.fm import FM
+from models.lr import LR
+from models.wide_deep import WideDeep
+from models.xdeepfm import XDeepFM
 
-__all__ = ["CTRDNN", "DeepFM"]
+__all__ = ["AutoInt", "CTRDNN", "DCN", "DCNv2", "DeepFM", "DLRM", "FM", "LR", "WideDeep", "XDeepFM"]

@@ -55,7 +55,7 @@ _DTYPES = {
 }
 
 
-def dtype_name(dtype: torch.dtype) -> str:
+def _dtype_name(dtype: torch.dtype) -> str:
     for name, d in _DTYPES.items():
         if d == dtype:
             return name
@@ -96,12 +96,12 @@ class ShardWriter:
         """Create an (initially empty) array `name` with rows of shape `row_shape`."""
         handle = open(self.tmp / f"{name}.bin", "wb")
         self._handles[name] = (handle, hashlib.sha256())
-        self._files[name] = {"dtype": dtype_name(dtype), "shape": [0, *row_shape], "bytes": 0}
+        self._files[name] = {"dtype": _dtype_name(dtype), "shape": [0, *row_shape], "bytes": 0}
 
     def append(self, name: str, rows: torch.Tensor) -> None:
         """Append rows (n, *row_shape) to array `name`."""
         spec = self._files[name]
-        if list(rows.shape[1:]) != spec["shape"][1:] or dtype_name(rows.dtype) != spec["dtype"]:
+        if list(rows.shape[1:]) != spec["shape"][1:] or _dtype_name(rows.dtype) != spec["dtype"]:
             raise CheckpointError(
                 f"save: array {name} declared {spec['dtype']} rows of {spec['shape'][1:]}, "
                 f"got {rows.dtype} {list(rows.shape)}"
@@ -175,7 +175,7 @@ def list_shards(path: str | os.PathLike) -> list[Path]:
         raise CheckpointError(
             f"load: {root} mixes saves with {sorted(found)} shards; save each checkpoint into its own folder"
         )
-    (num_shards, shards), = found.items()
+    num_shards, shards = next(iter(found.items()))
     missing = sorted(set(range(num_shards)) - set(shards))
     if missing:
         raise CheckpointError(f"load: {root} has {num_shards} shards but shard(s) {missing} are missing")

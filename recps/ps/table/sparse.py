@@ -113,7 +113,7 @@ def _grown(t: torch.Tensor, capacity: int, used: int) -> torch.Tensor:
     return out
 
 
-def unique_with_inverse(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _unique_with_inverse(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(N,) -> sorted uniques (U,), inverse (N,), counts (U,). Sort-based; measured ~20x
     faster here than torch.unique(sorted=True, return_inverse=True) on 100k int64."""
     ordered, perm = torch.sort(x)
@@ -370,7 +370,7 @@ class SparseTable:
 
     def _admit(self, keys: torch.Tensor) -> torch.Tensor:
         """(K,) keys without a row (duplicates allowed) -> (K,) slots, -1 where not admitted."""
-        uniq, inverse, counts = unique_with_inverse(keys)
+        uniq, inverse, counts = _unique_with_inverse(keys)
         if self.entry is None:
             admitted = torch.ones(uniq.numel(), dtype=torch.bool)
         elif isinstance(self.entry, CountFilterEntry):

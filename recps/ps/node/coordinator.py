@@ -304,10 +304,10 @@ class Coordinator:
                         keep.append(w)
                 self._server_waiters = keep
                 for bname, b in list(self._barriers.items()):
+                    missing = [f"worker{i}" for i in range(self.num_workers) if i not in b.arrived]
                     for index, w in list(b.arrived.items()):
                         if w.deadline <= now:
                             del b.arrived[index]
-                            missing = [f"worker{i}" for i in range(self.num_workers) if i not in b.arrived and i != index]
                             failed.append((w, "timeout", f"{w.what}: worker(s) {missing} did not arrive in time"))
                     if not b.arrived:
                         del self._barriers[bname]

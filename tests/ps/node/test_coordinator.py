@@ -1,0 +1,197 @@
+"""Coordinator: membership, barriers, heartbeats and dead peers; serve/connect from Roles;
+a server process killed with SIGKILL is named by barriers and by request timeouts."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+from recps.errors import PSError, PSTimeoutError
+from recps.launch import free_port
+from recps.ps.node import Coordinator, CoordinatorClient, ServerNode, connect
+from recps.ps.roles import Role
+from recps.ps.table import partition
+
+TOKEN = "coord-test"
+
+
+_peers: list[CoordinatorClient] = []
+
+
+@pytest.fixture(autouse=True)
+def close_peers():
+    yield
+    while _peers:
+        _peers.pop().close()
+
+
+def peer(coord: Coordinator, kind: str, index: int, endpoint: str = "", heartbeats: bool = False) -> CoordinatorClient:
+    """A registered peer, closed after the test whatever happens."""
+    c = CoordinatorClient(coord.endpoint, token=TOKEN, timeout_s=10.0)
+    _peers.append(c)
+    c.register(kind, index, endpoint, heartbeats=heartbeats)
+    return c
+
+
+def run_all(fns) -> list:
+    """Run callables in threads; return their results or exceptions, in order."""
+    out: list = [None] * len(fns)
+
+    def run(i, fn):
+        try:
+            out[i] = fn()
+        except Exception as e:  # noqa: BLE001
+            out[i] = e
+
+    threads = [threading.Thread(target=run, args=(i, fn)) for i, fn in enumerate(fns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return out
+
+
+def test_wait_for_servers_and_barrier():
+    with Coordinator(num_servers=2, num_workers=3, token=TOKEN) as coord:
+        workers = [peer(coord, "worker", j) for j in range(3)]
+        peer(coord, "server", 0, "tcp://127.0.0.1:7000")
+        waits = []
+        t = threading.Thread(target=lambda: waits.append(workers[0].wait_for_servers(timeout_s=10.0)))
+        t.start()
+        time.sleep(0.3)
+        assert not waits  # server1 has not registered yet
+        peer(coord, "server", 1, "tcp://127.0.0.1:7001")
+        t.join(5)
+        assert waits == [["tcp://127.0.0.1:7000", "tcp://127.0.0.1:7001"]]
+        # A barrier releases everyone once all 3 workers arrived, and can be reused by name.
+        for _ in range(2):
+            assert run_all([lambda w=w: w.barrier("epoch", timeout_s=10.0) for w in workers]) == [None] * 3
+        # A missing worker: the others time out, naming it.
+        results = run_all([lambda w=w: w.barrier("partial", timeout_s=0.5) for w in workers[:2]])
+        for r in results:
+            assert isinstance(r, PSTimeoutError) and "['worker2'] did not arrive" in str(r)
+        with pytest.raises(PSTimeoutError, match=r"\['server1'\] did not register"):
+            with Coordinator(num_servers=2, num_workers=1, token=TOKEN) as other:
+                peer(other, "server", 0, "tcp://127.0.0.1:7000")
+                peer(other, "worker", 0).wait_for_servers(timeout_s=0.5)
+
+
+def test_silent_peer_is_declared_dead_and_barriers_fail_naming_it():
+    with Coordinator(num_servers=2, num_workers=2, token=TOKEN, dead_after_s=1.0, heartbeat_s=0.1) as coord:
+        peer(coord, "server", 0, "tcp://127.0.0.1:7000", heartbeats=True)
+        peer(coord, "server", 1, "tcp://127.0.0.1:7001", heartbeats=False)  # never heartbeats
+        w0, w1 = peer(coord, "worker", 0, heartbeats=True), peer(coord, "worker", 1, heartbeats=True)
+        start = time.monotonic()
+        with pytest.raises(PSError, match=r"server1 \(tcp://127.0.0.1:7001\) is dead: no heartbeat"):
+            w0.barrier("step", timeout_s=20.0)  # worker1 never comes; server1's death ends the wait
+        assert time.monotonic() - start < 3.0
+        with pytest.raises(PSError, match="server1 .* is dead"):  # later waits fail at once
+            w1.wait_for_servers(timeout_s=20.0)
+        assert coord.members()["server1"]["state"] == "dead"
+        assert coord.members()["worker0"]["state"] == "alive"  # heartbeating peers stay alive
+        time.sleep(0.3)
+        assert w0.dead_peers == ("server1",)  # heartbeat replies carry the news
+
+
+def test_worker_that_left_fails_barriers_naming_it():
+    with Coordinator(num_servers=1, num_workers=2, token=TOKEN) as coord:
+        w0, w1 = peer(coord, "worker", 0), peer(coord, "worker", 1)
+        w1.deregister()
+        with pytest.raises(PSError, match="worker1 left the cluster"):
+            w0.barrier("end", timeout_s=10.0)
+        with pytest.raises(PSError, match="is already registered"):
+            peer(coord, "worker", 0, endpoint="tcp://elsewhere:1")
+
+
+def _roles(num_servers: int, num_workers: int) -> tuple[list[Role], list[Role]]:
+    coordinator = f"127.0.0.1:{free_port()}"
+    servers = [Role("server", i, num_servers, num_workers, coordinator, token=TOKEN) for i in range(num_servers)]
+    workers = [Role("worker", j, num_servers, num_workers, coordinator, token=TOKEN) for j in range(num_workers)]
+    return servers, workers
+
+
+def test_serve_and_connect_in_process():
+    servers, workers = _roles(2, 2)
+    nodes = [ServerNode(r, dead_after_s=5.0).start() for r in servers]
+    try:
+        clients = run_all([lambda r=r: connect(r, timeout_s=10.0) for r in workers])
+        a, b = clients
+        a.create_sparse_table("emb", dim=2, optimizer={"name": "sgd", "lr": 1.0}, initializer={"kind": "zeros"})
+        assert a.endpoints == [n.endpoint for n in nodes]
+        run_all([lambda: a.push_sync("emb", torch.tensor([1, 2]), torch.ones(2, 2), step=0).wait(),
+                 lambda: b.push_sync("emb", torch.tensor([2]), torch.ones(1, 2), step=0).wait()])
+        assert b.pull("emb", torch.tensor([1, 2])).wait()[:, 0].tolist() == [-0.5, -1.0]
+        assert run_all([lambda: a.barrier("done", 10.0), lambda: b.barrier("done", 10.0)]) == [None, None]
+        a.stop_servers()
+        assert all(n.wait(5.0) for n in nodes)
+        for c in clients:
+            c.close()
+    finally:
+        for n in nodes:
+            n.stop()
+
+
+def _spawn_server(role: Role, dead_after_s: float, log) -> subprocess.Popen:
+    env = {**os.environ, **role.to_env(), "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "recps.ps.node", "--dead-after", str(dead_after_s), "--timeout", "60"],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+
+
+@pytest.mark.slow
+def test_server_processes_sigterm_and_sigkill(tmp_path):
+    """Server 0 (with the coordinator) here; servers 1 and 2 are processes. SIGTERM stops server 2
+    cleanly (exit 0); after SIGKILL of server 1, a barrier fails naming it within dead_after_s and a
+    pull fails with PSTimeoutError naming its endpoint within the request timeout."""
+    servers, workers = _roles(3, 2)
+    dead_after = 2.0
+    logs = [open(tmp_path / f"server{i}.log", "wb") for i in (1, 2)]
+    procs = [_spawn_server(servers[i], dead_after, log) for i, log in zip((1, 2), logs)]
+    node = None
+    clients = []
+    try:
+        node = ServerNode(servers[0], dead_after_s=dead_after).start()
+        clients = run_all([lambda r=r: connect(r, timeout_s=60.0, request_timeout_s=2.0) for r in workers])
+        client, other = clients
+        client.create_sparse_table("emb", dim=3, optimizer={"name": "sgd", "lr": 1.0}, initializer={"kind": "zeros"})
+        keys = torch.arange(300)
+        client.push("emb", keys, torch.ones(300, 3)).wait()
+        assert torch.equal(client.pull("emb", keys).wait(), -torch.ones(300, 3))  # every server answered
+        assert run_all([lambda: client.barrier("warm", 10.0), lambda: other.barrier("warm", 10.0)]) == [None, None]
+
+        procs[1].send_signal(signal.SIGTERM)
+        assert procs[1].wait(15) == 0
+        assert node.coordinator.members()["server2"]["state"] == "left"
+
+        procs[0].send_signal(signal.SIGKILL)
+        procs[0].wait(5)
+        start = time.monotonic()
+        with pytest.raises(PSError, match=r"server1 \(tcp://127\.0\.0\.1:\d+\) is dead"):
+            client.barrier("after-kill", timeout=30.0)  # worker1 never comes: only the death ends it
+        assert time.monotonic() - start < dead_after + 2.0
+        start = time.monotonic()
+        with pytest.raises(PSTimeoutError) as info:
+            client.pull("emb", keys).wait()
+        assert client.endpoints[1] in str(info.value) and "'emb'" in str(info.value)
+        assert f"({int((partition(keys, 3) == 1).sum())} keys)" in str(info.value)
+        assert time.monotonic() - start < 4.0
+    finally:
+        for c in clients:
+            if not isinstance(c, Exception):
+                c.close()
+        if node is not None:
+            node.stop()
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
+        for log in logs:
+            log.close()

@@ -201,7 +201,8 @@ class SparseTable:
         accessor: CtrAccessor for statistics, shrink and score-filtered saves; None keeps
             only the dirty flag (delta saves still work; shrink refuses).
         entry: admission policy (CountFilterEntry / ProbabilityEntry); None admits all keys.
-        dtype: value storage, torch.float32 or torch.float16 (arithmetic is float32).
+        dtype: value storage, torch.float32 or torch.float16 (or "float32"/"float16");
+            arithmetic is float32.
         capacity: expected rows; reserves buckets and address space up front.
         name: used in error messages and manifests.
     """
@@ -214,10 +215,12 @@ class SparseTable:
         seed: int = 0,
         accessor: CtrAccessor | None = None,
         entry: Entry | None = None,
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype | str = torch.float32,
         capacity: int = 0,
         name: str = "sparse",
     ) -> None:
+        if isinstance(dtype, str):  # from a config file
+            dtype = {"float32": torch.float32, "float16": torch.float16, "fp32": torch.float32, "fp16": torch.float16}.get(dtype, dtype)
         if int(dim) != dim or dim < 1:
             raise ConfigError(f"SparseTable {name}: dim={dim}; it must be an integer >= 1")
         if dtype not in (torch.float32, torch.float16):
@@ -496,6 +499,9 @@ class SparseTable:
         (initial value, then the update) if the table has no entry policy; otherwise its
         gradient is dropped. With an accessor, shows (K,) default to 1 and clicks (K,) to 0
         per key occurrence; both are added to the row's statistics.
+
+        Several workers' gradients become one step (sync mode) by concatenating their keys
+        and gradients into one push: duplicates are summed before the rule runs.
         """
         return self._apply(keys, grads, shows, clicks, f"SparseTable {self.name}.push", delta=False)
 

@@ -69,6 +69,9 @@ def test_input_errors_name_the_problem():
         table.shrink()
     with pytest.raises(ConfigError, match="dim=0"):
         SparseTable(0)
+    with pytest.raises(ConfigError, match="dtype=bfloat16; use torch.float32 or torch.float16"):
+        SparseTable(2, dtype="bfloat16")
+    assert SparseTable(2, dtype="float16").dtype == torch.float16
 
 
 def test_growth_and_many_keys_round_trip():

@@ -1,10 +1,10 @@
 """KeyIndex: a vectorized int64 key -> int64 slot map over FBGEMM's pruned hash map.
 
-Why this map (measured on this 2-core machine, 10M keys, batches of 100k; see
-benchmarks/RESULTS.md): FBGEMM's `pruned_hashmap_lookup/insert` CPU ops (open addressing,
-linear probing, a (capacity, 2) int64 table of [key, slot] pairs) ran ~8-9M lookups/s,
-pandas' Int64HashTable 5-6M/s, an open-addressing table written in torch ops 3-6M/s, a
-Python dict 0.3-0.5M/s. On huge pages the FBGEMM table gains another 1.6-2x.
+Why this map (measured on the 2-core development VM, 10M keys, batches of 100k Zipf keys,
+one thread; benchmarks/RESULTS.md): FBGEMM's `pruned_hashmap_lookup/insert` CPU ops (open
+addressing, linear probing, a (capacity, 2) int64 table of [key, slot] pairs) on huge pages
+ran 16M lookups per CPU-second, pandas' Int64HashTable 8M, a Python dict 1.7M; the issue
+reports 3-6M/s for an open-addressing table written in torch ops. The op releases the GIL.
 
 The ops need a wrapper, which is this class:
 - key -1 marks an empty bucket, so it cannot be stored: it gets a side slot here;

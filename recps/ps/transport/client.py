@@ -10,8 +10,8 @@ Contract (ps-lite style):
   count (the length of the request's first tensor). A timed-out request is abandoned: its late
   reply is dropped and later waits on the handle raise the same error.
 - Thread-safe: each calling thread gets its own sockets (one DEALER per server), created on its
-  first request, so threads never contend for a socket and a reply needs no hop through a helper
-  thread. A handle may be waited on from another thread (its owner's sockets are then borrowed
+  first request (or inherited from a thread that ended), so threads never contend for a socket
+  and a reply needs no hop through a helper thread. A handle may be waited on from another thread (its owner's sockets are then borrowed
   under a lock), which delays the owner's next request until that wait returns.
 - Tensors are sent without a copy (64 KiB and more): do not modify them before the reply arrives.
   Reply tensors share memory with the received message (no copy) and are writable.
@@ -207,14 +207,18 @@ class _Channel:
         self.sockets.clear()
 
 
-def _reaped(channel: _Channel) -> bool:
-    """Close the sockets of a thread that ended with nothing in flight; True if closed."""
+def _adopt(channel: _Channel) -> bool:
+    """Hand the sockets of a thread that ended with nothing in flight to the calling thread.
+
+    Its connections are already up, so a short-lived thread's first request does not wait for a
+    TCP handshake; the lock is the memory barrier ZeroMQ asks for when a socket changes threads.
+    """
     if channel.owner.is_alive() or not channel.lock.acquire(blocking=False):
         return False
     try:
         if channel.pending:
             return False  # another thread may still wait on these handles
-        channel.close()
+        channel.owner = threading.current_thread()
         return True
     finally:
         channel.lock.release()
@@ -247,10 +251,12 @@ class TransportClient:
     def _channel(self) -> _Channel:
         channel = getattr(self._local, "channel", None)
         if channel is None:
-            channel = self._local.channel = _Channel(self)
             with self._channels_lock:
-                self._channels = [c for c in self._channels if not _reaped(c)]
-                self._channels.append(channel)
+                channel = next((c for c in self._channels if _adopt(c)), None)
+                if channel is None:
+                    channel = _Channel(self)
+                    self._channels.append(channel)
+            self._local.channel = channel
         return channel
 
     def request(

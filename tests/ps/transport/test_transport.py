@@ -116,7 +116,7 @@ def test_requests_are_served_concurrently(servers, clients):
     assert time.monotonic() - start < 0.9
 
 
-def test_threads_that_end_give_their_sockets_back(servers, clients):
+def test_threads_that_end_hand_their_sockets_on(servers, clients):
     client = clients([servers().endpoint])
 
     def one_call(i):
@@ -126,7 +126,7 @@ def test_threads_that_end_give_their_sockets_back(servers, clients):
         t = threading.Thread(target=one_call, args=(i,))
         t.start()
         t.join(10)
-    one_call(5)  # a new thread's first request closes the sockets of the threads that ended
+    one_call(5)  # each new thread inherits the sockets of the one that ended
     assert len(client._channels) == 1
 
 

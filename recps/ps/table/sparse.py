@@ -94,7 +94,7 @@ def _as_rows(x: torch.Tensor, k: int, d: int, what: str, where: str) -> torch.Te
         raise ConfigError(f"{where}: {what} has shape {tuple(x.shape)}, expected ({k}, {d}) for {k} keys of dim {d}")
     if not x.is_floating_point():
         raise ConfigError(f"{where}: {what} has dtype {x.dtype}; pass floating-point values")
-    return x.to(torch.float32)
+    return x.to(torch.float32).contiguous()
 
 
 def _as_counts(x: torch.Tensor | None, k: int, what: str, where: str) -> torch.Tensor | None:

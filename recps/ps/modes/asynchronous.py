@@ -102,6 +102,11 @@ class AsyncCommunicator:
         self._sender = threading.Thread(target=self._run, name="recps-async-sender", daemon=True)
         self._sender.start()
 
+    @property
+    def pending(self) -> int:
+        """Pushes queued or in flight (never more than max_pending)."""
+        return self._unapplied
+
     # -- Communicator --------------------------------------------------------------------------
 
     def pull(self, table: str, keys: torch.Tensor) -> torch.Tensor:

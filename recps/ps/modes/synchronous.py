@@ -141,7 +141,7 @@ class SyncCommunicator:
                             f"step within {self.timeout_s:g} s; every thread must take the same number of steps"
                         )
                         self._cond.notify_all()
-                        break
+                        raise self._error
                     self._cond.wait(left)
                 self._check()
                 return

@@ -1058,10 +1058,15 @@ def load_tensors(
     shard_index: int = 0,
     num_shards: int = 1,
     error_budget: float | int = 0.01,
+    threads: int = 2,
 ) -> Examples:
-    """Parses whole files into memory (this shard's rows, in file order), for `TensorBatches`."""
+    """Parses whole files into memory, for `TensorBatches` (training on pre-parsed input).
+
+    Returns this shard's rows in file order, row-major: dense (N, I), keys (N, S), labels (N, T),
+    plus the sequence slots. Arguments mean what they mean for TabularReader.
+    """
     reader = TabularReader(paths, schema, batch_size=1, shard_index=shard_index, num_shards=num_shards,
-                           error_budget=error_budget)
+                           error_budget=error_budget, threads=threads)
     parts = [part.row_major() for part in reader.chunks()]
     if not parts:
         s = schema

@@ -5,7 +5,7 @@ The issue's workload per training step: CTR-DNN, 26 slots, batch 512 -> 13,312 k
 A server runs in its own process (as in the 1 server + 1 worker setup); the client process
 de-duplicates, pulls (K, 9) rows and pushes (K, 9) gradients (Adagrad on the server).
 
-Reported, median over --steps after --warmup (ms):
+Reported, median over --steps after --warmup (ms); --optimizer picks the server's rule:
     pull        client.pull(keys).wait()  (unique + partition + round trip + reassembly)
     push        client.push(keys, grads).wait()
     step        pull + push, one thread
@@ -31,13 +31,13 @@ TOKEN = "bench-token"
 SLOTS, BATCH, DIM = 26, 512, 9
 
 
-def _serve(index: int, num_servers: int, ready, stop) -> None:
+def _serve(index: int, num_servers: int, threads: int, ready, stop) -> None:
     import torch
 
     from recps.ps.node import PSServer
 
     torch.set_num_threads(1)
-    with PSServer(index, num_servers, token=TOKEN, num_threads=2) as server:
+    with PSServer(index, num_servers, token=TOKEN, num_threads=threads) as server:
         ready.put((index, server.endpoint))
         stop.wait(900)
 
@@ -57,23 +57,25 @@ def main() -> None:
     parser.add_argument("--servers", type=int, default=1)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--server-threads", type=int, default=2, help="PSServer handler threads (0: on the network thread)")
+    parser.add_argument("--optimizer", default="adagrad", help="server-side rule: sgd, adagrad, rowwise_adagrad, adam")
     args = parser.parse_args()
 
     ctx = mp.get_context("spawn")
     ready, stop = ctx.Queue(), ctx.Event()
-    procs = [ctx.Process(target=_serve, args=(i, args.servers, ready, stop), daemon=True) for i in range(args.servers)]
+    procs = [ctx.Process(target=_serve, args=(i, args.servers, args.server_threads, ready, stop), daemon=True) for i in range(args.servers)]
     for p in procs:
         p.start()
 
     import torch
 
     from recps.ps.node import PSClient, unique_inverse
-    from recps.ps.table import AdagradRule, SparseTable
+    from recps.ps.table import SparseTable, make_rule
 
     torch.set_num_threads(1)
     endpoints = [e for _, e in sorted(ready.get(timeout=120) for _ in procs)]  # server order
     client = PSClient(endpoints, token=TOKEN, timeout_s=30)
-    client.create_sparse_table("ctr", dim=DIM, optimizer={"name": "adagrad", "lr": 0.05})
+    client.create_sparse_table("ctr", dim=DIM, optimizer={"name": args.optimizer, "lr": 0.05})
 
     batches = [torch.from_numpy(b) for b in _batches(args.warmup + args.steps)]
     uniq = [unique_inverse(b)[0] for b in batches]
@@ -114,7 +116,7 @@ def main() -> None:
     pair = [max(a, b) for a, b in zip(*outs)]
 
     # The same ops on an in-process table: what the transport and the client add.
-    table = SparseTable(DIM, optimizer=AdagradRule(lr=0.05))
+    table = SparseTable(DIM, optimizer=make_rule(args.optimizer, lr=0.05))
     tt = {"pull": [], "push": []}
     for i, u in enumerate(uniq):
         t0 = time.perf_counter()
@@ -128,6 +130,8 @@ def main() -> None:
 
     result = {
         "servers": args.servers,
+        "optimizer": args.optimizer,
+        "server_threads": args.server_threads,
         "keys_per_batch": BATCH * SLOTS,
         "unique_keys": int(unique_keys),
         "dim": DIM,
@@ -146,7 +150,7 @@ def main() -> None:
         p.join(10)
     print(json.dumps(result))
     print(
-        f"| {args.servers} | {result['unique_keys']} | {result['pull_ms']} | {result['push_ms']} | {result['step_ms']} | "
+        f"| {args.servers} | {args.server_threads} | {args.optimizer} | {result['unique_keys']} | {result['pull_ms']} | {result['push_ms']} | {result['step_ms']} | "
         f"{result['step_2threads_ms']} | {result['table_pull_ms']} | {result['table_push_ms']} |"
     )
 

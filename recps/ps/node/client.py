@@ -200,6 +200,11 @@ class PSClient:
             self.coordinator.close()
         self._transport.close()
 
+    @property
+    def dead_peers(self) -> tuple[str, ...]:
+        """Peers ("server1", "worker0") the coordinator declared dead, as of the last heartbeat."""
+        return self.coordinator.dead_peers if self.coordinator is not None else ()
+
     # -- table metadata ------------------------------------------------------------------------
 
     def _request_all(self, verb: str, table: str = "", meta: dict | None = None, servers=None) -> list[Handle]:

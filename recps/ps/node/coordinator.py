@@ -342,6 +342,7 @@ class CoordinatorClient:
         self._transport = TransportClient([self.endpoint], token=token, timeout_s=self.timeout_s)
         self._heartbeat_s = DEFAULT_DEAD_AFTER_S / 5
         self._dead: tuple[str, ...] = ()
+        self._heartbeat_failing = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -407,16 +408,22 @@ class CoordinatorClient:
                 if dead and dead != self._dead:
                     logger.error("%s: the coordinator declared %s dead", self.name, ", ".join(dead))
                 self._dead, warned = dead, False
+                self._heartbeat_failing = False
             except PSError as e:
                 if self._stop.is_set():
                     return
+                self._heartbeat_failing = True
                 if not warned:
                     logger.warning("%s: heartbeat failed: %s", self.name, e)
                     warned = True
 
-    def deregister(self, timeout_s: float = 5.0) -> None:
-        """Leave the cluster cleanly (stops heartbeats); errors are logged, not raised."""
+    def deregister(self, timeout_s: float = 2.0) -> None:
+        """Leave the cluster cleanly (stops heartbeats); errors are logged, not raised. Skipped
+        when the last heartbeat failed (the coordinator is gone: nobody to tell)."""
         self._stop.set()
+        if self._heartbeat_failing:
+            logger.info("%s: not deregistering, the coordinator did not answer the last heartbeat", self.name)
+            return
         if self.name:
             try:
                 self._call("deregister", meta={"name": self.name}, timeout_s=timeout_s)

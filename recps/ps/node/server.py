@@ -53,7 +53,7 @@ import os
 import re
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -114,7 +114,9 @@ class PSServer:
         index, num_servers: this server's shard and the cluster's server count S.
         token: cluster token (None reads $RECPS_CLUSTER_TOKEN).
         bind, port: where to listen (127.0.0.1 and a free port by default); see TransportServer.
-        num_threads: handler threads serving requests concurrently.
+        num_threads: handler threads serving requests concurrently; 0 serves on the network
+            thread (one hop less per request, requests one at a time; save, load and shrink run
+            on a background thread either way).
     """
 
     def __init__(
@@ -129,7 +131,7 @@ class PSServer:
         if not 0 <= index < num_servers:
             raise ConfigError(f"PSServer: index={index} is outside [0, num_servers={num_servers})")
         self.index, self.num_servers = index, num_servers
-        self._transport = TransportServer(self._handle, token=token, bind=bind, port=port, num_threads=max(1, num_threads))
+        self._transport = TransportServer(self._handle, token=token, bind=bind, port=port, num_threads=num_threads)
         self._tables: dict[str, _Table] = {}
         self._tables_lock = threading.Lock()
         self._sync: dict[tuple[str, str, int], _SyncStep] = {}
@@ -137,6 +139,9 @@ class PSServer:
         self.stopped = threading.Event()  # set once `stop` was requested over the network or stop() ran
         self._stop_requested = threading.Event()
         self._sweeper: threading.Thread | None = None
+        # Long verbs (save, load, shrink) run here, one at a time, so that they never hold a
+        # handler thread (or, with num_threads=0, the network thread) while pulls wait.
+        self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"recps-ps{index}-background")
         self._verbs = {
             "create_sparse": self._create_sparse,
             "create_dense": self._create_dense,
@@ -149,9 +154,9 @@ class PSServer:
             "push_dense": self._push_dense,
             "push_dense_sync": self._push_dense_sync,
             "push_dense_delta": self._push_dense_delta,
-            "save": self._save,
-            "load": self._load,
-            "shrink": self._shrink,
+            "save": self._in_background(self._save),
+            "load": self._in_background(self._load),
+            "shrink": self._in_background(self._shrink),
             "stats": self._stats,
             "tables": self._list_tables,
             "stop": self._stop_verb,
@@ -182,7 +187,16 @@ class PSServer:
         clean = self._transport.stop(timeout)
         if self._sweeper is not None:
             self._sweeper.join(timeout)
+        self._background.shutdown(wait=False, cancel_futures=True)
         return clean
+
+    def _in_background(self, verb):
+        """The verb, run on the background thread: its handler returns a Future (a deferred reply)."""
+
+        def deferred(name, tensors, meta) -> Future:
+            return self._background.submit(verb, name, tensors, meta)
+
+        return deferred
 
     def wait_stop_requested(self, timeout: float | None = None) -> bool:
         """Block until a client sent `stop` (or stop() ran); True if it did within `timeout`."""

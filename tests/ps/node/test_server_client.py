@@ -20,8 +20,8 @@ INIT = {"kind": "uniform", "low": -0.1, "high": 0.1}
 class Cluster:
     """S in-process servers and a way to make clients for them."""
 
-    def __init__(self, num_servers: int) -> None:
-        self.servers = [PSServer(i, num_servers, token=TOKEN).start() for i in range(num_servers)]
+    def __init__(self, num_servers: int, num_threads: int = 2) -> None:
+        self.servers = [PSServer(i, num_servers, token=TOKEN, num_threads=num_threads).start() for i in range(num_servers)]
         self.endpoints = [s.endpoint for s in self.servers]
         self.clients: list[PSClient] = []
 
@@ -37,9 +37,10 @@ class Cluster:
             s.stop()
 
 
-@pytest.fixture
-def cluster2():
-    c = Cluster(2)
+@pytest.fixture(params=[2, 0], ids=["threads2", "inline"])
+def cluster2(request):
+    """2 servers with 2 handler threads each, or serving on the network thread."""
+    c = Cluster(2, num_threads=request.param)
     yield c
     c.close()
 

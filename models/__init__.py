@@ -11,8 +11,13 @@ from models.dcn_v2 import DCNv2
 from models.deepfm import DeepFM
 from models.dlrm import DLRM
 from models.fm import FM
+from models.esmm import ESMM
 from models.lr import LR
+from models.mmoe import MMoE
+from models.ple import PLE
+from models.shared_bottom import SharedBottom
 from models.wide_deep import WideDeep
 from models.xdeepfm import XDeepFM
 
-__all__ = ["AutoInt", "CTRDNN", "DCN", "DCNv2", "DeepFM", "DLRM", "FM", "LR", "WideDeep", "XDeepFM"]
+__all__ = ["AutoInt", "CTRDNN", "DCN", "DCNv2", "DeepFM", "DLRM", "ESMM", "FM", "LR", "MMoE", "PLE", "SharedBottom",
+           "WideDeep", "XDeepFM"]

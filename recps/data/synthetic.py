@@ -129,7 +129,6 @@ _HIST_LOGIT = 30.0  # histogram covers logits in [-30, 30]; beyond that sigmoid 
 _WRITE_TIMEOUT_S = 600.0  # one chunk; a healthy disk takes well under a second
 _EXT = {"text": ".txt", "parquet": ".parquet"}
 
-_COLUMNS = ("label",) + CRITEO_DENSE + CRITEO_SPARSE
 _S = len(CRITEO_SPARSE)
 _J = len(CRITEO_DENSE)
 
@@ -203,33 +202,38 @@ def _fmix32_inverse(h: np.ndarray) -> np.ndarray:
 
 
 def _per_slot(value: Any, name: str, cast: type) -> tuple:
-    """A scalar or one value per slot C1..C26, as a tuple of 26."""
-    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
-        return (cast(value),) * _S
+    """One number, or one per slot C1..C26 (a sequence or a comma-separated string), as a
+    tuple of 26 numbers of type `cast` (int or float)."""
     if isinstance(value, str):
-        parts = [p for p in value.split(",") if p.strip()]
-        value = parts if len(parts) > 1 else parts[0] if parts else value
-        if isinstance(value, str):
-            try:
-                return (cast(float(value)) if cast is int else cast(value),) * _S
-            except ValueError:
-                raise ConfigError(
-                    f"synthetic {name}={value!r} is not a number; give one number or "
-                    f"{_S} comma-separated ones"
-                ) from None
-    try:
-        values = tuple(cast(float(v)) if cast is int else cast(v) for v in value)
-    except (TypeError, ValueError):
+        items: list[Any] = [p.strip() for p in value.split(",") if p.strip()]
+    elif isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
+        items = [value]
+    else:
+        try:
+            items = list(value)
+        except TypeError:
+            raise ConfigError(
+                f"synthetic {name}={value!r} is neither a number nor a list; give one number "
+                f"or {_S} (one per slot C1..C{_S})"
+            ) from None
+    if len(items) not in (1, _S):
         raise ConfigError(
-            f"synthetic {name}={value!r} is not a number or a list of {_S} numbers; give one "
-            f"number for every slot or one per slot C1..C{_S}"
-        ) from None
-    if len(values) != _S:
-        raise ConfigError(
-            f"synthetic {name} has {len(values)} values; give one number or {_S} (one per slot "
+            f"synthetic {name} has {len(items)} values; give one number or {_S} (one per slot "
             f"C1..C{_S})"
         )
-    return values
+    out = []
+    for item in items:
+        if isinstance(item, (int, np.integer)) and not isinstance(item, bool):
+            out.append(cast(item))
+            continue
+        try:
+            x = float(item)
+        except (TypeError, ValueError):
+            raise ConfigError(f"synthetic {name} value {item!r} is not a number; fix it") from None
+        if cast is int and not (math.isfinite(x) and x == int(x)):
+            raise ConfigError(f"synthetic {name} value {item!r} is not a whole number of keys")
+        out.append(cast(x))
+    return tuple(out) if len(out) == _S else tuple(out) * _S
 
 
 @dataclass(frozen=True)
@@ -248,7 +252,8 @@ class SyntheticConfig:
         target_ctr: mean click probability the bias is calibrated to.
         interactions: (P, 2) slot-name pairs carrying the planted rank-K interaction.
         interaction_dim: K.
-        shares: variance shares of (first-order sparse, dense, pairwise) in signal**2.
+        shares: relative variance shares of (first-order sparse, dense, pairwise) in
+            signal**2 (normalised to sum 1 when calibrating).
     """
 
     seed: int = 0
@@ -302,8 +307,7 @@ class SyntheticConfig:
                 f"synthetic shares={self.shares!r}; give 3 non-negative variance shares "
                 f"(sparse, dense, pairwise) with a positive sum"
             )
-        total = sum(shares)
-        object.__setattr__(self, "shares", tuple(s / total for s in shares))
+        object.__setattr__(self, "shares", shares)  # normalised where used, so JSON round-trips
 
     @staticmethod
     def _missing(value: Any) -> dict[str, float]:
@@ -423,12 +427,13 @@ def _fit(config: SyntheticConfig) -> _Truth:
     truth = _Truth(config, 0.0, (1.0, 1.0, 1.0))
     draw = _draw(config, _STREAM_CALIBRATION, 0, CALIBRATION_ROWS)
     comp = truth.components(truth.encode(draw["ranks"]), draw["present"], draw["dense"])  # (N, 3)
-    std = comp.std(axis=0)
+    std = comp.std(axis=0)  # (3,)
+    total = sum(config.shares)
     scales = tuple(
-        float(config.signal * math.sqrt(share) / s) if s > 0 else 0.0
+        float(config.signal * math.sqrt(share / total) / s) if s > 0 else 0.0
         for share, s in zip(config.shares, std)
     )
-    centred = comp @ np.asarray(scales)  # (N,)
+    centred = comp @ np.asarray(scales)  # (N,), the logit before the bias
     # mean sigmoid(b + centred) is increasing in b: bisection to target_ctr.
     lo, hi = -40.0, 40.0
     for _ in range(64):

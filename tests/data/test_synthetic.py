@@ -137,20 +137,22 @@ def test_parquet_holds_the_same_rows_as_text(tmp_path):
 
 
 def test_vocab_bound_and_zipf_shape(tmp_path):
-    vocab = [3, 50, 1_000, 10**9] + [100] * 22
-    info = syn.generate(tmp_path / "v.txt", 20_000, seed=2, vocab=vocab, zipf_a=1.1, missing=0.0)
+    vocab = [3, 50, 1_000, 10**9, 1_000] + [100] * 21
+    zipf_a = [1.1] * 4 + [1.0] + [1.1] * 21  # a == 1 takes the logarithmic inverse CDF
+    info = syn.generate(tmp_path / "v.txt", 20_000, seed=2, vocab=vocab, zipf_a=zipf_a, missing=0.0)
     ranks = syn.decode_ranks(read_text(info.path), info)  # (N, S)
     assert ranks.min() >= 1
     assert (ranks.max(axis=0) <= np.array(vocab)).all()
     assert ranks[:, 0].max() == 3 and len(np.unique(ranks[:, 1])) == 50
     assert ranks[:, 3].max() > 10**6  # the 10**9 slot reaches deep into its tail
     # Head heavier than tail; frequencies of the top ranks follow r**-a.
-    counts = np.bincount(ranks[:, 2], minlength=1_001)[1:]  # (1000,)
-    assert counts[0] > counts[1] > counts[3] > counts[9] > counts[99]
-    assert counts[:10].sum() > counts[500:].sum()
-    top = np.arange(2, 31)  # integral of x**-a over [r, r+1) ~ (r + 1/2)**-a
-    slope = np.polyfit(np.log(top + 0.5), np.log(counts[top - 1]), 1)[0]
-    assert slope == pytest.approx(-1.1, abs=0.15)
+    for slot, a in ((2, 1.1), (4, 1.0)):
+        counts = np.bincount(ranks[:, slot], minlength=1_001)[1:]  # (1000,)
+        assert counts[0] > counts[1] > counts[3] > counts[9] > counts[99]
+        assert counts[:10].sum() > counts[500:].sum()
+        top = np.arange(2, 31)  # integral of x**-a over [r, r+1) ~ (r + 1/2)**-a
+        slope = np.polyfit(np.log(top + 0.5), np.log(counts[top - 1]), 1)[0]
+        assert slope == pytest.approx(-a, abs=0.15), slot
 
 
 def test_huge_vocab_is_cheap_and_collision_free(tmp_path):
@@ -208,6 +210,7 @@ def test_split_and_cache(tmp_path):
     [
         (dict(vocab=0), "each slot needs 1..4294967295 keys"),
         (dict(vocab=[10] * 5), "synthetic vocab has 5 values; give one number or 26"),
+        (dict(vocab=10.5), "synthetic vocab value 10.5 is not a whole number of keys"),
         (dict(zipf_a=-1.0), "use finite exponents >= 0"),
         (dict(missing={"C99": 0.1}), "synthetic missing names unknown columns ['C99']"),
         (dict(missing=1.0), "use values in [0, 1)"),

@@ -133,24 +133,23 @@ class DebugDump(TrainObserver):
     # ---- TrainObserver ----------------------------------------------------------------------------
 
     def on_fit_start(self, replicas: Sequence[nn.Module]) -> None:
+        if self._writers and len(replicas) != len(self._writers):
+            raise ConfigError(f"DebugDump: the trainer now runs {len(replicas)} threads, earlier {len(self._writers)}")
+        # Resolve every name first: a config error leaves no files behind.
+        self._params = [self._select_params(r) for r in replicas]
+        self._table_specs = self._select_tables() if self.tables else []
+        modules: dict[int, tuple[str, nn.Module]] = {}
+        for replica in replicas:
+            for name in self.modules:
+                module = _submodule(replica, name)
+                modules.setdefault(id(module), (name, module))  # one hook on a module the replicas share
         if not self._writers:
             self._writers = [DumpWriter(self.folder, self.role, self.rank, t) for t in range(len(replicas))]
             self._batches = [0] * len(replicas)
             log.info("[%s %d] debug dump on: %s", self.role, self.rank, self.folder)
-        elif len(replicas) != len(self._writers):
-            raise ConfigError(f"DebugDump: the trainer now runs {len(replicas)} threads, earlier {len(self._writers)}")
         self._pending = [_Pending() for _ in replicas]
         self._fit_steps = 0
-        self._params = [self._select_params(r) for r in replicas]
-        self._table_specs = self._select_tables() if self.tables else []
-        hooked: set[int] = set()
-        for replica in replicas:
-            for name in self.modules:
-                module = _submodule(replica, name)
-                if id(module) in hooked:  # a module shared by the replicas (the collection): hook once
-                    continue
-                hooked.add(id(module))
-                self._hooks.append(module.register_forward_hook(self._hook(name)))
+        self._hooks = [module.register_forward_hook(self._hook(name)) for name, module in modules.values()]
 
     def on_thread_start(self, thread: int) -> None:
         self._tls.thread = thread
@@ -322,9 +321,11 @@ def check_debug_config(cfg: Mapping[str, Any] | None) -> None:
         from recps.config import check_target_args
 
         check_target_args(cfg, "debug", injected=_INJECTED, engine_keys=("enabled",))
-    unknown = [f for f in (cfg.get("fields") or []) if f not in FIELDS]
+    fields = [str(f) for f in (cfg.get("fields") or [])]
+    unknown = [f for f in fields if f not in FIELDS]
     if unknown:
-        raise ConfigError(f"debug.fields: unknown {unknown}; the fields are {list(FIELDS)}")
+        raise ConfigError(f"debug.fields={fields}: unknown {unknown}; the fields are {list(FIELDS)} "
+                          f"(intermediate tensors: name their submodules in debug.modules)")
 
 
 def build_dump(cfg: Mapping[str, Any] | None, out_dir: str | os.PathLike, *, task: Any = None,

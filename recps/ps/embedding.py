@@ -64,7 +64,6 @@ from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor, Keyed
 
 from recps.errors import ConfigError, PSError
 from recps.ps.table.hashing import splitmix64
-from recps.ps.table.sparse import unique_with_inverse
 
 __all__ = [
     "PSEmbeddingBagCollection",
@@ -75,6 +74,7 @@ __all__ = [
     "salted_keys",
     "ps_table_name",
     "pool_sum",
+    "unique_with_inverse",
 ]
 
 # The op builds its own autograd node on CPU (checked against F.embedding_bag in
@@ -83,6 +83,20 @@ warnings.filterwarnings("ignore", message=r"fbgemm::dense_embedding_codegen_look
 
 _SUM = 0  # fbgemm PoolingMode.SUM
 _FP32 = 0  # fbgemm SparseType.FP32
+
+
+def unique_with_inverse(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N,) int64 -> sorted unique (U,), inverse (N,) with uniq[inverse] == keys. Sort-based:
+    several times faster here than torch.unique(return_inverse=True) at 10k keys.
+
+    >>> [t.tolist() for t in unique_with_inverse(torch.tensor([7, 3, 7]))]
+    [[3, 7], [1, 0, 1]]
+    """
+    ordered, perm = torch.sort(keys)
+    uniq, inv_sorted = torch.unique_consecutive(ordered, return_inverse=True)
+    inverse = torch.empty_like(inv_sorted)
+    inverse[perm] = inv_sorted
+    return uniq, inverse
 
 
 def table_salt(name: str) -> int:
@@ -255,7 +269,7 @@ class _PSCollectionBase(nn.Module):
     def _rows(self, table: PSTable, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Pulled unique rows (U, D), differentiable into a push when training, and the inverse (N,)."""
         communicator = self._communicator()
-        uniq, inverse, _ = unique_with_inverse(keys)  # (U,), (N,)
+        uniq, inverse = unique_with_inverse(keys)  # (U,), (N,)
         rows = communicator.pull(table.name, uniq)  # (U, D)
         if rows.shape != (uniq.numel(), table.dim):
             raise PSError(f"{self._where}: pull of table {table.name} returned {tuple(rows.shape)} for "

@@ -52,7 +52,6 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
 
 from recps.errors import ConfigError, PSError
 from recps.ps.table import KeyIndex
-from recps.ps.table.sparse import unique_with_inverse
 
 __all__ = ["GeoCommunicator", "GEO_OPTIMIZERS"]
 
@@ -75,14 +74,18 @@ class _Replica:
         self.lock = threading.Lock()
         self.index = KeyIndex(capacity)
         self.size = 0
+        self.generation = 0  # syncs that cleared the marks; a step that spans one marks its rows again
         self._alloc(max(64, capacity))
         self._tbes: dict[int, SplitTableBatchedEmbeddingBagsCodegen] = {}
 
     def _alloc(self, capacity: int) -> None:
         self.capacity = capacity
         self.weights = torch.zeros(capacity * self.width)  # (C*P,) the TBE's host buffer
-        self.state = torch.zeros(capacity)  # (C,) row-wise Adagrad accumulator
-        self.rows = self.weights.view(capacity, self.width)  # (C, P)
+        self.state = torch.zeros(capacity)  # (C,) row-wise Adagrad accumulator, the TBE's momentum1
+        # Every write of ours goes through `.data` views: same memory, but no autograd version
+        # bump, so a sync or a new row never fails another thread's TBE backward (Hogwild).
+        self.rows = self.weights.data.view(capacity, self.width)  # (C, P)
+        self.state_rows = self.state.data  # (C,)
         self.synced = torch.zeros(capacity, self.dim)  # (C, D) values at the last sync
         self.slot_keys = torch.empty(capacity, dtype=torch.int64)  # (C,)
         self.touched = torch.zeros(capacity, dtype=torch.bool)  # (C,) trained since the last sync
@@ -95,7 +98,7 @@ class _Replica:
         self._alloc(capacity)
         n = self.size
         self.rows[:n].copy_(old[0].view(-1, self.width)[:n])
-        self.state[:n].copy_(old[1][:n])
+        self.state_rows[:n].copy_(old[1][:n])
         self.synced[:n].copy_(old[2][:n])
         self.slot_keys[:n].copy_(old[3][:n])
         self.touched[:n].copy_(old[4][:n])
@@ -124,7 +127,7 @@ class _Replica:
         slots = self.index.lookup(keys)  # (N,)
         missing = slots < 0
         if bool(missing.any()):
-            new_keys, _, _ = unique_with_inverse(keys[missing])  # (M,)
+            new_keys = torch.unique(keys[missing])  # (M,)
             rows = self.client.pull(self.name, new_keys, assume_unique=True).wait(timeout)  # (M, D)
             m, start = new_keys.numel(), self.size
             if start + m > self.capacity:
@@ -144,8 +147,8 @@ class _Replica:
         if self.optimizer == "sgd":
             rows.sub_(grads, alpha=self.lr)
         else:
-            state = self.state[slots] + grads.pow(2).mean(dim=1)  # (K,)
-            self.state[slots] = state
+            state = self.state_rows[slots] + grads.pow(2).mean(dim=1)  # (K,)
+            self.state_rows[slots] = state
             rows.sub_(grads * (self.lr / (state.sqrt() + self.eps)).unsqueeze(1))
         self.rows[slots, : self.dim] = rows
         self.touched[slots] = True
@@ -155,6 +158,7 @@ class _Replica:
         with self.lock:
             slots = self.touched[: self.size].nonzero().squeeze(1)  # (K,)
             self.touched[slots] = False  # rows trained from here on are marked again
+            self.generation += 1
             keys = self.slot_keys[slots]
         if slots.numel() == 0:
             return 0
@@ -162,8 +166,12 @@ class _Replica:
         self.client.push_delta(self.name, keys, current - self.synced[slots], assume_unique=True).wait(timeout)
         merged = self.client.pull(self.name, keys, assume_unique=True).wait(timeout)  # (K, D)
         with self.lock:  # a growth in between moved the buffers; slots stay valid
-            self.rows[slots, : self.dim] += merged - current
+            now = self.rows[slots, : self.dim]  # (K, D) includes training since `current` was read
+            self.rows[slots, : self.dim] = now + (merged - current)
             self.synced[slots] = merged
+            # A row trained while we synced keeps that work as its next delta: mark it again
+            # (steps whose forward came before the sync's clear are re-marked in step_end too).
+            self.touched[slots[(now != current).any(dim=1)]] = True
         return slots.numel()
 
 
@@ -235,6 +243,7 @@ class GeoCommunicator:
         self._steps = 0
         self.syncs = 0
         self._closed = False
+        self._local = threading.local()  # per training thread: rows its step in flight trains
 
     # -- replicas ------------------------------------------------------------------------------
 
@@ -286,6 +295,13 @@ class GeoCommunicator:
             slots = replica.slots(keys, self.timeout_s)  # (N,)
             replica.touched[slots] = True
             tbe = replica.tbe(num_features)
+            generation = replica.generation
+        # The fused update lands in backward, after this mark: if a sync clears the marks in
+        # between, step_end (called after backward by this thread) marks the rows again.
+        pending = getattr(self._local, "pending", None)
+        if pending is None:
+            pending = self._local.pending = []
+        pending.append((replica, generation, slots))
         pooled = tbe(slots, offsets)  # (B, Fg*P)
         if replica.width != replica.dim:
             batch = pooled.shape[0]
@@ -306,7 +322,15 @@ class GeoCommunicator:
         dense.assign(grads.reshape(-1).to(torch.float32) * -self.dense_lr, add=True)
 
     def step_end(self, thread: int) -> None:
-        """Counts one worker step; the k-th syncs (in this thread; the others keep training)."""
+        """Counts one worker step; the k-th syncs (in this thread; the others keep training).
+        Call it from the thread that trained the step, after its backward pass."""
+        pending = getattr(self._local, "pending", None)
+        if pending:
+            for replica, generation, slots in pending:
+                if replica.generation != generation:
+                    with replica.lock:
+                        replica.touched[slots] = True
+            pending.clear()
         with self._lock:
             self._steps += 1
             due = self._steps % self.k_steps == 0

@@ -20,6 +20,9 @@ from recps.data.reader import Examples, TensorBatches
 from recps.errors import ConfigError
 from recps.ps.embedding import PSEmbeddingBagCollection, salted_keys
 from recps.ps.modes.geo import GeoCommunicator
+from recps.ps.worker import GeoDenseUpdater
+from recps.trainer import Trainer
+from recps.data.dataset import ExamplesSource
 from recps.ps.node import PSClient, PSServer
 from recps.ps.table import Initializer
 from recps.tasks import BinaryTask
@@ -226,4 +229,24 @@ def test_geo_bad_settings_are_named(server):
         GeoCommunicator(client, k_steps=0)
     with pytest.raises(ConfigError, match=r"'adam'.*rowwise_adagrad"):
         GeoCommunicator(client, optimizer={"name": "adam", "lr": 0.1})
+    client.close()
+
+
+def test_geo_fused_training_threads_survive_syncs_and_new_rows(server):
+    """Two Hogwild threads (recps.trainer) train through the TBE while syncs and first-seen rows
+    rewrite the replica: no autograd version error, and after the final sync the servers hold
+    exactly the replica's rows and dense values."""
+    client, geo, ebc, model, named = geo_worker(server.endpoint, {"name": "sgd", "lr": 0.2}, k_steps=3)
+    params = list(named.values())
+    updater = GeoDenseUpdater(params, torch.optim.SGD(params, lr=0.05), geo)
+    trainer = Trainer(model, ebc, BinaryTask(), updater, threads=2)
+    stats = trainer.fit(ExamplesSource(examples(640, vocab=400, seed=5), shuffle=False), 16, progress=False)
+    assert stats.steps == 40 and geo.syncs == 40 // 3
+    geo.flush()
+    replica = geo._replicas["embedding_d9"]
+    keys = replica.slot_keys[: replica.size]
+    torch.testing.assert_close(client.pull("embedding_d9", keys).wait(), replica.rows[: replica.size, :DIM])
+    dense = client.dense_layout("dense").unflatten(client.pull_dense("dense").wait())
+    for name, p in named.items():
+        torch.testing.assert_close(dense[name], p.detach())
     client.close()

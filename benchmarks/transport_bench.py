@@ -1,8 +1,11 @@
 """Pull latency of the recps transport on one machine (loopback TCP or IPC).
 
 A server process answers "pull" with a slice of a preallocated table (K, D) fp32, so the figure
-is the transport's cost: request of K int64 keys out, K x D fp32 rows back. Reported: median over
---runs after --warmup.
+is the transport's cost: request of K int64 keys out, K x D fp32 rows back. Reported per
+configuration: median and 10th percentile of the wall-clock latency, and the CPU time one call
+costs the client process and the server process (all their threads, ZeroMQ's I/O threads included).
+The configurations take turns (--rounds x --runs calls each), and a bare pyzmq server/client pair
+answering the same pull is measured alongside as the floor.
 
     python benchmarks/transport_bench.py                         # the issue's two sizes, TCP and IPC
     python benchmarks/transport_bench.py --fanout                # also: 2 servers, 1 and 2 client threads,
@@ -17,6 +20,7 @@ import argparse
 import itertools
 import json
 import multiprocessing as mp
+import os
 import queue
 import statistics
 import sys
@@ -149,6 +153,18 @@ def _median_ms(fn, runs: int, warmup: int) -> float:
     return statistics.median(times) * 1e3
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc; 10 ms ticks), NaN elsewhere.
+
+    Wall-clock latency on a shared machine swings with the load; the CPU a call costs does not."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _start(target, args_list):
     ctx = mp.get_context("spawn")
     ready, stop = ctx.Queue(), ctx.Event()
@@ -176,17 +192,19 @@ def bench_latency(configs: list[tuple[str, int]], runs: int, warmup: int, rounds
     binds = ["127.0.0.1" if t == "tcp" else f"ipc://{tmp}/s{i}.sock" for i, (t, _) in enumerate(configs)]
     endpoints, stop, procs = _start(_serve, [(b, n) for b, (_, n) in zip(binds, configs)])
     raw_endpoints, raw_stop, raw_procs = _start(_serve_raw, [()])
-    callers, closers = {}, []
+    callers, closers, pids = {}, [], {}
     try:
         client = TransportClient(endpoints, token=TOKEN, timeout_s=30)
         closers.append(client.close)
         for k, d in SIZES:
             call, close = _raw_caller(raw_endpoints[0], k, d)
             callers[("raw pyzmq, tcp", "-", k, d)] = call
+            pids[("raw pyzmq, tcp", "-", k, d)] = raw_procs[0].pid
             closers.append(close)
             keys = torch.randint(0, 1 << 40, (k,))  # (K,) int64
             for i, (transport, threads) in enumerate(configs):
                 callers[(f"recps, {transport}", threads, k, d)] = lambda i=i, d=d, keys=keys: client.call(i, "pull", f"d{d}", [keys])
+                pids[(f"recps, {transport}", threads, k, d)] = procs[i].pid
         for key, call in callers.items():
             got = call()
             got = got.tensors[0] if hasattr(got, "tensors") else got
@@ -194,18 +212,24 @@ def bench_latency(configs: list[tuple[str, int]], runs: int, warmup: int, rounds
             for _ in range(warmup):
                 call()
         samples: dict[tuple, list[float]] = {key: [] for key in callers}
+        cpu = {key: [0.0, 0.0] for key in callers}  # client, server CPU seconds
         for _ in range(rounds):
             for key, call in callers.items():
+                client_cpu, server_cpu = time.process_time(), _cpu_seconds(pids[key])
                 for _ in range(runs):
                     start = time.perf_counter()
                     call()
                     samples[key].append(time.perf_counter() - start)
+                cpu[key][0] += time.process_time() - client_cpu
+                cpu[key][1] += _cpu_seconds(pids[key]) - server_cpu
     finally:
         for close in closers:
             close()
         _stop_servers(stop, procs)
         _stop_servers(raw_stop, raw_procs)
-    return [{"what": w, "server_threads": n, "keys": k, "dim": d, "runs": len(v), "median_ms": statistics.median(v) * 1e3}
+    return [{"what": w, "server_threads": n, "keys": k, "dim": d, "runs": len(v), "median_ms": statistics.median(v) * 1e3,
+             "p10_ms": float(np.percentile(v, 10)) * 1e3,
+             "client_cpu_ms": cpu[(w, n, k, d)][0] / len(v) * 1e3, "server_cpu_ms": cpu[(w, n, k, d)][1] / len(v) * 1e3}
             for (w, n, k, d), v in samples.items()]
 
 

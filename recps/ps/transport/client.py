@@ -49,6 +49,8 @@ __all__ = ["TransportClient", "Handle", "Reply", "wait_all"]
 
 logger = logging.getLogger(__name__)
 
+# Plain ints: pyzmq's enum constants cost an enum construction per use on this hot path.
+_EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
 _SLICE_S = 0.05  # a borrowed channel is released this often while a wait polls it
 _SNDHWM = 10_000  # requests queued to one unreachable server before request() refuses more
 
@@ -64,47 +66,47 @@ class Reply:
 class Handle:
     """One request in flight. `wait(timeout)` returns its Reply or raises; see the module docstring."""
 
-    __slots__ = ("server", "endpoint", "verb", "table", "num_keys", "request_id", "_channel", "_event", "_reply", "_error", "_timeout_s")
+    __slots__ = ("server", "endpoint", "verb", "table", "num_keys", "request_id", "_channel", "_done", "_reply", "_error", "_timeout_s")
 
     def __init__(self, channel: "_Channel", server: int, endpoint: str, verb: str, table: str, num_keys: int, rid: int, timeout_s: float):
         self.server, self.endpoint, self.verb, self.table = server, endpoint, verb, table
         self.num_keys, self.request_id = num_keys, rid
         self._channel = channel
-        self._event = threading.Event()
+        self._done = False  # set under the channel lock, by whoever pumps the channel
         self._reply: Reply | None = None
         self._error: PSError | None = None
         self._timeout_s = timeout_s
 
     def done(self) -> bool:
         """Whether the reply (or an error) is in; never blocks beyond a zero-timeout poll."""
-        if not self._event.is_set() and self._channel.lock.acquire(blocking=False):
+        if not self._done and self._channel.lock.acquire(blocking=False):
             try:
                 if not self._channel.client._closed:
                     self._channel.pump(self, time.monotonic())
             finally:
                 self._channel.lock.release()
-        return self._event.is_set()
+        return self._done
 
     def wait(self, timeout: float | None = None) -> Reply:
         """The reply, within `timeout` seconds (default: the client's timeout_s)."""
         timeout = self._timeout_s if timeout is None else timeout
         deadline = time.monotonic() + timeout
         channel = self._channel
-        while not self._event.is_set():
+        while not self._done:
             if channel.lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
                 try:
                     if channel.client._closed:
                         self._fail(PSError(f"the transport client was closed while {self.verb} to {self.endpoint} was in flight"))
-                    elif not self._event.is_set():
+                    elif not self._done:
                         channel.pump(self, deadline)
-                        if not self._event.is_set() and time.monotonic() >= deadline:
+                        if not self._done and time.monotonic() >= deadline:
                             self._fail(self._timeout_error(timeout))
                 finally:
                     channel.lock.release()
-            elif not self._event.is_set():
+            elif not self._done:
                 # Another thread held this channel until our deadline; it may still complete us.
                 with channel.lock:
-                    if not self._event.is_set():
+                    if not self._done:
                         self._fail(self._timeout_error(timeout))
         if self._error is not None:
             raise self._error
@@ -120,7 +122,7 @@ class Handle:
         """Abandon the request (channel lock held): its late reply will be dropped."""
         self._channel.pending.pop(self.request_id, None)
         self._error = error
-        self._event.set()
+        self._done = True
 
     def _complete(self, msg: wire.Message) -> None:
         if msg.status == Status.OK:
@@ -129,10 +131,10 @@ class Handle:
             self._error = PSError(f"server {self.endpoint} refused {self.verb} on table {self.table!r}: {msg.text}")
         else:
             self._error = PSError(f"server {self.endpoint} failed {self.verb} on table {self.table!r} ({self.num_keys} keys): {msg.text}")
-        self._event.set()
+        self._done = True
 
     def __repr__(self) -> str:
-        state = "done" if self._event.is_set() else "pending"
+        state = "done" if self._done else "pending"
         return f"Handle({self.verb} {self.table!r} {self.num_keys} keys -> {self.endpoint}, {state})"
 
 
@@ -178,13 +180,13 @@ class _Channel:
             ms = max(0.0, end - time.monotonic()) * 1000
             for sock, _ in self.poller.poll(ms):
                 self._drain(sock)
-            if target._event.is_set() or time.monotonic() >= end:
+            if target._done or time.monotonic() >= end:
                 return
 
     def _drain(self, sock: zmq.Socket) -> None:
         # Socket.get() keeps the GIL where a receive that fails with Again would let go of it.
-        while sock.get(zmq.EVENTS) & zmq.POLLIN:
-            frames = wire.recv(sock, zmq.NOBLOCK)
+        while sock.get(_EVENTS) & _POLLIN:
+            frames = wire.recv(sock, _NOBLOCK)
             try:
                 msg = wire.decode(frames)
             except wire.WireError as e:
@@ -193,7 +195,7 @@ class _Channel:
                 logger.warning("malformed reply from %s: %s", handle.endpoint if handle else "a server", e)
                 if handle is not None:
                     handle._error = PSError(f"server {handle.endpoint} sent a malformed reply to {handle.verb}: {e}")
-                    handle._event.set()
+                    handle._done = True
                 continue
             handle = self.pending.pop(msg.request_id, None)
             if handle is None:
@@ -283,7 +285,7 @@ class TransportClient:
             sock = channel.socket(server)
             channel.pending[rid] = handle
             try:
-                sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+                sock.send_multipart(frames, _NOBLOCK, copy=False)
             except zmq.Again:
                 del channel.pending[rid]
                 raise PSError(

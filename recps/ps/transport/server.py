@@ -49,6 +49,8 @@ PING = "__ping__"  # answered by the transport itself; verbs starting with "__" 
 Handler = Callable[[str, str, list, dict], object]
 
 _server_ids = itertools.count()
+# Plain ints: pyzmq's enum constants cost an enum construction per use on this hot path.
+_EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
 _POLL_MS = 1000  # the front thread re-checks its stop flag at least this often
 
 
@@ -193,18 +195,18 @@ class TransportServer:
                 if control in dict(poller.poll(_POLL_MS)):
                     break
                 # Socket.get() keeps the GIL where a receive that fails with Again would let go of it.
-                while router.get(zmq.EVENTS) & zmq.POLLIN:
-                    item = wire.recv(router, zmq.NOBLOCK, envelope=1)  # [identity, head, *tensor frames]
+                while router.get(_EVENTS) & _POLLIN:
+                    item = wire.recv(router, _NOBLOCK, envelope=1)  # [identity, head, *tensor frames]
                     if self._num_threads:
                         self._queue.put(item)
                         continue
                     reply = self._serve(item[0], item[1:])  # inline: no thread hop, no concurrency
                     if reply is not None:
-                        router.send_multipart([item[0], *reply], zmq.NOBLOCK, copy=False)
-                while replies.get(zmq.EVENTS) & zmq.POLLIN:
-                    frames = replies.recv_multipart(zmq.NOBLOCK, copy=False)  # moved as they are
+                        router.send_multipart([item[0], *reply], _NOBLOCK, copy=False)
+                while replies.get(_EVENTS) & _POLLIN:
+                    frames = replies.recv_multipart(_NOBLOCK, copy=False)  # moved as they are
                     # ROUTER drops (never blocks on) a reply to a peer that left or is full.
-                    router.send_multipart(frames, zmq.NOBLOCK, copy=False)
+                    router.send_multipart(frames, _NOBLOCK, copy=False)
         except Exception:  # noqa: BLE001 - the thread must close its sockets whatever happened
             logger.exception("server %s: front thread failed", self._endpoint)
             self._stopping.set()
@@ -280,7 +282,7 @@ class TransportServer:
 
 def _send(sock: zmq.Socket, frames: list) -> None:
     try:
-        sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+        sock.send_multipart(frames, _NOBLOCK, copy=False)
     except zmq.Again:
         logger.debug("reply dropped: the server is stopping")
 

@@ -122,7 +122,8 @@ _DTYPES: dict[int, tuple[torch.dtype, np.dtype]] = {
     8: (torch.int8, np.dtype("i1")),
     9: (torch.uint8, np.dtype("u1")),
 }
-_STATUSES = frozenset(int(s) for s in Status)
+_STATUS_OF = {int(s): s for s in Status}
+_STATUSES = frozenset(_STATUS_OF)
 DTYPE_CODES: dict[torch.dtype, int] = {tdt: code for code, (tdt, _) in _DTYPES.items()}
 
 
@@ -301,10 +302,11 @@ def recv(sock, flags: int = 0, envelope: int = 0) -> list:
     GIL release per frame (a zmq.Frame lets go of the GIL when it is freed)."""
     import zmq  # the wire format itself does not need ZeroMQ; only this helper does
 
+    more = int(zmq.RCVMORE)
     frames = [sock.recv(flags, copy=True)]
-    while len(frames) <= envelope and sock.get(zmq.RCVMORE):
+    while len(frames) <= envelope and sock.get(more):
         frames.append(sock.recv(flags, copy=True))
-    while sock.get(zmq.RCVMORE):
+    while sock.get(more):
         frames.append(sock.recv(flags, copy=False))
     return frames
 
@@ -391,4 +393,4 @@ def decode(frames: Sequence) -> Message:
     if pos != len(head):
         raise WireError(f"head has {len(head) - pos} trailing bytes")
     tensors = [_tensor_from_buffer(i, code, shape, _buffer(frames[1 + i])) for i, (code, shape) in enumerate(shapes)]
-    return Message(kind, rid, Status(status), verb, text, meta, tensors, bytes(digest))
+    return Message(kind, rid, _STATUS_OF[status], verb, text, meta, tensors, bytes(digest))

@@ -12,13 +12,16 @@ Paddle's GEO-SGD semantics over one `PSClient`:
 - Every `k_steps` worker steps (`step_end` calls, summed over the worker's threads) the
   thread that ends the k-th step syncs, while the other threads keep training:
 
-      delta  = current - synced              rows touched since the last sync, all dense params
+      delta  = (current - synced) / W        rows touched since the last sync, all dense params
       server: value += delta                 client.push_delta / push_dense_delta (no update rule)
       merged = the servers' values           after every worker's deltas so far
       local += merged - current              keeps local updates made during the sync
       synced  = merged
 
-  With one worker and k = 1 this is exactly local training (tested to 1e-5).
+  Dividing by the W workers (as Paddle's GeoCommunicator does) makes the servers hold the
+  average of the workers' models rather than their sum, which overshoots with W > 1
+  (`delta_scale` overrides 1/W). With one worker and k = 1 this is exactly local training
+  (tested to 1e-5).
 
 Verbs of the Communicator protocol: `pull` / `push` read and train the replica (SGD or
 row-wise Adagrad in torch, for PSEmbeddingCollection); `lookup_bags` is the fused path that
@@ -153,8 +156,8 @@ class _Replica:
         self.rows[slots, : self.dim] = rows
         self.touched[slots] = True
 
-    def sync(self, timeout: float | None) -> int:
-        """Push deltas of touched rows, pull the merged values, fold them in; returns rows synced."""
+    def sync(self, scale: float, timeout: float | None) -> int:
+        """Push scale * deltas of touched rows, pull the merged values, fold them in; returns rows synced."""
         with self.lock:
             slots = self.touched[: self.size].nonzero().squeeze(1)  # (K,)
             self.touched[slots] = False  # rows trained from here on are marked again
@@ -163,7 +166,10 @@ class _Replica:
         if slots.numel() == 0:
             return 0
         current = self.rows[slots, : self.dim]  # (K, D) a copy
-        self.client.push_delta(self.name, keys, current - self.synced[slots], assume_unique=True).wait(timeout)
+        delta = current - self.synced[slots]  # (K, D)
+        if scale != 1.0:
+            delta.mul_(scale)
+        self.client.push_delta(self.name, keys, delta, assume_unique=True).wait(timeout)
         merged = self.client.pull(self.name, keys, assume_unique=True).wait(timeout)  # (K, D)
         with self.lock:  # a growth in between moved the buffers; slots stay valid
             now = self.rows[slots, : self.dim]  # (K, D) includes training since `current` was read
@@ -200,9 +206,12 @@ class _DenseReplica:
                 p.add_(part) if add else p.copy_(part)
                 pos += n
 
-    def sync(self, timeout: float | None) -> None:
+    def sync(self, scale: float, timeout: float | None) -> None:
         current = self.flat()  # (N,)
-        merged = self.client.push_dense_delta(self.name, current - self.synced, return_values=True).wait(timeout)
+        delta = current - self.synced  # (N,)
+        if scale != 1.0:
+            delta.mul_(scale)
+        merged = self.client.push_dense_delta(self.name, delta, return_values=True).wait(timeout)
         self.assign(merged - current, add=True)
         self.synced = merged
 
@@ -217,12 +226,14 @@ class GeoCommunicator:
         dense_lr: SGD rate of `push_dense` (protocol callers; the trainer steps its own optimizer).
         capacity: initial replica rows per table (doubles when full).
         timeout_s: every wait on the servers (None: the client's).
+        delta_scale: factor of every delta sent (None: 1 / the client's num_workers).
     """
 
     mode = "geo"
 
     def __init__(self, client, k_steps: int = 100, optimizer: Mapping | None = None, dense_lr: float = 0.01,
-                 capacity: int = 1 << 16, timeout_s: float | None = None) -> None:
+                 capacity: int = 1 << 16, timeout_s: float | None = None,
+                 delta_scale: float | None = None) -> None:
         if isinstance(k_steps, bool) or int(k_steps) != k_steps or k_steps < 1:
             raise ConfigError(f"geo: k_steps={k_steps!r}; set ps.k_steps to an integer >= 1")
         opt = dict(optimizer or {"name": "sgd", "lr": 0.01})
@@ -236,6 +247,9 @@ class GeoCommunicator:
         self.dense_lr = float(dense_lr)
         self.capacity = int(capacity)
         self.timeout_s = timeout_s
+        self.delta_scale = 1.0 / max(1, int(getattr(client, "num_workers", 1))) if delta_scale is None else float(delta_scale)
+        if not self.delta_scale > 0:
+            raise ConfigError(f"geo: delta_scale={delta_scale!r}; it must be > 0 (default 1 / workers)")
         self._replicas: dict[str, _Replica] = {}
         self._dense: dict[str, _DenseReplica] = {}
         self._lock = threading.Lock()  # replicas dict, step counter
@@ -340,9 +354,9 @@ class GeoCommunicator:
     def sync(self) -> int:
         """Push the deltas of every replica, pull merged values back; returns sparse rows synced."""
         with self._sync_lock:
-            rows = sum(r.sync(self.timeout_s) for r in list(self._replicas.values()))
+            rows = sum(r.sync(self.delta_scale, self.timeout_s) for r in list(self._replicas.values()))
             for dense in list(self._dense.values()):
-                dense.sync(self.timeout_s)
+                dense.sync(self.delta_scale, self.timeout_s)
             self.syncs += 1
             return rows
 

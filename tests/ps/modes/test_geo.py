@@ -250,3 +250,20 @@ def test_geo_fused_training_threads_survive_syncs_and_new_rows(server):
     for name, p in named.items():
         torch.testing.assert_close(dense[name], p.detach())
     client.close()
+
+
+def test_geo_deltas_are_averaged_over_workers(server):
+    """With W workers each delta counts 1/W (Paddle's GEO): the servers hold the workers' mean model."""
+    clients = [PSClient([server.endpoint], token=TOKEN, worker_index=w, num_workers=2) for w in range(2)]
+    clients[0].create_sparse_table("emb", dim=2, initializer={"kind": "zeros"})
+    geos = [GeoCommunicator(c, k_steps=1, optimizer={"name": "sgd", "lr": 1.0}) for c in clients]
+    assert geos[0].delta_scale == 0.5
+    keys = torch.tensor([1, 2])
+    geos[0].push("emb", keys, torch.tensor([[1.0, 1.0], [2.0, 2.0]]))  # worker 0: rows -> -1, -2
+    geos[1].push("emb", keys[:1], torch.tensor([[3.0, 3.0]]))  # worker 1: row 1 -> -3
+    geos[0].step_end(0)
+    geos[1].step_end(0)
+    torch.testing.assert_close(clients[0].pull("emb", keys).wait(), torch.tensor([[-2.0, -2.0], [-1.0, -1.0]]))
+    torch.testing.assert_close(geos[1].pull("emb", keys[:1]), torch.tensor([[-2.0, -2.0]]))
+    for c in clients:
+        c.close()

@@ -727,6 +727,10 @@ def load_info(path: str | os.PathLike) -> GeneratorInfo:
     )
 
 
+def _format_and_write(writer: Any, words: np.ndarray, present: np.ndarray, dense: np.ndarray, labels: np.ndarray) -> None:
+    writer.write_table(_table(words, present, dense, labels))
+
+
 def _wait_write(pending: Future | None, path: str) -> None:
     if pending is None:
         return
@@ -803,8 +807,9 @@ def generate(
                 writer = pa_csv.CSVWriter(sink, _ARROW_SCHEMA, write_options=options)
             else:
                 writer = pq.ParquetWriter(sink, _ARROW_SCHEMA, compression="snappy")
-            # One writer thread: Arrow formats and writes chunk i (GIL released) while numpy
-            # draws chunk i+1; at most one write is in flight, so memory stays ~2 chunks.
+            # One writer thread builds chunk i's Arrow table and writes it (numpy and Arrow
+            # release the GIL) while this thread draws chunk i+1; at most one write is in
+            # flight, so memory stays at about two chunks. Balanced on 2 cores.
             with writer, ThreadPoolExecutor(max_workers=1, thread_name_prefix="synthetic-writer") as pool:
                 pending = None
                 for start in range(0, rows, chunk_rows):
@@ -815,9 +820,8 @@ def generate(
                     labels = (draw["u_label"] < _sigmoid(logits)).astype(np.int8)  # (N,)
                     auc.add(logits, labels)
                     clicks += int(labels.sum())
-                    table = _table(words, draw["present"], draw["dense"], labels)
                     _wait_write(pending, path)
-                    pending = pool.submit(writer.write_table, table)
+                    pending = pool.submit(_format_and_write, writer, words, draw["present"], draw["dense"], labels)
                     log.debug("synthetic %s: %d/%d rows", path, stop, rows)
                 _wait_write(pending, path)
         os.replace(tmp, path)

@@ -1,20 +1,34 @@
-"""Readers that turn files into `Batch(dense, sparse, labels)`, and the synthetic generator."""
+"""Readers that turn files into `Batch(dense, sparse, labels)`, and the synthetic generator.
 
-from recps.data.batch import Batch
-from recps.data.hashing import hash_strings, missing_key, slot_salt
-from recps.data.reader import Examples, ReaderStats, TabularReader, TensorBatches, expand_paths, load_tensors
-from recps.data.schema import Schema
+Names are imported on first use, so `python -m recps.data.synthetic` (numpy + pyarrow only)
+does not pay for importing torch and torchrec.
+"""
 
-__all__ = [
-    "Batch",
-    "Schema",
-    "Examples",
-    "ReaderStats",
-    "TabularReader",
-    "TensorBatches",
-    "expand_paths",
-    "load_tensors",
-    "hash_strings",
-    "missing_key",
-    "slot_salt",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Batch": "recps.data.batch",
+    "Schema": "recps.data.schema",
+    "Examples": "recps.data.reader",
+    "ReaderStats": "recps.data.reader",
+    "TabularReader": "recps.data.reader",
+    "TensorBatches": "recps.data.reader",
+    "expand_paths": "recps.data.reader",
+    "load_tensors": "recps.data.reader",
+    "hash_strings": "recps.data.hashing",
+    "missing_key": "recps.data.hashing",
+    "slot_salt": "recps.data.hashing",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'recps.data' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value

@@ -27,6 +27,7 @@ Verbs (request tensors -> reply tensors; `table` is the transport's text field):
     load            meta path, tables                -> meta result (JSON)
     shrink          meta tables                      -> meta deleted
     stats                                            -> meta stats (JSON)
+    tables                                           -> meta tables (JSON name -> spec)
     stop                                             the reply leaves, then `stopped` is set
 
 Concurrency: requests are served by `num_threads` handler threads; each table is thread-safe on
@@ -136,7 +137,7 @@ class PSServer:
         self._tables_lock = threading.Lock()
         self._sync: dict[tuple[str, str, int], _SyncStep] = {}
         self._sync_lock = threading.Lock()
-        self.stopped = threading.Event()  # set once `stop` was requested over the network or stop() ran
+        self.stopped = threading.Event()  # set by stop()
         self._stop_requested = threading.Event()
         self._sweeper: threading.Thread | None = None
         # Long verbs (save, load, shrink) run here, one at a time, so that they never hold a
@@ -493,9 +494,10 @@ def _fail(step: _SyncStep, error: Exception) -> None:
 @torch.no_grad()
 def _apply_sparse_sync(shard: SparseTable, step: _SyncStep) -> None:
     keys = torch.cat(step.keys) if len(step.keys) > 1 else step.keys[0]  # (sum K,)
-    grads = torch.cat(step.grads) if len(step.grads) > 1 else step.grads[0].clone()  # (sum K, D)
+    grads = torch.cat(step.grads) if len(step.grads) > 1 else step.grads[0]  # (sum K, D)
     if keys.numel():
-        shard.push(keys, grads.div_(step.workers))  # duplicates across workers are summed by the table
+        # Keys pushed by several workers are summed by the table: / W makes it the mean.
+        shard.push(keys, grads / step.workers if step.workers > 1 else grads)
 
 
 def _dense_parts(table: _Table, flat: torch.Tensor, server: int) -> dict[str, torch.Tensor]:

@@ -7,7 +7,8 @@
     PSServer on role.host (port from           PSClient(endpoints) with the coordinator for barriers
       role.server_endpoints[i] or free)
     register server i + endpoint, heartbeat
-    serve until a client sends `stop`, SIGTERM/SIGINT arrives, or stop() is called
+    serve until a client sends `stop`, SIGTERM/SIGINT arrives, every worker is
+      gone (left or dead), or stop() is called
 
 Every process heartbeats to the coordinator; one silent for `dead_after_s` is declared dead and
 every barrier or server wait fails naming it (see coordinator.py).
@@ -84,6 +85,12 @@ class ServerNode:
         """Block until a client asked this server to stop (or stop() ran); True if so within `timeout`."""
         return self.server.wait_stop_requested(timeout)
 
+    @property
+    def workers_gone(self) -> bool:
+        """Every worker registered and then left or died (as of the last heartbeat): nobody is
+        left to send `stop`, so a server loop should end (no orphan servers without a launcher)."""
+        return self.link.workers_gone
+
     def stop(self) -> None:
         """Deregister, stop serving, and (server 0) stop the coordinator. Idempotent."""
         if self._stopped:
@@ -103,8 +110,9 @@ class ServerNode:
 
 
 def serve(role: Role, num_threads: int = 2, dead_after_s: float = DEFAULT_DEAD_AFTER_S, timeout_s: float = 60.0) -> None:
-    """Run server `role.index` until a client sends `stop` or the process gets SIGTERM / SIGINT
-    (handled when called from the main thread); then stop cleanly and return."""
+    """Run server `role.index` until a client sends `stop`, the process gets SIGTERM / SIGINT
+    (handled when called from the main thread), or every worker left or died without sending
+    `stop` (seen in the coordinator's heartbeat replies); then stop cleanly and return."""
     node = ServerNode(role, num_threads=num_threads, dead_after_s=dead_after_s, timeout_s=timeout_s).start()
     previous = {}
     if threading.current_thread() is threading.main_thread():
@@ -117,7 +125,9 @@ def serve(role: Role, num_threads: int = 2, dead_after_s: float = DEFAULT_DEAD_A
     try:
         # Wake now and then: Python runs signal handlers between bytecodes of the main thread only.
         while not node.wait(0.5):
-            pass
+            if node.workers_gone:
+                logger.warning("%s: every worker left or died without stopping the servers; stopping", role.name)
+                break
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -10,7 +10,8 @@ Verbs (meta in, meta out; all answered by a `CoordinatorClient`):
 
     register     kind, index, endpoint        -> heartbeat_s, dead_after_s, num_servers, num_workers
     deregister   name
-    heartbeat    name                         -> dead (comma-separated names of dead peers)
+    heartbeat    name                         -> dead (comma-separated names of dead peers),
+                                                 workers_gone (all W workers registered, none alive)
     wait_servers timeout_s                    -> endpoints (comma-separated, server order), once all S registered
     barrier      name (text), index, timeout_s      released when all W workers arrived
     members                                   -> members (JSON)
@@ -211,7 +212,14 @@ class Coordinator:
             if peer is not None and peer.state == "alive":
                 peer.last_seen = time.monotonic()
             dead = ",".join(n for n, p in self._peers.items() if p.state == "dead")
-        return [], {"dead": dead, "known": peer is not None}
+            gone = self.workers_gone()
+        return [], {"dead": dead, "known": peer is not None, "workers_gone": gone}
+
+    def workers_gone(self) -> bool:
+        """True once all W workers registered and none is alive any more (left or dead): the
+        servers have nobody left to serve."""
+        workers = [self._peers.get(f"worker{j}") for j in range(self.num_workers)]
+        return all(w is not None and w.state != "alive" for w in workers)
 
     def _servers_ready(self) -> list[str] | None:
         """Endpoints of all S servers if all registered and alive (lock held)."""
@@ -343,6 +351,7 @@ class CoordinatorClient:
         self._heartbeat_s = DEFAULT_DEAD_AFTER_S / 5
         self._dead: tuple[str, ...] = ()
         self._heartbeat_failing = False
+        self.workers_gone = False  # as of the last heartbeat: every worker left or died
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -409,6 +418,7 @@ class CoordinatorClient:
                     logger.error("%s: the coordinator declared %s dead", self.name, ", ".join(dead))
                 self._dead, warned = dead, False
                 self._heartbeat_failing = False
+                self.workers_gone = bool(meta.get("workers_gone", False))
             except PSError as e:
                 if self._stop.is_set():
                     return

@@ -101,13 +101,21 @@ def test_silent_peer_is_declared_dead_and_barriers_fail_naming_it():
 
 
 def test_worker_that_left_fails_barriers_naming_it():
-    with Coordinator(num_servers=1, num_workers=2, token=TOKEN) as coord:
+    with Coordinator(num_servers=1, num_workers=2, token=TOKEN, heartbeat_s=0.05) as coord:
+        server = peer(coord, "server", 0, "tcp://127.0.0.1:7000", heartbeats=True)
         w0, w1 = peer(coord, "worker", 0), peer(coord, "worker", 1)
         w1.deregister()
         with pytest.raises(PSError, match="worker1 left the cluster"):
             w0.barrier("end", timeout_s=10.0)
         with pytest.raises(PSError, match="is already registered"):
             peer(coord, "worker", 0, endpoint="tcp://elsewhere:1")
+        time.sleep(0.3)
+        assert not server.workers_gone  # worker0 is still there
+        w0.deregister()
+        deadline = time.monotonic() + 3.0
+        while not server.workers_gone and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert server.workers_gone  # a server loop ends: nobody is left to stop it
 
 
 def _roles(num_servers: int, num_workers: int) -> tuple[list[Role], list[Role]]:

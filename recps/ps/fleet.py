@@ -29,7 +29,7 @@ What each call does:
   collections and the dense table (the first worker's initial values win), waits for every
   worker, copies the servers' dense values into the model, binds the communicator.
 - `stop_worker()`: sends what is queued, waits for every worker, and worker 0 stops the servers.
-- `barrier(name)`: every worker waits for all.
+- `barrier(name)`: sends what is queued, every worker waits for all, dense values refreshed.
 """
 
 from __future__ import annotations
@@ -113,6 +113,9 @@ class DistributedStrategy:
         if not self.timeout_s > 0:
             raise ConfigError(f"DistributedStrategy: timeout_s={self.timeout_s}; it must be > 0 seconds")
         self.embedding_optimizer = dict(self.embedding_optimizer)
+        if self.embedding_optimizer.get("name") == "sgd":
+            # conf/ps keeps Adagrad's eps next to the name: `ps.embedding_optimizer.name=sgd` just works.
+            self.embedding_optimizer.pop("eps", None)
 
     def settings(self) -> CommunicatorSettings:
         return CommunicatorSettings(
@@ -296,11 +299,16 @@ class Fleet:
                  self.role.num_servers, self.role.num_workers, s.threads)
 
     def barrier(self, name: str = "fleet.barrier", timeout: float | None = None) -> None:
-        """Every worker waits here until all arrived (PSTimeoutError / PSError name the missing or dead)."""
+        """Send what this worker queued, wait until every worker arrived (PSTimeoutError / PSError
+        name the missing or dead), then (sync, async) copy the servers' dense values into the
+        model: after a barrier every worker holds the same, current dense parameters."""
         self._require("worker", "barrier")
         if self.client is None:
             raise PSError("barrier: call init_worker() first")
+        self.flush()
         self.client.barrier(name, timeout=timeout)
+        if self._optimizer is not None and self.strategy.mode != "geo":
+            assign_flat(self._optimizer.params, self.client.pull_dense(DENSE_TABLE).wait())
 
     def flush(self) -> None:
         """Everything this worker pushed is applied on the servers (geo: the last deltas sent)."""

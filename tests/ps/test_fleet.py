@@ -1,0 +1,170 @@
+"""The Fleet-style API: the example twin on 1 server + 2 workers, Fleets as plain objects in one
+process (no singleton), a wrong token, a server killed under a worker."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from recps.config import PROJECT_ROOT
+from recps.errors import ConfigError, PSError, PSTimeoutError
+from recps.launch import free_port, launch
+from recps.ps.fleet import DistributedStrategy, Fleet
+from recps.ps.node import ServerNode
+from recps.ps.roles import UserDefinedRoleMaker
+
+EXAMPLES = PROJECT_ROOT / "examples"
+
+
+def roles(workers: int, token: str = "fleet-test"):
+    address = f"127.0.0.1:{free_port()}"
+    server = UserDefinedRoleMaker("server", 0, 1, workers, coordinator=address, token=token)
+    return server, [UserDefinedRoleMaker("worker", w, 1, workers, coordinator=address, token=token)
+                    for w in range(workers)]
+
+
+class TinyModel(torch.nn.Module):
+    def __init__(self, ebc) -> None:
+        super().__init__()
+        self.sparse_arch = ebc
+        self.linear = torch.nn.Linear(8 + 2, 1)
+
+    def forward(self, dense, kjt):
+        return self.linear(torch.cat([self.sparse_arch(kjt).values(), dense], dim=1)).squeeze(1)
+
+
+def tiny_batch(worker: int, step: int):
+    g = torch.Generator().manual_seed(100 * worker + step)
+    kjt = KeyedJaggedTensor.from_lengths_sync(["x", "y"], torch.randint(0, 20, (8,), generator=g),
+                                              torch.ones(8, dtype=torch.int64))
+    return torch.randn(4, 2, generator=g), kjt, torch.randint(0, 2, (4,), generator=g).float()
+
+
+def test_two_worker_fleets_in_one_process_train_sync_to_one_model():
+    """Fleets are objects: one server and two workers live in this process; sync keeps them equal."""
+    server_role, worker_roles = roles(2)
+    configs = [EmbeddingBagConfig(name=f"t_{f}", embedding_dim=4, num_embeddings=20, feature_names=[f]) for f in "xy"]
+    initial, finals, errors = {}, {}, []
+
+    def work(w: int) -> None:
+        try:
+            with Fleet(worker_roles[w], connect_timeout_s=30) as f:
+                assert f.is_worker() and not f.is_server() and f.worker_index() == w and f.worker_num() == 2
+                torch.manual_seed(w)  # different initial values: init_worker makes them equal
+                model = TinyModel(f.embedding_bag_collection(configs))
+                opt = f.distributed_optimizer(torch.optim.SGD(model.linear.parameters(), lr=0.5),
+                                              DistributedStrategy(mode="sync", timeout_s=30,
+                                                                  embedding_optimizer={"name": "sgd", "lr": 0.5}))
+                f.init_worker()
+                initial[w] = [p.detach().clone() for p in model.linear.parameters()]
+                for step in range(5):
+                    dense, kjt, labels = tiny_batch(w, step)
+                    loss = F.binary_cross_entropy_with_logits(model(dense, kjt), labels)
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+                f.barrier("done")
+                finals[w] = [p.detach().clone() for p in model.linear.parameters()]
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    with Fleet(server_role) as server:
+        assert server.is_server()
+        server.init_server()
+        threads = [threading.Thread(target=work, args=(w,)) for w in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert server._node is not None and server._node.wait(30)  # worker 0 stopped the server
+    assert not errors, errors
+    for a, b, c, d in zip(initial[0], initial[1], finals[0], finals[1]):
+        torch.testing.assert_close(a, b)  # worker 1 started from worker 0's values (the first creator's)
+        torch.testing.assert_close(c, d)
+        assert not torch.allclose(a, c)  # trained
+
+
+def test_wrong_token_is_refused():
+    server_role, _ = roles(1, token="right")
+    address = server_role.role().coordinator
+    wrong = UserDefinedRoleMaker("worker", 0, 1, 1, coordinator=address, token="wrong")
+    with ServerNode(server_role.role(), timeout_s=10).start():
+        f = Fleet(wrong, connect_timeout_s=5)
+        with pytest.raises(PSError, match="refused"):
+            f.init_worker()
+
+
+def test_api_misuse_is_named():
+    server_role, worker_roles = roles(1)
+    with pytest.raises(ConfigError, match="init_worker: this process is server0; only workers call it"):
+        Fleet(server_role).init_worker()
+    with pytest.raises(ConfigError, match="run_server: this process is worker0"):
+        Fleet(worker_roles[0]).run_server()
+    with pytest.raises(ConfigError, match="mode='hogwild'"):
+        DistributedStrategy(mode="hogwild")
+    with pytest.raises(ConfigError, match="k_steps=0"):
+        DistributedStrategy(mode="geo", k_steps=0)
+    with pytest.raises(ConfigError, match="momentum"):
+        Fleet(worker_roles[0]).distributed_optimizer(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1,
+                                                                     momentum=0.9))
+
+
+@pytest.mark.slow
+def test_worker_fails_naming_the_server_when_it_is_killed():
+    """No launcher here: the worker itself must notice, within its timeout, and name the server."""
+    server_role, worker_roles = roles(1)
+    env = dict(os.environ, **server_role.role().to_env())
+    server = subprocess.Popen([sys.executable, "-m", "recps.ps.node"], env=env, cwd=PROJECT_ROOT,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        f = Fleet(worker_roles[0], connect_timeout_s=120)
+        ebc = f.embedding_bag_collection([EmbeddingBagConfig(name="t_x", embedding_dim=4, num_embeddings=1,
+                                                             feature_names=["x"])])
+        f.init_worker(DistributedStrategy(mode="sync", timeout_s=5))
+        kjt = KeyedJaggedTensor.from_lengths_sync(["x"], torch.tensor([1, 2]), torch.tensor([1, 1]))
+        ebc(kjt).values().sum().backward()  # the cluster works
+        f.communicator.step_end(0)
+        os.kill(server.pid, signal.SIGKILL)
+        server.wait(10)
+        start = time.monotonic()
+        with pytest.raises(PSTimeoutError, match=r"server tcp://127\.0\.0\.1:\d+.*pull"):
+            ebc(kjt)
+        assert time.monotonic() - start < 10
+        f._close_on_error()
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+@pytest.mark.slow
+def test_fleet_example_runs_on_one_server_and_two_workers_and_learns_like_the_local_script():
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        import train_local
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    args = ["--rows", "16000", "--epochs", "3", "--vocab", "100"]
+    local = train_local.main(args)
+    output = io.StringIO()
+    result = launch([sys.executable, str(EXAMPLES / "train_fleet.py"), *args, "--mode", "async"],
+                    servers=1, workers=2, timeout=400, output=output)
+    text = output.getvalue()
+    assert result.ok, text[-3000:]
+    lines = [line for line in text.splitlines() if line.startswith("[worker0] {")]
+    assert len(lines) == 1, text[-3000:]
+    fleet = json.loads(lines[0][len("[worker0] "):])
+    assert local["auc"] > 0.65
+    assert abs(fleet["auc"] - local["auc"]) <= 0.02, (fleet, local)

@@ -118,9 +118,10 @@ class AdagradRule(UpdateRule):
         g = self._decayed(w, g)  # (R, D)
         # `state` is usually a column slice of the gathered rows; elementwise kernels on a
         # strided view run ~10x slower than on a contiguous copy, so work on one.
-        acc = state.contiguous().addcmul_(g, g)  # (R, D) sum of squares
-        state.copy_(acc)
-        w.addcdiv_(g, acc.sqrt_().add_(self.eps), value=-self.lr)
+        acc = state.contiguous().addcmul_(g, g)  # (R, D) sum of squares; may alias `state`
+        if acc.data_ptr() != state.data_ptr():
+            state.copy_(acc)
+        w.addcdiv_(g, acc.sqrt().add_(self.eps), value=-self.lr)
         self._clamp(w)
 
 

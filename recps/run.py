@@ -98,7 +98,9 @@ def build_job(cfg: DictConfig, data: PreparedData | None = None) -> Job:
 
 
 def evaluate(job: Job) -> dict[str, float]:
-    """The task's metrics on the held-out split."""
+    """The task's metrics on the held-out split (a task may evaluate itself: ranking, retrieval)."""
+    if hasattr(job.task, "evaluate"):
+        return job.task.evaluate(job.model, job.data.test, int(job.cfg.trainer.eval_batch_size))
     probs, targets = job.trainer.predict(job.data.test, int(job.cfg.trainer.eval_batch_size))
     metrics = MetricCollection(list(job.task.metrics))
     metrics.update(probs, targets)

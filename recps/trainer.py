@@ -178,7 +178,7 @@ class Trainer:
                             return
                         if 0 < thread_steps_per_epoch <= taken:
                             break
-                        logits = replica(batch.dense, batch.sparse)  # (B,)
+                        logits = self.task.forward(replica, batch)  # (B,) or the task's output
                         loss = self.task.loss(logits, batch)
                         loss.backward()
                         for obs in observers:
@@ -246,7 +246,7 @@ class Trainer:
         self.model.eval()
         try:
             for batch in source.batches(batch_size, 0, 1, 0):
-                probs.append(self.task.predict(self.model(batch.dense, batch.sparse)))
+                probs.append(self.task.predict(self.task.forward(self.model, batch)))
                 targets.append(self.task.target(batch))
         finally:
             self.model.train()

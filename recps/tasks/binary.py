@@ -6,11 +6,12 @@ import torch
 import torch.nn.functional as F
 
 from recps.data.batch import Batch
+from recps.tasks.base import TaskBase
 
 __all__ = ["BinaryTask"]
 
 
-class BinaryTask:
+class BinaryTask(TaskBase):
     """Loss and predictions for a model that returns logits (B,).
 
     Args:

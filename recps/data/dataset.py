@@ -1,7 +1,8 @@
 """From a dataset config to in-memory train and test sources.
 
 A dataset config names a schema, train and test files, and optionally a `generate`
-block (the synthetic generator creates the files on first use) or a `test_fraction`
+block (a generator creates the files on first use: `generator`, by default
+recps.data.synthetic's) or a `test_fraction`
 (a deterministic split of the train files when there is no test file).
 """
 
@@ -18,7 +19,7 @@ from recps.data.reader import Examples, TensorBatches, load_tensors
 from recps.data.schema import Schema
 from recps.errors import ConfigError
 
-__all__ = ["ExamplesSource", "PreparedData", "prepare_data", "split_examples"]
+__all__ = ["ExamplesSource", "PreparedData", "ensure_generated", "prepare_data", "split_examples"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ class PreparedData:
     train: ExamplesSource
     test: ExamplesSource
     best_auc: float | None = None
+    best_aucs: dict[str, float] | None = None  # per label (name -> best reachable test AUC), when known
 
 
 def split_examples(examples: Examples, test_fraction: float, seed: int) -> tuple[Examples, Examples]:
@@ -58,18 +60,41 @@ def split_examples(examples: Examples, test_fraction: float, seed: int) -> tuple
     return examples.select(order[n_test:]), examples.select(order[:n_test])
 
 
+DEFAULT_GENERATOR = "recps.data.synthetic.ensure_split"
+
+
+def ensure_generated(cfg: Mapping[str, Any]) -> Any:
+    """Creates a dataset's generated files on first use; returns the test split's info (None
+    without a `generate` block).
+
+    `cfg.generator` names the `ensure_split(dir, train_rows, test_rows, seed=, **generate)`
+    to call (default: recps.data.synthetic's; recps.data.synthetic_multitask has its own).
+    """
+    if not cfg.get("generate"):
+        return None
+    from hydra.utils import get_object
+
+    name = cfg.get("generator") or DEFAULT_GENERATOR
+    try:
+        ensure_split = get_object(name)
+    except Exception as exc:  # hydra raises ImportError/AttributeError variants
+        raise ConfigError(f"dataset.generator={name!r} cannot be imported ({exc}); name an ensure_split "
+                          f"function, e.g. {DEFAULT_GENERATOR}") from exc
+    gen = dict(cfg["generate"])
+    _, test_info = ensure_split(cfg["dir"], int(gen.pop("train_rows")), int(gen.pop("test_rows")),
+                                seed=int(gen.pop("seed", 0)), **gen)
+    return test_info
+
+
 def prepare_data(cfg: Mapping[str, Any], seed: int = 0) -> PreparedData:
     """Generates (if configured), parses and splits the data a dataset config names."""
     schema = Schema.from_config(cfg["schema"])
-    best_auc = None
-    if cfg.get("generate"):
-        from recps.data.synthetic import ensure_split
-
-        gen = dict(cfg["generate"])
-        train_info, test_info = ensure_split(cfg["dir"], int(gen.pop("train_rows")), int(gen.pop("test_rows")),
-                                             seed=int(gen.pop("seed", 0)), **gen)
+    best_auc = best_aucs = None
+    test_info = ensure_generated(cfg)
+    if test_info is not None:
         best_auc = float(test_info.best_auc)
-        log.info("synthetic data in %s: best reachable test AUC %.4f", cfg["dir"], best_auc)
+        best_aucs = dict(getattr(test_info, "best_aucs", None) or {}) or None  # per label, multi-label generators
+        log.info("synthetic data in %s: best reachable test AUC %s", cfg["dir"], best_aucs or round(best_auc, 4))
     budget = cfg.get("error_budget", 0.01)
     train = load_tensors(list(cfg["train"]), schema, error_budget=budget)
     test_paths = list(cfg.get("test") or [])
@@ -83,4 +108,5 @@ def prepare_data(cfg: Mapping[str, Any], seed: int = 0) -> PreparedData:
                           "set dataset.test or dataset.test_fraction")
     log.info("dataset %s: %d train rows, %d test rows", cfg.get("name"), len(train), len(test))
     shuffle = bool(cfg.get("shuffle", True))
-    return PreparedData(schema, ExamplesSource(train, shuffle, seed), ExamplesSource(test, False, seed), best_auc)
+    return PreparedData(schema, ExamplesSource(train, shuffle, seed), ExamplesSource(test, False, seed), best_auc,
+                        best_aucs)

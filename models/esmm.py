@@ -3,13 +3,19 @@
 Paper: Ma et al., "Entire Space Multi-Task Model: An Effective Approach for Estimating
 Post-Click Conversion Rate", SIGIR 2018, https://arxiv.org/abs/1804.07931
 
-Shapes: B batch, F sparse features, D embedding dim, I dense inputs.
-Both towers share the embeddings and see every impression; the CVR tower is trained
-only through pCTCVR = pCTR · pCVR (the loss, in recps' multi-task task, uses the click
-label for column 0 and the click-and-convert label for the product).
+Shapes: B batch, F sparse features, D embedding dim, I dense inputs, N = F*D + I.
 
-    x = [SparseArch(KJT) (B, F*D) | dense (B, I)] ─┬─► CTR tower ─► (B,) ─┐
-                                                   └─► CVR tower ─► (B,) ─┴─► logits (B, 2): [ctr, cvr]
+    sparse KJT ─► SparseArch (shared) ─► (B, F*D) ─┐                 ┌─► CTR tower ─► ctr (B, 1) ─┐
+                                                   ├─► x (B, N) ─────┤                            ├─► logits (B, 2)
+    dense (B, I) ──────────────────────────────────┘                 └─► CVR tower ─► cvr (B, 1) ─┘
+
+    pCTR = σ(ctr), pCVR = σ(cvr), pCTCVR = pCTR · pCVR   (computed by the task, not here)
+
+Both towers share the embeddings and see every impression (the entire space), so the CVR
+tower is not trained on clicked rows only (the paper's sample-selection bias) and its
+sparse conversion signal borrows the CTR task's embeddings. The CVR tower has no loss of
+its own: recps.tasks.MultiTask(esmm=True) trains σ(ctr) on clicks and the product
+pCTCVR on click-and-convert labels.
 
 Example:
     >>> import torch
@@ -37,7 +43,15 @@ __all__ = ["ESMM"]
 
 
 class ESMM(nn.Module):
-    """CTR and CVR towers over shared embeddings; logits (B, 2) = [ctr, cvr]."""
+    """CTR and CVR towers over shared embeddings; logits (B, 2) = [ctr, cvr].
+
+    Args:
+        embedding_bag_collection: pools each sparse feature to (B, D); shared by both towers.
+        dense_in_features: I.
+        tower: each tower's hidden sizes before its 1-unit linear head (the paper: 200, 80).
+    """
+
+    num_tasks = 2
 
     def __init__(self, embedding_bag_collection: nn.Module, dense_in_features: int,
                  tower: Sequence[int] = (200, 80)) -> None:
@@ -50,4 +64,4 @@ class ESMM(nn.Module):
 
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
         x = torch.cat([self.sparse_arch(sparse).values(), dense], dim=1)  # (B, N)
-        return torch.cat([self.ctr_tower(x), self.cvr_tower(x)], dim=1)  # (B, 2)
+        return torch.cat([self.ctr_tower(x), self.cvr_tower(x)], dim=1)  # (B, 2): [ctr, cvr] logits

@@ -138,6 +138,8 @@ def run_training(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
         metrics["train_metrics"] = reporter.reports
     if data_best := job.data.best_auc:
         metrics["best_reachable_auc"] = data_best
+    if best_per_label := getattr(job.data, "best_aucs", None):  # multi-label generators: one per label
+        metrics["best_reachable_aucs"] = dict(best_per_label)
     if cfg.checkpoint:
         path = save_checkpoint(job, out_dir / "checkpoint")
         metrics["checkpoint"] = str(path)

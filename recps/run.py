@@ -25,7 +25,7 @@ from recps.metrics.reporter import build_reporter, check_metrics_config
 from recps.nn import LocalEmbeddingBagCollection
 from recps.trainer import LocalDenseUpdater, Trainer, dense_parameters
 
-__all__ = ["Job", "build_job", "run_training", "evaluate"]
+__all__ = ["Job", "build_job", "prepare_dataset", "run_training", "evaluate"]
 
 log = logging.getLogger("recps.run")
 
@@ -70,6 +70,15 @@ def build_collection(cfg: DictConfig, feature_names: list[str], embedding_dim: i
     )
 
 
+def prepare_dataset(cfg: DictConfig, seed: int) -> PreparedData:
+    """The data a dataset config names: its `_target_` (called with the config's other keys
+    and `seed`, returning PreparedData-like train/test sources), else the tabular readers."""
+    if cfg.get("_target_"):
+        check_target_args(cfg, "dataset", injected=("seed",))
+        return instantiate(cfg, seed=seed, _convert_="all")
+    return prepare_data(cfg, seed=seed)
+
+
 def build_job(cfg: DictConfig, data: PreparedData | None = None) -> Job:
     """Validates `cfg`, then builds the data, model and trainer of one run."""
     check_target_args(cfg.model, "model", injected=("embedding_bag_collection", "dense_in_features"),
@@ -81,7 +90,7 @@ def build_job(cfg: DictConfig, data: PreparedData | None = None) -> Job:
     if cfg.device != "cpu" and not torch.cuda.is_available():
         raise ConfigError(f"device={cfg.device!r} but torch sees no GPU; set device=cpu or run `make setup-gpu`")
     seed_everything(int(cfg.seed))
-    data = data or prepare_data(cfg.dataset, seed=int(cfg.seed))
+    data = data or prepare_dataset(cfg.dataset, seed=int(cfg.seed))
     schema = data.schema
     collection = build_collection(cfg, list(schema.feature_names), int(cfg.model.embedding_dim))
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
@@ -90,6 +99,8 @@ def build_job(cfg: DictConfig, data: PreparedData | None = None) -> Job:
     model = instantiate(model_cfg, embedding_bag_collection=collection,
                         dense_in_features=schema.num_dense, _convert_="all")
     task = instantiate(cfg.task, _convert_="all")
+    if callable(getattr(task, "bind", None)):
+        task.bind(data)  # e.g. retrieval: sampled negatives come from the data's item catalogue
     dense = [p for _, p in dense_parameters(model, collection)]
     optimizer = instantiate(cfg.optimizer)(dense)
     trainer = Trainer(model, collection, task, LocalDenseUpdater(dense, optimizer),

@@ -14,10 +14,13 @@ from models.fm import FM
 from models.esmm import ESMM
 from models.lr import LR
 from models.mmoe import MMoE
+from models.ncf import NCF
 from models.ple import PLE
 from models.shared_bottom import SharedBottom
+from models.two_tower import TwoTower
 from models.wide_deep import WideDeep
 from models.xdeepfm import XDeepFM
+from models.youtube_dnn import YouTubeDNN
 
-__all__ = ["AutoInt", "CTRDNN", "DCN", "DCNv2", "DeepFM", "DLRM", "ESMM", "FM", "LR", "MMoE", "PLE", "SharedBottom",
-           "WideDeep", "XDeepFM"]
+__all__ = ["AutoInt", "CTRDNN", "DCN", "DCNv2", "DeepFM", "DLRM", "ESMM", "FM", "LR", "MMoE", "NCF", "PLE", "SharedBottom",
+           "TwoTower", "WideDeep", "XDeepFM", "YouTubeDNN"]

@@ -1,0 +1,411 @@
+"""Interaction logs (MovieLens-style) -> user histories, a leave-last-out split, retrieval data.
+
+The recipe of the retrieval models' proof (two-tower, YouTube-DNN, NCF on MovieLens), with
+pandas/numpy only: no Python loop per user, row or key.
+
+    ratings.csv (userId, movieId, rating, timestamp) ──► keep rating >= min_rating (0: every
+        rating is an implicit interaction) ──► users, items -> dense indices (sorted raw ids)
+        ──► rows sorted by (user, timestamp); ties keep the file's order (MovieLens: movieId)
+    leave-last-out: each user's last row is its test query, the rest are training rows;
+        a user with a single row has no test query (its row trains)
+    history of a row = the L most recent items of the same user before it (oldest first), so a
+        training row never sees its own or a later item, and a test row sees training items only
+
+Examples, one per row; the KeyedJaggedTensor features (`FEATURES`):
+
+    user     1 key       user index in [0, U)
+    item     1 key       item index in [0, C): the positive, a row of the `Catalogue`
+    history  0..L keys   item indices
+    genres   0..G keys   genre indices of `item` (movies.csv; "(no genres listed)" has none)
+    labels   (N, 2)      [1.0 (an observed interaction), log Q(item)]: Q is the item's share of
+                         the training rows, add-one smoothed over the catalogue; the in-batch
+                         sampling probability that the log-Q correction subtracts
+
+Keys are the dense indices themselves (a local table folds keys modulo its rows: with rows >= C
+no two items share a row). Evaluation ranks the whole catalogue for each test query and
+excludes the user's training items, except the query's own target item (`RetrievalSource`).
+
+Shapes: U users, C items (catalogue rows), N rows, L history length, G genres of an item.
+
+Example:
+    >>> import pandas as pd
+    >>> ratings = pd.DataFrame({"userId": [7, 7, 7, 9, 9], "movieId": [30, 10, 20, 10, 30],
+    ...                         "rating": [4.0, 3.0, 5.0, 1.0, 2.0], "timestamp": [3, 1, 2, 5, 4]})
+    >>> log = InteractionLog.from_frames(ratings)
+    >>> log.item.tolist(), log.time.tolist()                # user 7's rows by time, then user 9's
+    ([0, 1, 2, 2, 0], [1, 2, 3, 4, 5])
+    >>> leave_last_out(log).tolist()
+    [False, False, True, False, True]
+    >>> lengths, values = histories(log, 2)
+    >>> lengths.tolist(), values.tolist()                   # row 2 sees items 0, 1; row 4 sees 2
+    ([0, 1, 2, 0, 1], [0, 0, 1, 2])
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Iterator, Mapping
+
+import numpy as np
+import pandas as pd
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from recps.data.batch import Batch
+from recps.data.dataset import ExamplesSource, PreparedData
+from recps.data.reader import Examples
+from recps.data.schema import Schema
+from recps.errors import ConfigError, DataError
+
+__all__ = [
+    "FEATURES",
+    "InteractionLog",
+    "leave_last_out",
+    "histories",
+    "Catalogue",
+    "QueryBatch",
+    "RetrievalSource",
+    "build_retrieval_data",
+    "prepare_interactions",
+]
+
+log = logging.getLogger(__name__)
+
+#: KJT feature names of the retrieval examples: single-valued slots, then sequences.
+FEATURES = ("user", "item", "history", "genres")
+_NO_GENRE = "(no genres listed)"
+
+
+def _csr_gather(offsets: np.ndarray, values: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(lengths (R,), values) of CSR rows `rows`, in that order (no loop per row)."""
+    starts = offsets[rows]  # (R,)
+    lengths = offsets[rows + 1] - starts  # (R,)
+    out_starts = np.cumsum(lengths) - lengths  # (R,)
+    take = np.repeat(starts - out_starts, lengths) + np.arange(int(lengths.sum()))  # (V,)
+    return lengths.astype(np.int64), values[take]
+
+
+@dataclass(frozen=True)
+class InteractionLog:
+    """Interactions in dense indices, rows sorted by (user, time); ties keep the file order.
+
+    Attributes:
+        user: (N,) int64 user index.
+        item: (N,) int64 item index.
+        time: (N,) int64 timestamp.
+        user_ids: (U,) raw user ids; user_ids[index] is the id.
+        item_ids: (C,) raw item ids (every item with an interaction); item_ids[index] is the id.
+        genre_offsets: (C + 1,) int64 CSR offsets of each item's genres.
+        genre_values: (V,) int64 genre indices.
+        genre_names: the G genre names, genre index -> name.
+    """
+
+    user: np.ndarray
+    item: np.ndarray
+    time: np.ndarray
+    user_ids: np.ndarray
+    item_ids: np.ndarray
+    genre_offsets: np.ndarray
+    genre_values: np.ndarray
+    genre_names: tuple[str, ...] = ()
+
+    def __len__(self) -> int:
+        return int(self.user.shape[0])
+
+    @property
+    def num_users(self) -> int:
+        return int(self.user_ids.shape[0])
+
+    @property
+    def num_items(self) -> int:
+        return int(self.item_ids.shape[0])
+
+    @classmethod
+    def from_frames(cls, ratings: pd.DataFrame, movies: pd.DataFrame | None = None,
+                    min_rating: float = 0.0, where: str = "ratings") -> "InteractionLog":
+        """From a ratings frame (userId, movieId, timestamp[, rating]) and optional movies (movieId, genres)."""
+        missing = [c for c in ("userId", "movieId", "timestamp") if c not in ratings.columns]
+        if missing:
+            raise DataError(f"{where}: no columns {missing} (it has {list(ratings.columns)}); "
+                            "give a MovieLens-style ratings file: userId,movieId,rating,timestamp")
+        frame = ratings
+        if min_rating > 0:
+            if "rating" not in frame.columns:
+                raise DataError(f"{where}: dataset.min_rating={min_rating} but there is no rating column; "
+                                "set min_rating to 0")
+            frame = frame[frame["rating"].to_numpy() >= min_rating]
+        if len(frame) == 0:
+            raise DataError(f"{where}: no interaction left with rating >= {min_rating}; lower dataset.min_rating")
+        raw_user = frame["userId"].to_numpy(np.int64)
+        raw_item = frame["movieId"].to_numpy(np.int64)
+        time = frame["timestamp"].to_numpy(np.int64)
+        user_ids, user = np.unique(raw_user, return_inverse=True)
+        item_ids, item = np.unique(raw_item, return_inverse=True)
+        # Stable: rows of one user with the same timestamp keep the file order.
+        order = np.lexsort((time, user))
+        genre_offsets = np.zeros(item_ids.shape[0] + 1, np.int64)
+        genre_values = np.zeros(0, np.int64)
+        genre_names: tuple[str, ...] = ()
+        if movies is not None:
+            genre_offsets, genre_values, genre_names = _genres(movies, item_ids)
+        return cls(user=user[order].astype(np.int64), item=item[order].astype(np.int64), time=time[order],
+                   user_ids=user_ids, item_ids=item_ids, genre_offsets=genre_offsets,
+                   genre_values=genre_values, genre_names=genre_names)
+
+    @classmethod
+    def read_movielens(cls, ratings: str | os.PathLike, movies: str | os.PathLike | None = None,
+                       min_rating: float = 0.0) -> "InteractionLog":
+        """Reads MovieLens' ratings.csv (and movies.csv for genres)."""
+        frames = []
+        for path, columns in ((ratings, ["userId", "movieId", "rating", "timestamp"]), (movies, ["movieId", "genres"])):
+            if path is None:
+                frames.append(None)
+                continue
+            if not os.path.isfile(path):
+                raise DataError(f"{path}: no such file; MovieLens is read in place from ../shared/data next to "
+                                "the checkout (set dataset.ratings / dataset.movies to where it is)")
+            try:
+                frames.append(pd.read_csv(path, usecols=columns, engine="pyarrow"))
+            except ValueError as exc:
+                raise DataError(f"{path}: cannot read columns {columns} ({exc}); give a MovieLens-style CSV "
+                                "with a header") from None
+        return cls.from_frames(frames[0], frames[1], min_rating=min_rating, where=str(ratings))
+
+
+def _genres(movies: pd.DataFrame, item_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
+    """CSR genre indices (offsets (C + 1,), values) of `item_ids`, and the sorted genre names."""
+    if "movieId" not in movies.columns or "genres" not in movies.columns:
+        raise DataError(f"movies: no movieId/genres columns (it has {list(movies.columns)}); give MovieLens' movies.csv")
+    pairs = movies[["movieId", "genres"]].assign(genre=movies["genres"].fillna("").str.split("|")).explode("genre")
+    pairs = pairs[(pairs["genre"].str.len() > 0) & (pairs["genre"] != _NO_GENRE)]
+    raw = pairs["movieId"].to_numpy(np.int64)
+    row = np.searchsorted(item_ids, raw)
+    known = (row < item_ids.shape[0]) & (item_ids[np.minimum(row, item_ids.shape[0] - 1)] == raw)
+    names, genre = np.unique(pairs["genre"].to_numpy(str)[known], return_inverse=True)
+    row = row[known]
+    order = np.lexsort((genre, row))  # each item's genres in name order
+    counts = np.bincount(row, minlength=item_ids.shape[0])
+    offsets = np.zeros(item_ids.shape[0] + 1, np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    return offsets, genre[order].astype(np.int64), tuple(str(n) for n in names)
+
+
+def leave_last_out(log: InteractionLog) -> np.ndarray:
+    """(N,) bool: True on each user's last row (its test query), for users with at least two rows."""
+    n = len(log)
+    last = np.ones(n, bool)
+    last[:-1] = log.user[1:] != log.user[:-1]
+    first = np.ones(n, bool)
+    first[1:] = log.user[1:] != log.user[:-1]
+    return last & ~first
+
+
+def histories(log: InteractionLog, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """(lengths (N,), values) of every row's history: the user's `length` latest items before it."""
+    if length < 0:
+        raise ConfigError(f"dataset.history_length={length}; use 0 (no history) or more")
+    n = len(log)
+    first = np.ones(n, bool)
+    first[1:] = log.user[1:] != log.user[:-1]
+    start = np.maximum.accumulate(np.where(first, np.arange(n), 0))  # (N,) the user's first row
+    lengths = np.minimum(np.arange(n) - start, length)  # (N,)
+    # Row r takes items[r - lengths[r] : r]; the output position of each value, shifted back.
+    out_starts = np.cumsum(lengths) - lengths  # (N,)
+    take = np.repeat(np.arange(n) - lengths - out_starts, lengths) + np.arange(int(lengths.sum()))  # (V,)
+    return lengths.astype(np.int64), log.item[take]
+
+
+class Catalogue:
+    """The C candidate items, one row each, with their item-side features and training counts.
+
+    Args:
+        feature_names: the KJT keys of the data set's batches (item-side and query-side ones).
+        item_feature: the feature whose key names the item (one key per row).
+        features: item-side feature -> (lengths (C,), values) CSR; must contain `item_feature`.
+        counts: (C,) int64, training rows per item.
+
+    `features(rows)` is a KJT over every name in `feature_names` with stride R: the item-side
+    features of those items and empty bags for the others (a query-side embedding pools to 0).
+    """
+
+    def __init__(self, feature_names: tuple[str, ...], item_feature: str,
+                 features: Mapping[str, tuple[torch.Tensor, torch.Tensor]], counts: torch.Tensor) -> None:
+        if item_feature not in features:
+            raise ConfigError(f"Catalogue: item_feature={item_feature!r} is not among its features {sorted(features)}")
+        self.feature_names = tuple(feature_names)
+        self.item_feature = item_feature
+        self._features = {k: (lengths.to(torch.int64), values.to(torch.int64)) for k, (lengths, values) in features.items()}
+        self._offsets = {k: _offsets(lengths) for k, (lengths, _) in self._features.items()}
+        lengths, keys = self._features[item_feature]
+        if not bool((lengths == 1).all()):
+            raise DataError(f"Catalogue: feature {item_feature!r} must have one key per item")
+        self.keys = keys  # (C,) int64 item keys
+        self.counts = counts.to(torch.int64)  # (C,)
+        self._sorted_keys, self._key_order = torch.sort(keys)
+
+    def __len__(self) -> int:
+        return int(self.keys.shape[0])
+
+    @property
+    def log_q(self) -> torch.Tensor:
+        """(C,) float32: log of each item's share of the training rows, add-one smoothed."""
+        c = self.counts.to(torch.float64)
+        return torch.log((c + 1.0) / (c.sum() + len(self))).to(torch.float32)
+
+    def rows_of(self, keys: torch.Tensor) -> torch.Tensor:
+        """Catalogue rows (K,) of item keys (K,); raises DataError for a key not in the catalogue."""
+        keys = keys.contiguous()
+        pos = torch.searchsorted(self._sorted_keys, keys).clamp(max=len(self) - 1)  # (K,)
+        found = self._sorted_keys[pos] == keys
+        if not bool(found.all()):
+            bad = keys[~found][:3].tolist()
+            raise DataError(f"item keys {bad} are not in the catalogue of {len(self)} items; "
+                            "build the catalogue from the same interaction log as the batches")
+        return self._key_order[pos]
+
+    def features(self, rows: torch.Tensor | None = None) -> KeyedJaggedTensor:
+        """KJT (stride R) of the item-side features of catalogue rows `rows` (all when None)."""
+        rows = torch.arange(len(self)) if rows is None else rows.to(torch.int64)
+        r = int(rows.shape[0])
+        lengths, values = [], []
+        for name in self.feature_names:
+            if name not in self._features:
+                lengths.append(torch.zeros(r, dtype=torch.int64))
+                continue
+            offsets = self._offsets[name]
+            feat_lengths, feat_values = self._features[name]
+            picked = feat_lengths.index_select(0, rows)  # (R,)
+            starts = offsets.index_select(0, rows)  # (R,)
+            out_starts = _offsets(picked)[:-1]
+            take = torch.repeat_interleave(starts - out_starts, picked) + torch.arange(int(picked.sum()))
+            lengths.append(picked)
+            values.append(feat_values.index_select(0, take))
+        return KeyedJaggedTensor(keys=list(self.feature_names),
+                                 values=torch.cat(values) if values else torch.zeros(0, dtype=torch.int64),
+                                 lengths=torch.cat(lengths), stride=r)
+
+
+def _offsets(lengths: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
+    torch.cumsum(lengths, 0, out=out[1:])
+    return out  # (R + 1,)
+
+
+@dataclass
+class QueryBatch:
+    """Test queries with what ranking them needs.
+
+    Attributes:
+        batch: the queries' Batch (B rows).
+        targets: (B,) int64 catalogue row of each query's held-out item.
+        exclude_rows, exclude_cols: (K,) int64 pairs (query, catalogue row) not to rank: the
+            user's training items other than its target.
+    """
+
+    batch: Batch
+    targets: torch.Tensor
+    exclude_rows: torch.Tensor
+    exclude_cols: torch.Tensor
+
+
+class RetrievalSource(ExamplesSource):
+    """An `ExamplesSource` of retrieval examples that knows its catalogue (and, for test, what to exclude).
+
+    Args:
+        examples: one row per (user, item) example, features `FEATURES`.
+        catalogue: the candidate items.
+        exclude_offsets, exclude_items: CSR (N + 1,), (V,) of catalogue rows each example must
+            not rank (None: exclude nothing).
+    """
+
+    def __init__(self, examples: Examples, catalogue: Catalogue, shuffle: bool = True, seed: int = 0,
+                 exclude_offsets: torch.Tensor | None = None, exclude_items: torch.Tensor | None = None) -> None:
+        super().__init__(examples, shuffle=shuffle, seed=seed)
+        self.catalogue = catalogue
+        self.exclude_offsets = exclude_offsets
+        self.exclude_items = exclude_items
+
+    def query_batches(self, batch_size: int) -> Iterator[QueryBatch]:
+        """Every example in order, batch by batch, with targets and exclusions (for evaluation)."""
+        if batch_size < 1:
+            raise ConfigError(f"eval batch_size={batch_size}; use a positive integer")
+        ex = self.examples
+        item = ex.feature_names.index(self.catalogue.item_feature)
+        for start in range(0, len(ex), batch_size):
+            stop = min(start + batch_size, len(ex))
+            part = ex.select(slice(start, stop))
+            targets = self.catalogue.rows_of(part.keys[:, item])  # (B,)
+            rows = torch.zeros(0, dtype=torch.int64)
+            cols = torch.zeros(0, dtype=torch.int64)
+            if self.exclude_offsets is not None:
+                offs = self.exclude_offsets[start:stop + 1]  # (B + 1,)
+                counts = offs[1:] - offs[:-1]  # (B,)
+                rows = torch.repeat_interleave(torch.arange(stop - start), counts)  # (K,)
+                cols = self.exclude_items[int(offs[0]):int(offs[-1])]  # (K,)
+                keep = cols != targets.index_select(0, rows)  # never exclude the target itself
+                rows, cols = rows[keep], cols[keep]
+            yield QueryBatch(part.to_batch(), targets, rows, cols)
+
+
+def build_retrieval_data(log_: InteractionLog, history_length: int = 50, seed: int = 0,
+                         shuffle: bool = True) -> PreparedData:
+    """Leave-last-out retrieval data: training and test sources over one catalogue."""
+    n = len(log_)
+    is_test = leave_last_out(log_)
+    if not bool(is_test.any()):
+        raise DataError("no user has two interactions: leave-last-out leaves no test query; use more data")
+    hist_lengths, hist_values = histories(log_, history_length)
+    genre_lengths, genre_values = _csr_gather(log_.genre_offsets, log_.genre_values, log_.item)
+    train_rows = np.flatnonzero(~is_test)
+    counts = np.bincount(log_.item[train_rows], minlength=log_.num_items)  # (C,)
+    t = torch.from_numpy
+    catalogue = Catalogue(
+        FEATURES, "item",
+        {"item": (torch.ones(log_.num_items, dtype=torch.int64), torch.arange(log_.num_items)),
+         "genres": (t(np.diff(log_.genre_offsets)), t(log_.genre_values))},
+        t(counts),
+    )
+    log_q = catalogue.log_q.numpy()  # (C,)
+    examples = Examples(
+        feature_names=FEATURES,
+        dense=torch.zeros(n, 0),
+        keys=t(np.stack([log_.user, log_.item], axis=1)),  # (N, 2)
+        labels=t(np.stack([np.ones(n, np.float32), log_q[log_.item]], axis=1)),  # (N, 2)
+        seq_lengths=(t(hist_lengths), t(genre_lengths)),
+        seq_values=(t(hist_values), t(genre_values)),
+    )
+    # Exclusions of each test row: its user's training items (rows sorted by user, so the
+    # training rows of the user of test row i are one contiguous run).
+    test_rows = np.flatnonzero(is_test)
+    train_user = log_.user[train_rows]
+    per_user = np.zeros(log_.num_users + 1, np.int64)
+    np.cumsum(np.bincount(train_user, minlength=log_.num_users), out=per_user[1:])
+    ex_lengths, ex_items = _csr_gather(per_user, log_.item[train_rows], log_.user[test_rows])
+    ex_offsets = np.zeros(test_rows.shape[0] + 1, np.int64)
+    np.cumsum(ex_lengths, out=ex_offsets[1:])
+    train = RetrievalSource(examples.select(t(train_rows)), catalogue, shuffle=shuffle, seed=seed)
+    test = RetrievalSource(examples.select(t(test_rows)), catalogue, shuffle=False, seed=seed,
+                           exclude_offsets=t(ex_offsets), exclude_items=t(ex_items))
+    schema = Schema(labels=("label", "log_q"), sparse=FEATURES[:2], sequence=FEATURES[2:], hash_values=False)
+    log.info("interactions: %d users, %d items, %d training rows, %d test queries, history <= %d",
+             log_.num_users, log_.num_items, len(train), len(test), history_length)
+    return PreparedData(schema, train, test)
+
+
+def prepare_interactions(name: str, ratings: str | os.PathLike, movies: str | os.PathLike | None = None,
+                         min_rating: float = 0.0, history_length: int = 50, shuffle: bool = True,
+                         seed: int = 0) -> PreparedData:
+    """The `_target_` of conf/dataset/movielens.yaml: reads the files and builds the split.
+
+    Args:
+        name: the data set's name (messages).
+        ratings, movies: MovieLens' ratings.csv and movies.csv (genres; None: no genres).
+        min_rating: keep ratings >= this (0: every rating is an implicit interaction).
+        history_length: L, the most recent training items a row's history holds.
+        shuffle: shuffle the training rows per epoch (seeded by `seed`, shard and epoch).
+    """
+    log_ = InteractionLog.read_movielens(ratings, movies, float(min_rating))
+    log.info("dataset %s: %d interactions with rating >= %s", name, len(log_), min_rating)
+    return build_retrieval_data(log_, int(history_length), seed=int(seed), shuffle=bool(shuffle))

@@ -9,6 +9,9 @@ dense layers, row-wise Adagrad on the rows): ps=local with 2 Hogwild threads, th
 mode with 1 server + 1 worker x 2 threads and with 1 server + 2 workers x 1 thread on
 127.0.0.1. examples/s is the training rate the workers measured (summed over workers, warm-up
 included, start-up excluded); AUC is on the 20,000 held-out rows, from the servers' values.
+Examples per CPU-second divide the examples by the CPU time the training took in every
+process (workers during their training loop, servers from start to stop; local: the process
+during its training loop): on a machine shared with other jobs it is the steadier figure.
 Prints one JSON line per run and a Markdown table with each rate's ratio to local; writes
 benchmarks/results/ps_throughput.json. The 1-minute load average is recorded around each run:
 this machine has 2 cores shared with other jobs.
@@ -47,23 +50,33 @@ def run_one(mode: str, topology: str | None, rows: int, vocab: int, seed: int, k
                  "progress=false", f"seed={seed}", *data_overrides(rows, vocab, seed)]
     if mode == "local":
         overrides += ["ps=local", f"ps.num_embeddings={vocab}", "trainer.threads=2"]
-    else:
-        workers, threads = TOPOLOGIES[topology]
-        overrides += [f"ps={mode}", f"cluster.workers={workers}", f"trainer.threads={threads}"]
-        if mode == "geo":
-            overrides.append(f"ps.k_steps={k_steps}")
+        return _measure(mode, None, [sys.executable, "-m", "benchmarks.ps_throughput", "--local-child",
+                                     json.dumps(overrides)], None, k_steps)
+    workers, threads = TOPOLOGIES[topology]
+    overrides += [f"ps={mode}", f"cluster.workers={workers}", f"trainer.threads={threads}"]
+    if mode == "geo":
+        overrides.append(f"ps.k_steps={k_steps}")
+    return _measure(mode, topology, [sys.executable, "-m", "recps.train", *overrides], "metrics.json", k_steps)
+
+
+def _measure(mode: str, topology: str | None, command: list[str], metrics_file: str | None, k_steps: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="recps-ps-bench-") as tmp:
         load_before = os.getloadavg()[0]
         start = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "recps.train", *overrides, f"hydra.run.dir={tmp}"],
-                              cwd=ROOT, capture_output=True, text=True, timeout=3600)
+        if metrics_file is not None:
+            command = [*command, f"hydra.run.dir={tmp}"]
+        proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=3600)
         wall = time.perf_counter() - start
         if proc.returncode != 0:
-            raise RuntimeError(f"{mode} {topology}: recps.train failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-        metrics = json.loads((Path(tmp) / "metrics.json").read_text())
+            raise RuntimeError(f"{mode} {topology}: run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        if metrics_file is None:
+            metrics = json.loads(proc.stdout.strip().splitlines()[-1])
+        else:
+            metrics = json.loads((Path(tmp) / metrics_file).read_text())
     return {
         "mode": mode, "topology": topology or "1 process x 2 threads", "examples_per_sec": round(metrics["examples_per_sec"]),
         "auc": round(metrics["auc"], 4), "logloss": round(metrics["logloss"], 4),
+        "examples_per_cpu_second": round(metrics["examples_per_cpu_second"]) if "examples_per_cpu_second" in metrics else None,
         "train_examples": metrics["train_examples"], "wall_s": round(wall, 1),
         "load_1min_before": round(load_before, 2), "load_1min_after": round(os.getloadavg()[0], 2),
         "k_steps": k_steps if mode == "geo" else None,
@@ -72,14 +85,17 @@ def run_one(mode: str, topology: str | None, rows: int, vocab: int, seed: int, k
 
 def table(results: list[dict]) -> str:
     local = {r["run"]: r for r in results if r["mode"] == "local"}
-    lines = ["| run | mode | topology | examples/s | ratio to local | AUC | AUC - local | load (1 min) |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| run | mode | topology | examples/s | ratio to local | examples per CPU-s | ratio to local | AUC | "
+             "AUC - local | load (1 min) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         base = local.get(r["run"])
         ratio = f"{r['examples_per_sec'] / base['examples_per_sec']:.2f}" if base else "-"
+        cpu, base_cpu = r.get("examples_per_cpu_second"), base and base.get("examples_per_cpu_second")
+        cpu_ratio = f"{cpu / base_cpu:.2f}" if cpu and base_cpu else "-"
         dauc = f"{r['auc'] - base['auc']:+.4f}" if base else "-"
         lines.append(f"| {r['run']} | {r['mode']} | {r['topology']} | {r['examples_per_sec']:,} | {ratio} | "
-                     f"{r['auc']:.4f} | {dauc} | {r['load_1min_before']:.1f} -> {r['load_1min_after']:.1f} |")
+                     f"{cpu or 0:,} | {cpu_ratio} | {r['auc']:.4f} | {dauc} | "
+                     f"{r['load_1min_before']:.1f} -> {r['load_1min_after']:.1f} |")
     return "\n".join(lines)
 
 
@@ -126,6 +142,26 @@ def pooling_bench(unique: int = 8000, batch: int = 512, features: int = 26, repe
     return out
 
 
+def local_child(overrides: list[str]) -> dict:
+    """ps=local in this process: the job recps.train builds, with the training loop's CPU time."""
+    from hydra import compose, initialize_config_dir
+
+    from recps.config import register_resolvers
+    from recps.run import build_job, evaluate
+
+    register_resolvers()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides)
+    job = build_job(cfg)
+    cpu = time.process_time()
+    stats = job.trainer.fit(job.data.train, int(cfg.trainer.batch_size), epochs=int(cfg.trainer.epochs), progress=False)
+    cpu = time.process_time() - cpu
+    metrics = evaluate(job)
+    metrics.update(examples_per_sec=stats.examples_per_sec, train_examples=stats.examples,
+                   examples_per_cpu_second=stats.examples / cpu)
+    return metrics
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=200_000)
@@ -136,7 +172,11 @@ def main(argv=None) -> int:
     parser.add_argument("--modes", default="local,sync,async,geo")
     parser.add_argument("--topologies", default=",".join(TOPOLOGIES))
     parser.add_argument("--pooling", action="store_true", help="only the pooling kernel comparison")
+    parser.add_argument("--local-child", help=argparse.SUPPRESS)  # JSON overrides: one ps=local run, here
     args = parser.parse_args(argv)
+    if args.local_child:
+        print(json.dumps(local_child(json.loads(args.local_child))))
+        return 0
     if args.pooling:
         print(json.dumps(pooling_bench()))
         return 0

@@ -43,7 +43,7 @@ __all__ = ["run_distributed", "environment_role", "strategy_from_config", "child
 log = logging.getLogger("recps.cluster")
 
 PS_MODES = ("sync", "async", "geo")
-STATS_TABLE = "recps_stats"  # [examples, examples/s, seconds] summed over workers (push_dense_delta)
+STATS_TABLE = "recps_stats"  # [examples, examples/s, seconds, CPU seconds] summed over workers (push_dense_delta)
 _PROGRESS_EVERY_S = 5.0
 
 
@@ -102,7 +102,7 @@ def run_distributed(cfg: DictConfig, out_dir: Path, overrides: Sequence[str] = (
         return _launch_local(cfg, Path(out_dir), overrides)
     _role_logging(role)
     if role.is_server:
-        _serve(cfg, role)
+        _serve(cfg, role, Path(out_dir))
     else:
         _work(cfg, role, Path(out_dir))
     return None
@@ -179,6 +179,10 @@ def _launch_local(cfg: DictConfig, out_dir: Path, overrides: Sequence[str]) -> d
         raise RecpsError(f"the cluster finished but worker 0 wrote no {metrics_file}; see {out_dir / 'cluster.log'}")
     metrics = json.loads(metrics_file.read_text())
     metrics["cluster_seconds"] = round(result.duration_s, 3)
+    server_cpu = [json.loads(p.read_text())["cpu_seconds"] for p in sorted(out_dir.glob("server*.cpu.json"))]
+    if len(server_cpu) == int(c.servers) and metrics.get("worker_cpu_seconds"):
+        metrics["server_cpu_seconds"] = sum(server_cpu)
+        metrics["examples_per_cpu_second"] = metrics["train_examples"] / (metrics["worker_cpu_seconds"] + sum(server_cpu))
     return metrics
 
 
@@ -193,10 +197,24 @@ def _fleet(cfg: DictConfig, role):
                  server_threads=int(c.server_threads))
 
 
-def _serve(cfg: DictConfig, role) -> None:
+def _serve(cfg: DictConfig, role, out_dir: Path) -> None:
+    import torch
+
+    # A server's table ops are small (thousands of rows): one intra-op thread per handler thread,
+    # no OpenMP pool spinning against the workers for the same cores.
+    torch.set_num_threads(1)
+    cpu = time.process_time()
     with _fleet(cfg, role) as fleet:
         fleet.init_server()
         fleet.run_server()
+    if _on_this_machine(role):  # the launcher adds it to metrics.json (benchmarks: examples per CPU-second)
+        (out_dir / f"{role.name}.cpu.json").write_text(json.dumps({"cpu_seconds": time.process_time() - cpu}))
+
+
+def _on_this_machine(role) -> bool:
+    from recps.ps.roles import ROLE_ENV
+
+    return bool(os.environ.get(ROLE_ENV)) and role.coordinator.startswith(("127.", "localhost", "[::1]"))
 
 
 # -------------------------------------------------------------------------------------- workers
@@ -249,6 +267,8 @@ def _work(cfg: DictConfig, role, out_dir: Path) -> dict[str, Any] | None:
     threads, batch_size = int(cfg.trainer.threads), int(cfg.trainer.batch_size)
     epochs, max_steps = int(cfg.trainer.epochs), int(cfg.trainer.max_steps)
     source = WorkerShards(data.train, role.index, role.num_workers)
+    if _on_this_machine(role):  # W workers share this machine's cores: no oversubscribed OpenMP pools
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // role.num_workers))
     per_thread = -1
     if strategy.mode == "sync":
         # Every thread of every worker takes the same number of steps (each step waits for all).
@@ -260,16 +280,18 @@ def _work(cfg: DictConfig, role, out_dir: Path) -> dict[str, Any] | None:
         fleet.add_collection(collection)
         dist = fleet.distributed_optimizer(optimizer, strategy)
         fleet.init_worker()
-        fleet.client.create_dense_table(STATS_TABLE, 3)
+        fleet.client.create_dense_table(STATS_TABLE, 4)
         on_step = _Progress(batch_size, threads) if role.index == 0 else None
         trainer = Trainer(model, collection, task, dist.updater, threads=threads, on_step=on_step)
+        cpu = time.process_time()
         stats = trainer.fit(source, batch_size, epochs=epochs, max_steps=max_steps, progress=False,
                             thread_steps_per_epoch=per_thread)
+        cpu = time.process_time() - cpu
         # Everything is sent (geo: the last deltas) and nothing more will be: worker 0 below
         # overwrites its dense params with the servers' values, which must not count as a delta.
         fleet.communicator.close()
         fleet.client.push_dense_delta(STATS_TABLE, torch.tensor(
-            [float(stats.examples), stats.examples_per_sec, stats.seconds])).wait()
+            [float(stats.examples), stats.examples_per_sec, stats.seconds, cpu])).wait()
         log.info("%s trained: %d steps, %d examples, %.0f examples/s", role.name, stats.steps, stats.examples,
                  stats.examples_per_sec)
         fleet.barrier("recps.trained")
@@ -282,9 +304,10 @@ def _work(cfg: DictConfig, role, out_dir: Path) -> dict[str, Any] | None:
         metric = MetricCollection(list(task.metrics))
         metric.update(probs, targets)
         metrics: dict[str, Any] = {name: float(v) for name, v in metric.compute().items()}
-        total_examples, total_rate, _ = fleet.client.pull_dense(STATS_TABLE).wait().tolist()
+        total_examples, total_rate, _, total_cpu = fleet.client.pull_dense(STATS_TABLE).wait().tolist()
         metrics.update(
             examples_per_sec=total_rate, train_examples=int(total_examples), train_steps=stats.steps,
+            worker_cpu_seconds=total_cpu,
             train_seconds=stats.seconds, train_loss=stats.last_loss, first_losses=stats.first_losses,
             model=str(cfg.model._target_), ps=str(cfg.ps.name), threads=threads,
             servers=role.num_servers, workers=role.num_workers,

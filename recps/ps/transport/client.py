@@ -11,8 +11,9 @@ Contract (ps-lite style):
   reply is dropped and later waits on the handle raise the same error.
 - Thread-safe: each calling thread gets its own sockets (one DEALER per server), created on its
   first request (or inherited from a thread that ended), so threads never contend for a socket
-  and a reply needs no hop through a helper thread. A handle may be waited on from another thread (its owner's sockets are then borrowed
-  under a lock), which delays the owner's next request until that wait returns.
+  and a reply needs no hop through a helper thread. A handle may be waited on from another
+  thread: its owner's sockets are then borrowed under a lock, which delays the owner's next
+  request by up to 50 ms (one polling slice).
 - Tensors are sent without a copy (64 KiB and more): do not modify them before the reply arrives.
   Reply tensors share memory with the received message (no copy) and are writable.
 - Only requests fail on a dead server; detect one with `ping(server, timeout)`.

@@ -5,8 +5,9 @@
 
 The front thread only moves messages (zero-copy); handler threads decode, check the token,
 call `handler` and encode the reply, so requests are served concurrently (the handler must be
-thread-safe). With num_threads=0 the front thread serves requests itself, one at a time. A malformed or unauthenticated request gets an error reply; it never reaches the
-handler and never stops the server.
+thread-safe). With num_threads=0 the front thread serves requests itself, one at a time.
+A malformed or unauthenticated request gets an error reply; it never reaches the handler and
+never stops the server. PING ("__ping__") is answered without calling the handler.
 
 Handler contract:
 
@@ -17,8 +18,8 @@ Handler contract:
            verbs that wait on other clients, such as a barrier or a synchronous push)
 
 The request's tensors may share memory with the received message; the handler may keep them.
-The tensors it returns are sent without a copy: it must not modify them afterwards
-(return a fresh tensor or a slice it will not write to). An exception raised by the handler
+The tensors it returns are sent without a copy (64 KiB and more): it must not modify them
+afterwards (return a fresh tensor, or a slice nothing writes to while the reply leaves). An exception raised by the handler
 (or set on its future) becomes an error reply "<Type>: <message>" that the client raises as PSError.
 """
 
@@ -105,6 +106,8 @@ class TransportServer:
         self._stopping = threading.Event()
         self._deferred_out: zmq.Socket | None = None  # shared by the threads that complete deferred replies
         self._deferred_lock = threading.Lock()
+        self._finish_lock = threading.Lock()
+        self._terminated = False
 
     @property
     def endpoint(self) -> str:
@@ -116,7 +119,7 @@ class TransportServer:
     def start(self) -> "TransportServer":
         """Bind and start serving; raises PSError if the endpoint cannot be bound."""
         if self._ctx is not None:
-            raise PSError(f"server {self._endpoint} already started")
+            raise PSError(f"server {self._endpoint} was started already; a TransportServer starts once, create a new one")
         ctx = zmq.Context()
         router = ctx.socket(zmq.ROUTER)
         router.linger = 0
@@ -149,34 +152,46 @@ class TransportServer:
         return self
 
     def stop(self, timeout: float = 5.0) -> bool:
-        """Stop serving; in-flight requests may go unanswered. True if every thread ended within `timeout`."""
-        if self._ctx is None or self._stopping.is_set():
+        """Stop serving; in-flight requests may go unanswered. True if every thread ended within
+        `timeout` and the sockets are closed. Called by a handler, it returns False at once and
+        finishes in the background when that handler returns."""
+        if self._ctx is None:
             return True
-        self._stopping.set()
-        ctl = self._ctx.socket(zmq.PUSH)
-        ctl.linger = 0
-        ctl.connect(f"inproc://{self._name}-control")
-        try:
-            ctl.send(b"stop", zmq.NOBLOCK)
-        except zmq.Again:
-            pass  # the front thread also polls the stop flag
-        ctl.close()
-        for _ in range(self._num_threads):
-            self._queue.put(None)
-        deadline = time.monotonic() + timeout
-        clean = True
-        for t in self._threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-            clean &= not t.is_alive()
-        if clean:
+        if not self._stopping.is_set():
+            self._stopping.set()
+            ctl = self._ctx.socket(zmq.PUSH)
+            ctl.linger = 0
+            ctl.connect(f"inproc://{self._name}-control")
+            try:
+                ctl.send(b"stop", zmq.NOBLOCK)
+            except zmq.Again:
+                pass  # the front thread also polls the stop flag
+            ctl.close()
+            for _ in range(self._num_threads):
+                self._queue.put(None)
+        if threading.current_thread() in self._threads:
+            threading.Thread(target=self._finish, args=(timeout,), name=f"{self._name}-stop", daemon=True).start()
+            return False
+        return self._finish(timeout)
+
+    def _finish(self, timeout: float) -> bool:
+        """Join the server's threads, then close the context (once)."""
+        with self._finish_lock:
+            if self._terminated:
+                return True
+            deadline = time.monotonic() + timeout
+            for t in self._threads:
+                t.join(max(0.0, deadline - time.monotonic()))
+            if any(t.is_alive() for t in self._threads):
+                # Terminating the context now would block until the stuck handler returns.
+                logger.warning("server %s: a handler did not return within %.1fs; its threads are left behind", self._endpoint, timeout)
+                return False
             with self._deferred_lock:
                 self._deferred_out.close()
-            self._ctx.term()
-        else:
-            # A handler is still running: terminating the context would block until it returns.
-            logger.warning("server %s: a handler did not return within %.1fs; its threads are left behind", self._endpoint, timeout)
-        logger.info("server %s stopped", self._endpoint)
-        return clean
+            self._ctx.destroy(linger=0)
+            self._terminated = True
+            logger.info("server %s stopped", self._endpoint)
+            return True
 
     def __enter__(self) -> "TransportServer":
         return self.start()
@@ -250,16 +265,23 @@ class TransportServer:
                 _send(self._deferred_out, [identity, *reply])
 
     def _serve(self, identity, frames: Sequence) -> list | None:
-        """The reply frames to one request, or None when the handler deferred it."""
+        """The reply frames to one request, or None when the handler deferred it. Never raises."""
+        try:
+            return self._answer(identity, frames)
+        except Exception as e:  # noqa: BLE001 - a bug here must cost one request, not a thread
+            logger.exception("server %s: internal error on a request", self._endpoint)
+            rid = wire.peek_request_id(frames[0]) if frames else None
+            return _error(rid or 0, Status.HANDLER_ERROR, f"internal server error: {type(e).__name__}: {e}")
+
+    def _answer(self, identity, frames: Sequence) -> list | None:
         try:
             msg = wire.decode(frames)
             if msg.kind != wire.REQUEST:
                 raise wire.WireError(f"message kind {msg.kind} sent to a server; requests are kind {wire.REQUEST}")
         except wire.WireError as e:
             rid = wire.peek_request_id(frames[0]) if frames else None
-            status = Status.VERSION_MISMATCH if "protocol version" in str(e) else Status.BAD_MESSAGE
             logger.warning("server %s: rejected a malformed message: %s", self._endpoint, e)
-            return _error(rid or 0, status, f"malformed request: {e}")
+            return _error(rid or 0, e.status, f"malformed request: {e}")
         if not _same(msg.token_digest, self._digest):
             logger.warning("server %s: refused %s on %r: token mismatch", self._endpoint, msg.verb, msg.text)
             return _error(

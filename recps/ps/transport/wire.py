@@ -107,7 +107,14 @@ class Status(IntEnum):
 
 
 class WireError(PSError):
-    """A message does not follow the wire format (sent by a foreign or broken peer)."""
+    """A message does not follow the wire format (sent by a foreign or broken peer).
+
+    `status` is what a server answers it with: VERSION_MISMATCH or BAD_MESSAGE.
+    """
+
+    def __init__(self, message: str, status: "Status" = None) -> None:
+        super().__init__(message)
+        self.status = Status.BAD_MESSAGE if status is None else status
 
 
 # code -> (torch dtype, numpy dtype the bytes are read as); bfloat16 travels as int16 bits.
@@ -361,7 +368,7 @@ def decode(frames: Sequence) -> Message:
     if magic != MAGIC:
         raise WireError(f"bad magic {bytes(magic)!r}; expected {MAGIC!r} (not a recps peer)")
     if version != VERSION:
-        raise WireError(f"protocol version {version}; this process speaks version {VERSION}")
+        raise WireError(f"protocol version {version}; this process speaks version {VERSION}", Status.VERSION_MISMATCH)
     if kind not in (REQUEST, REPLY):
         raise WireError(f"unknown message kind {kind}")
     if status not in _STATUSES:

@@ -242,31 +242,15 @@ class _Progress:
 
 def _work(cfg: DictConfig, role, out_dir: Path) -> dict[str, Any] | None:
     import torch
-    from hydra.utils import instantiate
 
-    from recps.data.dataset import prepare_data
-    from recps.metrics import MetricCollection
-    from recps.ps.embedding import PSEmbeddingBagCollection
     from recps.ps.worker import DENSE_TABLE, ServerReader, WorkerShards, assign_flat
-    from recps.run import MODEL_ENGINE_KEYS, seed_everything
-    from recps.trainer import Trainer, dense_parameters
+    from recps.run import build_job, evaluate
 
-    seed_everything(int(cfg.seed))
-    data = prepare_data(cfg.dataset, seed=int(cfg.seed))
-    schema = data.schema
-    collection = PSEmbeddingBagCollection.from_features(list(schema.feature_names), int(cfg.model.embedding_dim))
-    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
-    for key in MODEL_ENGINE_KEYS:
-        model_cfg.pop(key, None)
-    model = instantiate(model_cfg, embedding_bag_collection=collection, dense_in_features=schema.num_dense,
-                        _convert_="all")
-    task = instantiate(cfg.task, _convert_="all")
-    dense = [p for _, p in dense_parameters(model, collection)]
-    optimizer = instantiate(cfg.optimizer)(dense)
+    job = build_job(cfg)  # the same data, model, task and trainer as ps=local, over a PS-backed collection
     strategy = strategy_from_config(cfg)
     threads, batch_size = int(cfg.trainer.threads), int(cfg.trainer.batch_size)
     epochs, max_steps = int(cfg.trainer.epochs), int(cfg.trainer.max_steps)
-    source = WorkerShards(data.train, role.index, role.num_workers)
+    source = WorkerShards(job.data.train, role.index, role.num_workers)
     if _on_this_machine(role):  # W workers share this machine's cores: no oversubscribed OpenMP pools
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // role.num_workers))
     per_thread = -1
@@ -277,15 +261,15 @@ def _work(cfg: DictConfig, role, out_dir: Path) -> dict[str, Any] | None:
             per_thread, epochs, max_steps = min(per_thread, max(1, max_steps // threads)), 1, -1
 
     with _fleet(cfg, role) as fleet:
-        fleet.add_collection(collection)
-        dist = fleet.distributed_optimizer(optimizer, strategy)
+        fleet.add_collection(job.collection)
+        dist = fleet.distributed_optimizer(job.optimizer, strategy)
         fleet.init_worker()
+        job.trainer.updater = dist.updater
         fleet.client.create_dense_table(STATS_TABLE, 4)
-        on_step = _Progress(batch_size, threads) if role.index == 0 else None
-        trainer = Trainer(model, collection, task, dist.updater, threads=threads, on_step=on_step)
+        job.trainer.on_step = _Progress(batch_size, threads) if role.index == 0 else None
         cpu = time.process_time()
-        stats = trainer.fit(source, batch_size, epochs=epochs, max_steps=max_steps, progress=False,
-                            thread_steps_per_epoch=per_thread)
+        stats = job.trainer.fit(source, batch_size, epochs=epochs, max_steps=max_steps, progress=False,
+                                thread_steps_per_epoch=per_thread)
         cpu = time.process_time() - cpu
         # Everything is sent (geo: the last deltas) and nothing more will be: worker 0 below
         # overwrites its dense params with the servers' values, which must not count as a delta.
@@ -298,12 +282,9 @@ def _work(cfg: DictConfig, role, out_dir: Path) -> dict[str, Any] | None:
         if role.index != 0:
             return None
         # Worker 0: evaluate what the servers hold (every worker's pushes / deltas are in).
-        collection.bind(ServerReader(fleet.client))
-        assign_flat(dense, fleet.client.pull_dense(DENSE_TABLE).wait())
-        probs, targets = trainer.predict(data.test, int(cfg.trainer.eval_batch_size))
-        metric = MetricCollection(list(task.metrics))
-        metric.update(probs, targets)
-        metrics: dict[str, Any] = {name: float(v) for name, v in metric.compute().items()}
+        job.collection.bind(ServerReader(fleet.client))
+        assign_flat(dist.params, fleet.client.pull_dense(DENSE_TABLE).wait())
+        metrics: dict[str, Any] = evaluate(job)
         total_examples, total_rate, _, total_cpu = fleet.client.pull_dense(STATS_TABLE).wait().tolist()
         metrics.update(
             examples_per_sec=total_rate, train_examples=int(total_examples), train_steps=stats.steps,
@@ -314,11 +295,11 @@ def _work(cfg: DictConfig, role, out_dir: Path) -> dict[str, Any] | None:
         )
         if strategy.mode == "geo":
             metrics["k_steps"] = strategy.k_steps
-        if data.best_auc:
-            metrics["best_reachable_auc"] = data.best_auc
+        if best := getattr(job.data, "best_auc", None):
+            metrics["best_reachable_auc"] = best
         if cfg.checkpoint:
             path = out_dir / "checkpoint"
-            tables = [*collection.table_dims(), DENSE_TABLE]
+            tables = [*job.collection.table_dims(), DENSE_TABLE]
             fleet.client.save(str(path), mode="full", tables=tables)
             (path / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
             metrics["checkpoint"] = str(path)

@@ -56,12 +56,15 @@ class Job:
 
 
 def build_collection(cfg: DictConfig, feature_names: list[str], embedding_dim: int):
-    """The embedding collection that `ps=` selects (local: FBGEMM fused TBE)."""
+    """The embedding collection that `ps=` selects: local, FBGEMM fused TBE; sync / async / geo,
+    a PS-backed collection that the worker binds to its communicator (recps.cluster)."""
     ps = cfg.ps
+    if ps.name in ("sync", "async", "geo"):
+        from recps.ps.embedding import PSEmbeddingBagCollection
+
+        return PSEmbeddingBagCollection.from_features(feature_names, embedding_dim)
     if ps.name != "local":
-        raise ConfigError(
-            f"ps={ps.name!r} is not available in this build; use ps=local"
-        )
+        raise ConfigError(f"ps={ps.name!r} is not one of local, sync, async, geo; pick one of them")
     opt = ps.embedding_optimizer
     return LocalEmbeddingBagCollection(
         feature_names, embedding_dim, int(ps.num_embeddings), optimizer=opt.name,

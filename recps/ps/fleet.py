@@ -65,6 +65,8 @@ __all__ = ["Fleet", "DistributedStrategy", "DistributedOptimizer", "init"]
 log = logging.getLogger(__name__)
 
 _STOP_WAIT_S = 10.0  # how long worker 0 waits for the others to leave before it stops the servers
+_STOP_REPLY_S = 5.0  # a server answers stop at once; it may close before the reply is read
+_REPLY_GRACE_S = 0.2
 
 
 def _uniform(init_std: float) -> dict:
@@ -214,7 +216,8 @@ class Fleet:
         log.info("%s serving on %s", self.role.name, self._node.endpoint)
 
     def run_server(self) -> None:
-        """Serve until a worker sends stop, or SIGTERM / SIGINT (from the main thread); then stop."""
+        """Serve until a worker sends stop, SIGTERM / SIGINT arrives (from the main thread), or every
+        worker left or died without a stop (no orphan servers without a launcher); then stop."""
         self._require("server", "run_server")
         if self._node is None:
             self.init_server()
@@ -229,7 +232,10 @@ class Fleet:
                 previous[sig] = signal.signal(sig, on_signal)
         try:
             while not node.wait(0.5):  # wake up now and then: signal handlers run between bytecodes
-                pass
+                if node.workers_gone:
+                    log.warning("%s: every worker left or died without stopping the servers; stopping", self.role.name)
+                    break
+            time.sleep(_REPLY_GRACE_S)  # let the reply to a worker's stop leave before the sockets close
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -335,7 +341,10 @@ class Fleet:
             client.barrier("recps.stop_worker", timeout=max(self.strategy.timeout_s, self.connect_timeout_s))
             if self.role.index == 0:
                 self._wait_others_left(client)
-                client.stop_servers()
+                try:
+                    client.stop_servers(timeout=_STOP_REPLY_S)
+                except PSError as e:  # gone already (they also stop once every worker left): fine
+                    log.info("%s: stop_servers: %s", self.role.name, e)
         finally:
             client.close()
 

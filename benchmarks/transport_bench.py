@@ -21,7 +21,6 @@ import itertools
 import json
 import multiprocessing as mp
 import os
-import queue
 import statistics
 import sys
 import tempfile

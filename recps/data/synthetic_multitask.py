@@ -387,12 +387,21 @@ def generate(path: str | os.PathLike, rows: int, *, world: synthetic.SyntheticCo
         clicked = cat["click"] == 1
         best["cvr"] = _exact_auc(cat["p_cvr"][clicked], cat["conv"][clicked])
         rates["cvr"] = float(cat["conv"][clicked].mean()) if clicked.any() else float("nan")
-    info = MultitaskInfo(path=path, rows=int(rows), stream=stream, world=world, second=second, click=click_info,
+    click = _click_info(path, rows, stream, world, click_info.bias, click_info.scales, click_info.best_auc, rates["click"])
+    info = MultitaskInfo(path=path, rows=int(rows), stream=stream, world=world, second=second, click=click,
                          calibration=cal, best_aucs=best, rates=rates, seconds=time.perf_counter() - t0)
     _write_json_atomic(info.meta_path, info.to_json())
     log.info("synthetic_multitask %s: %d rows, rates %s, best reachable AUCs %s", path, rows,
              {k: round(v, 4) for k, v in rates.items()}, {k: round(v, 4) for k, v in best.items()})
     return info
+
+
+def _click_info(path: str, rows: int, stream: int, world: synthetic.SyntheticConfig, bias: float, scales: Any,
+                best_auc: float, ctr: float) -> synthetic.GeneratorInfo:
+    """The click world's info as this file's (what `true_logits` needs), the same built or loaded."""
+    return synthetic.GeneratorInfo(path=path, fmt="parquet", rows=int(rows), stream=int(stream), config=world,
+                                   bias=float(bias), scales=tuple(float(x) for x in scales), best_auc=float(best_auc),
+                                   ctr=float(ctr))
 
 
 def load_info(path: str | os.PathLike) -> MultitaskInfo:
@@ -412,9 +421,8 @@ def load_info(path: str | os.PathLike) -> MultitaskInfo:
                         f"regenerate the file")
     world = synthetic.SyntheticConfig(**meta["world"])
     data_path = meta_path[: -len(META_SUFFIX)]
-    click = synthetic.GeneratorInfo(path=data_path, fmt="parquet", rows=meta["rows"], stream=meta["stream"], config=world,
-                                    bias=meta["click_bias"], scales=tuple(meta["click_scales"]),
-                                    best_auc=meta["best_aucs"]["click"], ctr=meta["rates"]["click"])
+    click = _click_info(data_path, meta["rows"], meta["stream"], world, meta["click_bias"], meta["click_scales"],
+                        meta["best_aucs"]["click"], meta["rates"]["click"])
     return MultitaskInfo(path=data_path, rows=meta["rows"], stream=meta["stream"], world=world,
                          second=MultitaskConfig(**meta["second"]), click=click,
                          calibration=_Calibration(**meta["calibration"]), best_aucs=dict(meta["best_aucs"]),

@@ -11,7 +11,8 @@ CPU-time ratio is printed too, as it is less sensitive to other processes than t
 clock. On a shared machine both swing by more than the effect, so the cost is also measured
 directly: every call into the reporter (per-step hooks, reports) is timed in its thread
 (wall and thread CPU time) and set against the pass's wall time and process CPU time
-("direct" figures). The machine's load average is printed before and after. Metrics: conf/metrics/default
+("direct" figures); per hook too, with the reporter's no-op `after_backward` as the baseline
+of what any Python call from a training thread waits for the GIL or a core. The machine's load average is printed before and after. Metrics: conf/metrics/default
 (auc, logloss, accuracy, actual/predicted CTR, COPC; a report every `--every` steps).
 """
 
@@ -28,10 +29,12 @@ import time
 
 
 class Timed:
-    """Forwards the TrainObserver hooks to `inner`, summing the wall and thread CPU time of each call."""
+    """Forwards the TrainObserver hooks to `inner`, summing the wall and thread CPU time of each
+    call, in all and per hook (`hooks`: name -> [calls, wall s, CPU s])."""
 
     def __init__(self, inner) -> None:
         self.inner, self.wall, self.cpu, self._lock = inner, 0.0, 0.0, threading.Lock()
+        self.hooks: dict[str, list[float]] = {}
 
     def __getattr__(self, name):
         fn = getattr(self.inner, name)
@@ -47,6 +50,8 @@ class Timed:
                 with self._lock:
                     self.wall += wall
                     self.cpu += cpu
+                    h = self.hooks.setdefault(name, [0, 0.0, 0.0])
+                    h[0], h[1], h[2] = h[0] + 1, h[1] + wall, h[2] + cpu
 
         return timed
 
@@ -72,6 +77,7 @@ def run(rows: int, pairs: int, threads: int, every: int, model: str, batch: int)
     order = [("off", "on") if i % 2 == 0 else ("on", "off") for i in range(pairs)]
     passes: list[dict] = []
     reports = 0
+    hooks: dict[str, list[float]] = {}
     load_before = os.getloadavg()
     epoch = 1
     for pair in order:
@@ -87,6 +93,9 @@ def run(rows: int, pairs: int, threads: int, every: int, model: str, batch: int)
             epoch += 1
             if reporter is not None:
                 reports += len(reporter.reports)
+                for name, (n, w, c) in timed.hooks.items():
+                    h = hooks.setdefault(name, [0, 0.0, 0.0])
+                    h[0], h[1], h[2] = h[0] + n, h[1] + w, h[2] + c
             passes.append({"side": side, "examples_per_sec": stats.examples / stats.seconds, "seconds": stats.seconds,
                            "cpu_seconds": cpu, "examples": stats.examples, "steps": stats.steps,
                            "observer_wall_seconds": timed.wall if timed else 0.0,
@@ -117,6 +126,10 @@ def run(rows: int, pairs: int, threads: int, every: int, model: str, batch: int)
         "direct_wall_share_pct_median": round(100 * statistics.median(direct_wall), 2),
         "direct_cpu_share_pct_median": round(100 * statistics.median(direct_cpu), 2),
         "direct_cpu_ms_per_step": round(1e3 * sum(p["observer_cpu_seconds"] for p in on) / sum(p["steps"] for p in on), 3),
+        # after_backward is a no-op in the reporter: its wall time per call is what merely
+        # calling Python from a training thread costs here (waiting for the GIL or a core).
+        "hooks_ms_per_call": {name: {"calls": n, "wall": round(1e3 * w / n, 3), "cpu": round(1e3 * c / n, 3)}
+                              for name, (n, w, c) in sorted(hooks.items())},
         "passes": [{k: round(v, 3) if isinstance(v, float) else v for k, v in p.items()} for p in passes],
         "load_average_before": [round(x, 2) for x in load_before], "load_average_after": [round(x, 2) for x in load_after],
         "cpus": os.cpu_count(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),

@@ -7,6 +7,7 @@ The retrieval models follow one protocol, which `recps.tasks.RetrievalTask` driv
         collection pulls and pushes once per step); a row may fill only one side's features
         (catalogue rows have no query features: their query side is garbage, never used)
     score(queries (B, ...), candidates (C, ...)) -> logits (B, C)   every query against every candidate
+    score_pairs(queries (B, ...), candidates (B, ...)) -> (B,)     query b against candidate b only
     forward(dense, sparse) -> logits (B,)                          each row's own (query, item) pair
 
 Shapes: B batch, C candidates, D embedding dim, F features.

@@ -17,7 +17,8 @@ Shapes: B batch, C candidates, D table width = Dg + Dm, H MLP layer sizes.
 
     score(users (B, D), items (C, D)) ─► every pair ─► logits (B, C); the MLP's first layer is
     split into its user and item halves, so it runs on B + C rows, not B·C.
-    forward(dense, sparse) ─► each row's own pair ─► logits (B,)
+    score_pairs(users (B, D), items (B, D)) ─► row b against row b ─► logits (B,)
+    forward(dense, sparse) = score_pairs(encode(dense, sparse)) ─► logits (B,)
 
 Example:
     >>> import torch
@@ -109,10 +110,13 @@ class NCF(nn.Module):
         tower = self.mlp_rest(first)  # (B, C, H_last)
         return gmf + tower @ w[g:] + self.head.bias  # (B, C)
 
-    def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
-        """Logits (B,) of each row's own (user, item) pair."""
-        users, items = self.encode(dense, sparse)  # (B, D) each
+    def score_pairs(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        """Logits (B,) of user b (B, D) against item b (B, D): NeuMF as in the paper."""
         g = self.gmf_dim
         gmf = users[:, :g] * items[:, :g]  # (B, Dg)
         tower = self.mlp_rest(self.mlp_user(users[:, g:]) + self.mlp_item(items[:, g:]))  # (B, H_last)
         return self.head(torch.cat([gmf, tower], dim=1)).squeeze(1)  # (B,)
+
+    def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
+        """Logits (B,) of each row's own (user, item) pair."""
+        return self.score_pairs(*self.encode(dense, sparse))  # (B,)

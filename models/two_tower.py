@@ -17,7 +17,8 @@ their embeddings.
       candidate features (item, genres) (B, Fc·D) ─► MLP ─► L2 norm ─► candidates (B, E)
 
     score(queries (B, E), candidates (C, E)) = queries @ candidates.T / temperature ─► logits (B, C)
-    forward(dense, sparse) = each row's own pair ─► logits (B,)
+    score_pairs(queries (B, E), candidates (B, E)) ─► row b against row b ─► logits (B,)
+    forward(dense, sparse) = score_pairs(encode(dense, sparse)) ─► logits (B,)
 
 Example:
     >>> import torch
@@ -105,7 +106,10 @@ class TwoTower(nn.Module):
         """Logits (B, C) of every query (B, E) against every candidate (C, E)."""
         return queries @ candidates.t() / self.temperature  # (B, C)
 
+    def score_pairs(self, queries: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        """Logits (B,) of query b (B, E) against candidate b (B, E)."""
+        return (queries * candidates).sum(1) / self.temperature  # (B,)
+
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
         """Logits (B,) of each row's own (query, item) pair."""
-        queries, candidates = self.encode(dense, sparse)  # (B, E) each
-        return (queries * candidates).sum(1) / self.temperature  # (B,)
+        return self.score_pairs(*self.encode(dense, sparse))  # (B,)

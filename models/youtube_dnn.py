@@ -20,7 +20,8 @@ Shapes: B batch, C candidates, D embedding dim, I dense inputs, Fq query feature
       item feature: the item's output embedding (softmax weights) ──────────────────► items (B, D)
 
     score(users (B, D), items (C, D)) = users @ items.T ─► logits (B, C)
-    forward(dense, sparse) = each row's own pair ─► logits (B,)
+    score_pairs(users (B, D), items (B, D)) ─► row b against row b ─► logits (B,)
+    forward(dense, sparse) = score_pairs(encode(dense, sparse)) ─► logits (B,)
 
 Example:
     >>> import torch
@@ -96,7 +97,10 @@ class YouTubeDNN(nn.Module):
         """Logits (B, C) of every user vector (B, D) against every item embedding (C, D)."""
         return users @ items.t()  # (B, C)
 
+    def score_pairs(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        """Logits (B,) of user b (B, D) against item b (B, D)."""
+        return (users * items).sum(1)  # (B,)
+
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
         """Logits (B,) of each row's own (user, item) pair."""
-        users, items = self.encode(dense, sparse)  # (B, D) each
-        return (users * items).sum(1)  # (B,)
+        return self.score_pairs(*self.encode(dense, sparse))  # (B,)

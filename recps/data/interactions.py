@@ -168,7 +168,7 @@ class InteractionLog:
                                 "the checkout (set dataset.ratings / dataset.movies to where it is)")
             try:
                 frames.append(pd.read_csv(path, usecols=columns, engine="pyarrow"))
-            except ValueError as exc:
+            except (ValueError, KeyError) as exc:  # pyarrow: ArrowInvalid, ArrowKeyError
                 raise DataError(f"{path}: cannot read columns {columns} ({exc}); give a MovieLens-style CSV "
                                 "with a header") from None
         return cls.from_frames(frames[0], frames[1], min_rating=min_rating, where=str(ratings))

@@ -8,11 +8,14 @@ in-batch and sampled negatives, https://dl.acm.org/doi/10.1145/3366424.3386195).
 
 Models follow the retrieval protocol of models/_retrieval.py: `encode(dense, sparse)` ->
 (queries, candidates) of every row from one lookup, `score(queries (B, ·), candidates (C, ·))`
--> logits (B, C). One training step, B rows and N sampled negatives:
+-> logits (B, C), `score_pairs(queries (B, ·), candidates (B, ·))` -> (B,) (row b against
+row b: the positives when there is no in-batch block). One training step, B rows and N
+sampled negatives:
 
     batch ─┬─ (sampled | mixed) + N catalogue rows drawn from Q_s ∝ (count + 1)^alpha, item
            │  features only, appended as rows of the same KJT (one lookup for everything)
            └► model.encode ─► queries (B, ·), candidates (B + N, ·) ─► model.score ─► (B, B + N)
+              (sampled: score_pairs for the B positives, score for the N negatives only)
     log-Q: a candidate's logit -= log(its expected count among the candidates):
            in-batch column j: log(B · Q(item_j)), Q from the batch's labels[:, log_q_index]
            sampled column j: log(N · Q_s(item_j))
@@ -46,7 +49,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from recps.data.batch import Batch
 from recps.errors import ConfigError, DataError
-from recps.metrics.collection import MetricCollection
+from recps.metrics.collection import MetricCollection, build_metric
 from recps.metrics.retrieval import rank_scores
 
 __all__ = ["RetrievalTask", "append_rows", "evaluate_ranking", "popularity_baseline", "NEGATIVES"]
@@ -167,12 +170,10 @@ class RetrievalTask:
                               "set num_negatives >= 1 (or negatives=in_batch)")
         if int(score_rows) < 1:
             raise ConfigError(f"task.score_rows={score_rows}; use a positive number of queries")
-        names = [m for m in metrics if m != "auc"]
-        if names:
-            kinds = MetricCollection(names).kind
-            if kinds != "retrieval":
-                raise ConfigError(f"task.metrics={list(metrics)}: evaluation ranks items; use recall@K, "
-                                  "ndcg@K, mrr or auc")
+        pointwise = [m for m in metrics if m != "auc" and build_metric(m).kind != "retrieval"]
+        if pointwise:
+            raise ConfigError(f"task.metrics={list(metrics)}: {pointwise} are pointwise; evaluation ranks "
+                              "items; use recall@K, ndcg@K, mrr or auc")
         self.negatives = negatives
         self.num_negatives = int(num_negatives) if negatives != "in_batch" else 0
         self.sampling_alpha = float(sampling_alpha)
@@ -228,16 +229,23 @@ class RetrievalTask:
             sparse = append_rows(sparse, self.catalogue.features(neg_rows))  # stride B + N
             dense = torch.cat([dense, dense.new_zeros(self.num_negatives, dense.shape[1])])  # (B + N, I)
         queries, candidates = model.encode(dense, sparse)  # (B + N, ·) each
-        logits = model.score(queries[:b], candidates)  # (B, B + N)
-        in_batch, sampled = logits[:, :b], logits[:, b:]  # (B, B), (B, N)
-        positive = in_batch.diagonal()  # (B,)
+        queries = queries[:b]  # (B, ·)
+        if self.negatives == "sampled":  # no in-batch block: the positives pair by pair
+            positive = model.score_pairs(queries, candidates[:b])  # (B,)
+            in_batch = None
+            sampled = model.score(queries, candidates[b:])  # (B, N)
+        else:
+            logits = model.score(queries, candidates)  # (B, B + N)
+            in_batch, sampled = logits[:, :b], logits[:, b:]  # (B, B), (B, N)
+            positive = in_batch.diagonal()  # (B,)
         if self.log_q_correction:
             batch_log_q = batch.labels[:, self.log_q_index] + math.log(b)  # (B,) per in-batch column
             if self.negatives == "sampled":
                 positive = positive - (self._log_proposal[self.catalogue.rows_of(keys)] + math.log(self.num_negatives))
             else:
                 positive = positive - batch_log_q
-            in_batch = in_batch - batch_log_q.unsqueeze(0)
+            if in_batch is not None:
+                in_batch = in_batch - batch_log_q.unsqueeze(0)
             if neg_rows is not None:
                 sampled = sampled - (self._log_proposal[neg_rows] + math.log(self.num_negatives)).unsqueeze(0)
         parts = [positive.unsqueeze(1)]  # (B, 1)

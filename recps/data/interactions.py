@@ -251,8 +251,7 @@ class Catalogue:
     @property
     def log_q(self) -> torch.Tensor:
         """(C,) float32: log of each item's share of the training rows, add-one smoothed."""
-        c = self.counts.to(torch.float64)
-        return torch.log((c + 1.0) / (c.sum() + len(self))).to(torch.float32)
+        return torch.from_numpy(_log_share(self.counts.numpy()))
 
     def rows_of(self, keys: torch.Tensor) -> torch.Tensor:
         """Catalogue rows (K,) of item keys (K,); raises DataError for a key not in the catalogue."""
@@ -285,6 +284,12 @@ class Catalogue:
         return KeyedJaggedTensor(keys=list(self.feature_names),
                                  values=torch.cat(values) if values else torch.zeros(0, dtype=torch.int64),
                                  lengths=torch.cat(lengths), stride=r)
+
+
+def _log_share(counts: np.ndarray) -> np.ndarray:
+    """(C,) float32 log((count + 1) / (total + C)): add-one smoothed, finite for unseen items."""
+    c = counts.astype(np.float64)
+    return np.log((c + 1.0) / (c.sum() + c.shape[0])).astype(np.float32)
 
 
 def _offsets(lengths: torch.Tensor) -> torch.Tensor:
@@ -350,8 +355,17 @@ class RetrievalSource(ExamplesSource):
 
 
 def build_retrieval_data(log_: InteractionLog, history_length: int = 50, seed: int = 0,
-                         shuffle: bool = True) -> PreparedData:
-    """Leave-last-out retrieval data: training and test sources over one catalogue."""
+                         shuffle: bool = True, examples_per_user: int = 0) -> PreparedData:
+    """Leave-last-out retrieval data: training and test sources over one catalogue.
+
+    `examples_per_user` > 0 keeps only each user's latest that many training rows as
+    examples (their histories still reach back over all training rows), so that a few very
+    active users do not dominate the loss (YouTube-DNN, section 3.4: "a fixed number of
+    training examples per user"). The catalogue's counts (popularity, sampling) cover every
+    training row; the labels' log Q covers the examples, the in-batch sampling distribution.
+    """
+    if examples_per_user < 0:
+        raise ConfigError(f"dataset.examples_per_user={examples_per_user}; use 0 (all rows) or more")
     n = len(log_)
     is_test = leave_last_out(log_)
     if not bool(is_test.any()):
@@ -359,7 +373,15 @@ def build_retrieval_data(log_: InteractionLog, history_length: int = 50, seed: i
     hist_lengths, hist_values = histories(log_, history_length)
     genre_lengths, genre_values = _csr_gather(log_.genre_offsets, log_.genre_values, log_.item)
     train_rows = np.flatnonzero(~is_test)
+    example_rows = train_rows
+    if examples_per_user:
+        last = np.ones(n, bool)
+        last[:-1] = log_.user[1:] != log_.user[:-1]
+        end = np.minimum.accumulate(np.where(last, np.arange(n), n)[::-1])[::-1]  # (N,) the user's last row
+        from_end = end - np.arange(n) - is_test[end]  # (N,) 0 = the user's latest training row
+        example_rows = train_rows[from_end[train_rows] < examples_per_user]
     counts = np.bincount(log_.item[train_rows], minlength=log_.num_items)  # (C,)
+    example_counts = np.bincount(log_.item[example_rows], minlength=log_.num_items)  # (C,)
     t = torch.from_numpy
     catalogue = Catalogue(
         FEATURES, "item",
@@ -367,7 +389,7 @@ def build_retrieval_data(log_: InteractionLog, history_length: int = 50, seed: i
          "genres": (t(np.diff(log_.genre_offsets)), t(log_.genre_values))},
         t(counts),
     )
-    log_q = catalogue.log_q.numpy()  # (C,)
+    log_q = _log_share(example_counts)  # (C,)
     examples = Examples(
         feature_names=FEATURES,
         dense=torch.zeros(n, 0),
@@ -385,18 +407,18 @@ def build_retrieval_data(log_: InteractionLog, history_length: int = 50, seed: i
     ex_lengths, ex_items = _csr_gather(per_user, log_.item[train_rows], log_.user[test_rows])
     ex_offsets = np.zeros(test_rows.shape[0] + 1, np.int64)
     np.cumsum(ex_lengths, out=ex_offsets[1:])
-    train = RetrievalSource(examples.select(t(train_rows)), catalogue, shuffle=shuffle, seed=seed)
+    train = RetrievalSource(examples.select(t(example_rows)), catalogue, shuffle=shuffle, seed=seed)
     test = RetrievalSource(examples.select(t(test_rows)), catalogue, shuffle=False, seed=seed,
                            exclude_offsets=t(ex_offsets), exclude_items=t(ex_items))
     schema = Schema(labels=("label", "log_q"), sparse=FEATURES[:2], sequence=FEATURES[2:], hash_values=False)
-    log.info("interactions: %d users, %d items, %d training rows, %d test queries, history <= %d",
-             log_.num_users, log_.num_items, len(train), len(test), history_length)
+    log.info("interactions: %d users, %d items, %d training rows (%d examples), %d test queries, history <= %d",
+             log_.num_users, log_.num_items, train_rows.shape[0], len(train), len(test), history_length)
     return PreparedData(schema, train, test)
 
 
 def prepare_interactions(name: str, ratings: str | os.PathLike, movies: str | os.PathLike | None = None,
-                         min_rating: float = 0.0, history_length: int = 50, shuffle: bool = True,
-                         seed: int = 0) -> PreparedData:
+                         min_rating: float = 0.0, history_length: int = 50, examples_per_user: int = 0,
+                         shuffle: bool = True, seed: int = 0) -> PreparedData:
     """The `_target_` of conf/dataset/movielens.yaml: reads the files and builds the split.
 
     Args:
@@ -404,8 +426,10 @@ def prepare_interactions(name: str, ratings: str | os.PathLike, movies: str | os
         ratings, movies: MovieLens' ratings.csv and movies.csv (genres; None: no genres).
         min_rating: keep ratings >= this (0: every rating is an implicit interaction).
         history_length: L, the most recent training items a row's history holds.
+        examples_per_user: train on each user's latest that many rows only (0: all rows).
         shuffle: shuffle the training rows per epoch (seeded by `seed`, shard and epoch).
     """
     log_ = InteractionLog.read_movielens(ratings, movies, float(min_rating))
     log.info("dataset %s: %d interactions with rating >= %s", name, len(log_), min_rating)
-    return build_retrieval_data(log_, int(history_length), seed=int(seed), shuffle=bool(shuffle))
+    return build_retrieval_data(log_, int(history_length), seed=int(seed), shuffle=bool(shuffle),
+                                examples_per_user=int(examples_per_user))

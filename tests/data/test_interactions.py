@@ -111,6 +111,23 @@ def test_retrieval_data_split_features_labels_and_exclusions():
     assert pairs == [(0, 0), (0, 1), (0, 2), (0, 4), (1, 0)]
 
 
+def test_examples_per_user_keeps_each_users_latest_training_rows():
+    data = build_retrieval_data(toy_log(), history_length=3, shuffle=False, examples_per_user=2)
+    (batch,) = list(data.train.batches(16, 0, 1, 0))
+    pairs = list(zip(batch.sparse["user"].values().tolist(), batch.sparse["item"].values().tolist()))
+    assert pairs == [(0, 2), (0, 4), (1, 0), (2, 0)]  # user 10's latest two training rows: 103, 105
+    # Histories still reach back over all training rows: 105's history holds 102, 101, 103.
+    assert batch.sparse["history"].to_padded_dense(3, padding_value=-1).tolist()[1] == [1, 0, 2]
+    assert data.train.catalogue.counts.tolist() == [3, 1, 1, 0, 1]  # popularity: every training row
+    example_counts = [2, 0, 1, 0, 1]  # log Q: the examples, what in-batch negatives are drawn from
+    expected = [math.log((example_counts[i] + 1) / (4 + 5)) for i in (2, 4, 0, 0)]
+    assert batch.labels[:, 1].tolist() == pytest.approx(expected, rel=1e-6)
+    (q,) = list(data.test.query_batches(8))
+    assert len(q.exclude_rows) == 5  # exclusions still cover every training item
+    with pytest.raises(ConfigError, match=r"examples_per_user=-1"):
+        build_retrieval_data(toy_log(), examples_per_user=-1)
+
+
 def test_a_target_seen_in_training_is_not_excluded():
     """Repeat consumption: a user's test item that also appears in its training rows stays rankable."""
     ratings = pd.DataFrame({"userId": [1, 1, 1], "movieId": [5, 6, 5], "timestamp": [1, 2, 3]})

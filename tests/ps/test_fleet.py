@@ -168,3 +168,27 @@ def test_fleet_example_runs_on_one_server_and_two_workers_and_learns_like_the_lo
     fleet = json.loads(lines[0][len("[worker0] "):])
     assert local["auc"] > 0.65
     assert abs(fleet["auc"] - local["auc"]) <= 0.02, (fleet, local)
+
+
+@pytest.mark.parametrize("make", [
+    lambda p: torch.optim.SGD(p, lr=0.1, weight_decay=0.01),
+    lambda p: torch.optim.Adam(p, lr=0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.001),
+    lambda p: torch.optim.Adagrad(p, lr=0.1, eps=1e-9, initial_accumulator_value=0.1),
+])
+def test_dense_rule_on_the_servers_equals_the_torch_optimizer(make):
+    """sync / async apply the dense update on the servers: the rule derived from the torch optimizer
+    gives the same parameters after several steps."""
+    from recps.ps.table import DenseTable, make_rule
+    from recps.ps.worker import torch_optimizer_rule
+
+    g = torch.Generator().manual_seed(0)
+    param = torch.nn.Parameter(torch.randn(3, 4, generator=g))
+    rule = torch_optimizer_rule(make([param]))
+    table = DenseTable({"w": param.detach()}, optimizer=make_rule(**rule))
+    opt = make([param])
+    for _ in range(4):
+        grad = torch.randn(3, 4, generator=g)
+        param.grad = grad.clone()
+        opt.step()
+        table.push({"w": grad})
+    torch.testing.assert_close(table.pull()["w"], param.detach(), atol=1e-6, rtol=1e-5)

@@ -11,16 +11,18 @@ from models.dcn_v2 import DCNv2
 from models.deepfm import DeepFM
 from models.dlrm import DLRM
 from models.fm import FM
+from models.gru4rec import GRU4Rec
 from models.esmm import ESMM
 from models.lr import LR
 from models.mmoe import MMoE
 from models.ncf import NCF
 from models.ple import PLE
+from models.sasrec import SASRec
 from models.shared_bottom import SharedBottom
 from models.two_tower import TwoTower
 from models.wide_deep import WideDeep
 from models.xdeepfm import XDeepFM
 from models.youtube_dnn import YouTubeDNN
 
-__all__ = ["AutoInt", "CTRDNN", "DCN", "DCNv2", "DeepFM", "DLRM", "ESMM", "FM", "LR", "MMoE", "NCF", "PLE", "SharedBottom",
-           "TwoTower", "WideDeep", "XDeepFM", "YouTubeDNN"]
+__all__ = ["AutoInt", "CTRDNN", "DCN", "DCNv2", "DeepFM", "DLRM", "ESMM", "FM", "GRU4Rec", "LR", "MMoE", "NCF", "PLE",
+           "SASRec", "SharedBottom", "TwoTower", "WideDeep", "XDeepFM", "YouTubeDNN"]

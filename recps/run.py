@@ -5,6 +5,7 @@ Called by `recps.train` (Hydra) and by tests; no Hydra state is needed here.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import random
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from hydra.utils import instantiate
+from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from recps.checkpoint import load_checkpoint, save_checkpoint
@@ -22,15 +23,18 @@ from recps.errors import ConfigError
 from recps.debug.dump import build_dump, check_debug_config
 from recps.metrics import MetricCollection
 from recps.metrics.reporter import build_reporter, check_metrics_config
-from recps.nn import LocalEmbeddingBagCollection
+from recps.nn import LocalEmbeddingBagCollection, LocalEmbeddingCollection
 from recps.trainer import LocalDenseUpdater, Trainer, dense_parameters
 
 __all__ = ["Job", "build_job", "prepare_dataset", "run_training", "evaluate"]
 
 log = logging.getLogger("recps.run")
 
-# Keys of conf/model/*.yaml that the engine reads itself (it builds the tables from them).
-MODEL_ENGINE_KEYS = ("embedding_dim",)
+# Keys of conf/model/*.yaml that the engine reads itself (it builds the tables from them;
+# a session dataset reads `batching` to form the batches the model trains on).
+MODEL_ENGINE_KEYS = ("embedding_dim", "batching")
+# The collection a model takes: pooled (ranking, retrieval) or per key (sequence models).
+MODEL_INJECTED = ("embedding_bag_collection", "embedding_collection", "dense_in_features")
 
 
 def seed_everything(seed: int) -> None:
@@ -55,19 +59,29 @@ class Job:
         self.steps_done = 0
 
 
-def build_collection(cfg: DictConfig, feature_names: list[str], embedding_dim: int):
+def build_collection(cfg: DictConfig, feature_names: list[str], embedding_dim: int, sequence: bool = False,
+                     num_embeddings: int | None = None):
     """The embedding collection that `ps=` selects: local, FBGEMM fused TBE; sync / async / geo,
-    a PS-backed collection that the worker binds to its communicator (recps.cluster)."""
+    a PS-backed collection that the worker binds to its communicator (recps.cluster).
+
+    `sequence`: an EmbeddingCollection (one row per key) instead of a bag collection.
+    `num_embeddings`: rows per table when the data numbers its keys 0..n-1 (else ps.num_embeddings)."""
     ps = cfg.ps
     if ps.name in ("sync", "async", "geo"):
-        from recps.ps.embedding import PSEmbeddingBagCollection
+        from recps.ps.embedding import PSEmbeddingBagCollection, PSEmbeddingCollection
+        from torchrec.modules.embedding_configs import EmbeddingConfig
 
+        if sequence:
+            return PSEmbeddingCollection([EmbeddingConfig(name=f"t_{f}", embedding_dim=embedding_dim,
+                                                          num_embeddings=int(num_embeddings or 2**31 - 1),
+                                                          feature_names=[f]) for f in feature_names])
         return PSEmbeddingBagCollection.from_features(feature_names, embedding_dim)
     if ps.name != "local":
         raise ConfigError(f"ps={ps.name!r} is not one of local, sync, async, geo; pick one of them")
     opt = ps.embedding_optimizer
-    return LocalEmbeddingBagCollection(
-        feature_names, embedding_dim, int(ps.num_embeddings), optimizer=opt.name,
+    local = LocalEmbeddingCollection if sequence else LocalEmbeddingBagCollection
+    return local(
+        feature_names, embedding_dim, int(num_embeddings or ps.num_embeddings), optimizer=opt.name,
         lr=float(opt.lr), eps=float(opt.get("eps", 1e-8)), init_std=float(ps.init_std),
         device=cfg.device,
     )
@@ -84,8 +98,7 @@ def prepare_dataset(cfg: DictConfig, seed: int) -> PreparedData:
 
 def build_job(cfg: DictConfig, data: PreparedData | None = None) -> Job:
     """Validates `cfg`, then builds the data, model and trainer of one run."""
-    check_target_args(cfg.model, "model", injected=("embedding_bag_collection", "dense_in_features"),
-                      engine_keys=MODEL_ENGINE_KEYS)
+    check_target_args(cfg.model, "model", injected=MODEL_INJECTED, engine_keys=MODEL_ENGINE_KEYS)
     check_target_args(cfg.task, "task")
     check_target_args(cfg.optimizer, "optimizer", injected=("params",))
     check_metrics_config(cfg.get("metrics"))
@@ -95,12 +108,17 @@ def build_job(cfg: DictConfig, data: PreparedData | None = None) -> Job:
     seed_everything(int(cfg.seed))
     data = data or prepare_dataset(cfg.dataset, seed=int(cfg.seed))
     schema = data.schema
-    collection = build_collection(cfg, list(schema.feature_names), int(cfg.model.embedding_dim))
+    takes = inspect.signature(get_object(cfg.model._target_)).parameters
+    sequence = "embedding_collection" in takes  # sequence models embed every key, unpooled
+    collection = build_collection(cfg, list(schema.feature_names), int(cfg.model.embedding_dim), sequence=sequence,
+                                  num_embeddings=getattr(data, "num_embeddings", None))
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     for key in MODEL_ENGINE_KEYS:
         model_cfg.pop(key, None)
-    model = instantiate(model_cfg, embedding_bag_collection=collection,
-                        dense_in_features=schema.num_dense, _convert_="all")
+    injected: dict[str, Any] = {"embedding_collection" if sequence else "embedding_bag_collection": collection}
+    if "dense_in_features" in takes:
+        injected["dense_in_features"] = schema.num_dense
+    model = instantiate(model_cfg, **injected, _convert_="all")
     task = instantiate(cfg.task, _convert_="all")
     if callable(getattr(task, "bind", None)):
         task.bind(data)  # e.g. retrieval: sampled negatives come from the data's item catalogue

@@ -47,11 +47,16 @@ def main(cfg: DictConfig) -> float:
         if metrics is None:  # a server or worker of the cluster: the launcher reports
             return float("nan")
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
-    summary = ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
-                        for k, v in metrics.items() if k in ("auc", "logloss", "accuracy",
-                                                             "examples_per_sec", "best_reachable_auc"))
+    task_metrics = cfg.task.get("metrics") or ()
+    shown = ("auc", "logloss", "accuracy", *(str(m) for m in task_metrics), "examples_per_sec", "best_reachable_auc")
+    summary = ", ".join(f"{k}={metrics[k]:.4f}" if isinstance(metrics[k], float) else f"{k}={metrics[k]}"
+                        for k in dict.fromkeys(shown) if k in metrics)
     print(f"[recps] {summary}")  # entry point: the one line a user reads
     print(f"[recps] metrics: {out_dir / 'metrics.json'}")
+    if cfg.objective not in metrics:  # e.g. objective=auc (the default) for a next-item task
+        log.warning("objective=%s is not a metric of this run (%s); sweepers get NaN: set objective=<one of them>",
+                    cfg.objective, ", ".join(sorted(k for k, v in metrics.items() if isinstance(v, float))))
+        return float("nan")
     return float(metrics[cfg.objective])
 
 

@@ -13,7 +13,11 @@ from recps.errors import ConfigError
 
 CONF = PROJECT_ROOT / "conf"
 GROUP_FILES = sorted(p for p in CONF.rglob("*.yaml") if p.parent != CONF)
-EXPECTED_FILES = 40  # update when a config is added: the count proves the walk saw them all
+# What recps.run injects into / reads from a model config (the sequence models take an
+# EmbeddingCollection; `batching` tells a session dataset how to form batches).
+MODEL_INJECTED = ("embedding_bag_collection", "embedding_collection", "dense_in_features")
+MODEL_ENGINE_KEYS = ("embedding_dim", "batching")
+EXPECTED_FILES = 45  # update when a config is added: the count proves the walk saw them all
 
 
 def test_conf_file_count():
@@ -34,8 +38,7 @@ def test_every_group_option_composes(path: Path):
     assert node == OmegaConf.load(path) or "_target_" not in node or node._target_
     assert resolved["seed"] == 0
     if group == "model":
-        check_target_args(cfg.model, "model", injected=("embedding_bag_collection", "dense_in_features"),
-                          engine_keys=("embedding_dim",))
+        check_target_args(cfg.model, "model", injected=MODEL_INJECTED, engine_keys=MODEL_ENGINE_KEYS)
     if group in ("optimizer", "task"):
         check_target_args(node, group, injected=("params",))
 
@@ -45,5 +48,4 @@ def test_unknown_model_argument_is_named():
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(config_name="config", overrides=["+model.hiden=[8]"])
     with pytest.raises(ConfigError, match=r"model \(models.DeepFM\).*hiden"):
-        check_target_args(cfg.model, "model", injected=("embedding_bag_collection", "dense_in_features"),
-                          engine_keys=("embedding_dim",))
+        check_target_args(cfg.model, "model", injected=MODEL_INJECTED, engine_keys=MODEL_ENGINE_KEYS)

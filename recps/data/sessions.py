@@ -1,0 +1,456 @@
+"""Session data: click logs → item-id sequences, an item vocabulary, and two batch sources.
+
+Files: delimited text with a header and three columns (names configurable): session id,
+item id, time. GRU4Rec's preparation of RecSys Challenge 2015 (rsc15) writes
+`SessionId<TAB>ItemId<TAB>Time`. Reading is vectorized with pandas: clicks sort by
+(session, time) (stable: ties keep file order), the train split's items make the
+vocabulary (ids 0..C-1 in sorted raw-id order), and GRU4Rec's evaluation protocol
+filters the test split: clicks on items unseen in training are dropped, then sessions
+left with fewer than `min_length` (2) clicks.
+
+Bad rows (a wrong field count, a missing or non-numeric value) are skipped, counted and
+logged with their file and line; beyond `error_budget` the reader raises DataError.
+
+Shapes: M clicks, S sessions, C items, B lanes / rows in a batch, W the longest row of a
+batch, N = the positions of a batch (sum of its row lengths).
+
+Two batch sources over the same `Sessions`, both `BatchSource`s of the trainer; the KJT
+holds one feature (`item` by default), values are item ids 0..C-1; labels are the ids of
+the next items as float32 (exact below 2^24 items):
+
+SessionParallelSource, GRU4Rec's session-parallel mini-batches (Hidasi et al. 2016, §3.1.1).
+B lanes each walk through one session, one click per step; a lane that reaches the last
+click of its session continues with the next unused session, and `session_start` tells the
+model to reset that lane's hidden state. The epoch ends when a lane finds no session left
+(as GRU4Rec: at most B-1 sessions of a shard are unused in an epoch; shuffling per epoch
+rotates them).
+
+    lane 0:  a1 a2 a3 | d1 d2 ...            batch t = SessionParallelBatch(
+    lane 1:  b1 b2 | e1 e2 e3 ...                sparse  KJT lengths (B,) = 1, the clicks at t
+    lane 2:  c1 c2 c3 c4 | f1 ...                labels  (B, 1) the clicks at t+1
+             t=0  1  2  3                        session_start (B,) bool: a new session in the lane)
+
+SequenceSource, whole sessions for models that read a prefix at once (SASRec; GRU4Rec's
+evaluation). A session of n clicks is one row: inputs = its first n-1 clicks (jagged KJT),
+labels (B, W) = the clicks that follow each input, -1 on padding. With `max_len` = L and
+n-1 > L, the first row holds the first L inputs and every later target gets a row of its L
+preceding clicks in which only the last position is scored (label -1 elsewhere), so every
+target is predicted exactly once from at most L clicks of its prefix.
+
+Example:
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> def write(name, rows):   # (session, item, time) rows
+    ...     lines = ["SessionId\\tItemId\\tTime"] + ["\\t".join(map(str, r)) for r in rows]
+    ...     _ = (d / name).write_text("\\n".join(lines) + "\\n")
+    >>> write("train.txt", [(1, 30, 1), (1, 10, 2), (2, 20, 3), (2, 30, 4), (2, 10, 5)])
+    >>> write("test.txt", [(7, 10, 9), (7, 99, 10), (7, 20, 11), (8, 99, 12), (8, 30, 13)])
+    >>> data = prepare_sessions("toy", [d / "train.txt"], [d / "test.txt"])
+    >>> data.vocabulary.raw_ids.tolist(), data.train_sessions.items.tolist()
+    ([10, 20, 30], [2, 0, 1, 2, 0])
+    >>> data.test_sessions.items.tolist()  # item 99 is unseen in train; session 8 is left with one click
+    [0, 1]
+    >>> batch = next(SessionParallelSource(data.train_sessions, shuffle=False).batches(2, 0, 1, 0))
+    >>> batch.sparse.values().tolist(), batch.labels.squeeze(1).tolist(), batch.session_start.tolist()
+    ([2, 1], [0.0, 2.0], [True, True])
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from recps.data.batch import Batch
+from recps.data.reader import expand_paths
+from recps.data.schema import Schema
+from recps.errors import ConfigError, DataError
+
+__all__ = [
+    "ItemVocabulary",
+    "Sessions",
+    "SessionParallelBatch",
+    "SessionParallelSource",
+    "SequenceSource",
+    "SessionData",
+    "read_clicks",
+    "build_sessions",
+    "prepare_sessions",
+]
+
+log = logging.getLogger(__name__)
+
+#: Largest vocabulary whose ids float32 labels hold exactly.
+MAX_ITEMS = 2**24
+_BATCHINGS = ("session_parallel", "sequences")
+_MAX_IN_MESSAGE = 3
+
+
+@dataclass(frozen=True)
+class ItemVocabulary:
+    """Raw item ids ↔ ids 0..C-1 (the position in the sorted raw ids).
+
+    raw_ids: (C,) sorted unique raw ids (int64, or strings as an object array).
+    """
+
+    raw_ids: np.ndarray
+
+    @classmethod
+    def from_items(cls, raw: Any) -> "ItemVocabulary":
+        return cls(np.unique(np.asarray(raw)))
+
+    def __len__(self) -> int:
+        return int(self.raw_ids.shape[0])
+
+    def encode(self, raw: Any) -> np.ndarray:
+        """(M,) raw ids → (M,) int64 ids, -1 where the raw id is not in the vocabulary."""
+        return pd.Index(self.raw_ids).get_indexer(np.asarray(raw)).astype(np.int64)
+
+    def decode(self, ids: Any) -> np.ndarray:
+        """(M,) ids 0..C-1 → (M,) raw ids."""
+        return self.raw_ids[np.asarray(ids, dtype=np.int64)]
+
+
+@dataclass(frozen=True)
+class Sessions:
+    """Sessions as one flat click array.
+
+    items: (M,) int64 item ids, session after session, in time order.
+    offsets: (S+1,) int64; session s is items[offsets[s]:offsets[s+1]].
+    session_ids: (S,) the raw session ids.
+    """
+
+    items: torch.Tensor
+    offsets: torch.Tensor
+    session_ids: np.ndarray
+
+    @property
+    def num_sessions(self) -> int:
+        return int(self.offsets.numel() - 1)
+
+    @property
+    def num_clicks(self) -> int:
+        return int(self.items.numel())
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.offsets[1:] - self.offsets[:-1]  # (S,)
+
+    @property
+    def num_targets(self) -> int:
+        """Next-click predictions of the sessions: M - S."""
+        return self.num_clicks - self.num_sessions
+
+    def item_counts(self, num_items: int) -> torch.Tensor:
+        """(C,) clicks per item (the most-popular baseline ranks by these)."""
+        return torch.bincount(self.items, minlength=num_items)
+
+
+@dataclass
+class SessionParallelBatch(Batch):
+    """A `Batch` of session-parallel lanes; `session_start` (B,) bool marks lanes whose
+    click begins a new session (their recurrent state must start from zero)."""
+
+    session_start: torch.Tensor
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "SessionParallelBatch":
+        moved = super().to(device, non_blocking=non_blocking)
+        return SessionParallelBatch(moved.dense, moved.sparse, moved.labels,
+                                    self.session_start.to(device, non_blocking=non_blocking))
+
+
+def _check_sharding(batch_size: int, shard_index: int, num_shards: int) -> None:
+    if batch_size < 1:
+        raise ConfigError(f"trainer.batch_size={batch_size}; use 1 or more")
+    if num_shards < 1 or not 0 <= shard_index < num_shards:
+        raise ConfigError(f"shard {shard_index} of {num_shards}: need num_shards >= 1 and "
+                          "0 <= shard_index < num_shards")
+
+
+def _order(n: int, shuffle: bool, seed: int, epoch: int) -> torch.Tensor:
+    if not shuffle:
+        return torch.arange(n)
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+
+
+class SessionParallelSource:
+    """GRU4Rec's session-parallel mini-batches over `sessions` (see the module docstring).
+
+    Shard k of n walks the sessions order[k::n] (order: shuffled per (seed, epoch) when
+    `shuffle`); a shard with fewer sessions than `batch_size` runs that many lanes.
+    """
+
+    def __init__(self, sessions: Sessions, feature: str = "item", shuffle: bool = True, seed: int = 0) -> None:
+        if bool((sessions.lengths < 2).any()):
+            raise DataError(f"SessionParallelSource: {int((sessions.lengths < 2).sum())} sessions have fewer than 2 "
+                            "clicks (nothing to predict); build the sessions with min_length >= 2")
+        self.sessions = sessions
+        self.feature = feature
+        self.shuffle = shuffle
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return self.sessions.num_targets
+
+    def batches(self, batch_size: int, shard_index: int, num_shards: int, epoch: int) -> Iterator[SessionParallelBatch]:
+        _check_sharding(batch_size, shard_index, num_shards)
+        items, offsets = self.sessions.items, self.sessions.offsets
+        mine = _order(self.sessions.num_sessions, self.shuffle, self.seed, epoch)[shard_index::num_shards]  # (S_k,)
+        starts, ends = offsets[mine], offsets[mine + 1]  # (S_k,)
+        lanes = min(batch_size, mine.numel())
+        if lanes == 0:
+            return
+        cur, end = starts[:lanes].clone(), ends[:lanes].clone()  # (B,) click index, session end per lane
+        fresh = torch.ones(lanes, dtype=torch.bool)  # (B,)
+        taken = lanes
+        empty_dense = torch.zeros(lanes, 0)
+        one = torch.ones(lanes, dtype=torch.int64)
+        while True:
+            sparse = KeyedJaggedTensor(keys=[self.feature], values=items[cur], lengths=one, stride=lanes)
+            labels = items[cur + 1].to(torch.float32)[:, None]  # (B, 1)
+            yield SessionParallelBatch(empty_dense, sparse, labels, fresh)
+            cur = cur + 1
+            done = cur + 1 >= end  # (B,) the lane's session has no target left
+            k = int(done.sum())
+            if k:
+                if taken + k > mine.numel():
+                    return
+                cur = cur.masked_scatter(done, starts[taken:taken + k])
+                end = end.masked_scatter(done, ends[taken:taken + k])
+                taken += k
+            fresh = done
+
+
+class SequenceSource:
+    """Rows of whole sessions (windows of `max_len` clicks for longer ones); see the module docstring.
+
+    Shard k of n takes rows order[k::n] (order: shuffled per (seed, epoch) when `shuffle`).
+    """
+
+    def __init__(self, sessions: Sessions, feature: str = "item", max_len: int | None = None,
+                 shuffle: bool = True, seed: int = 0) -> None:
+        if max_len is not None and int(max_len) < 1:
+            raise ConfigError(f"dataset.max_len={max_len}; use a positive length or null (whole sessions)")
+        if bool((sessions.lengths < 2).any()):
+            raise DataError(f"SequenceSource: {int((sessions.lengths < 2).sum())} sessions have fewer than 2 clicks "
+                            "(nothing to predict); build the sessions with min_length >= 2")
+        self.sessions = sessions
+        self.feature = feature
+        self.max_len = None if max_len is None else int(max_len)
+        self.shuffle = shuffle
+        self.seed = seed
+        self.row_start, self.row_len, self.row_first = self._rows()  # (R,) each
+
+    def _rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per row: index of its first input click, its length, its first scored position."""
+        starts = self.sessions.offsets[:-1]  # (S,)
+        inputs = self.sessions.lengths - 1  # (S,)
+        if self.max_len is None or inputs.numel() == 0 or int(inputs.max()) <= self.max_len:
+            return starts, inputs, torch.zeros_like(inputs)
+        cap = self.max_len
+        head_len = inputs.clamp(max=cap)  # (S,)
+        extra = (inputs - cap).clamp(min=0)  # (S,) targets beyond the first window
+        owner = torch.repeat_interleave(torch.arange(starts.numel()), extra)  # (E,)
+        first_extra = torch.cumsum(extra, 0) - extra  # (S,)
+        j = torch.arange(owner.numel()) - first_extra[owner] + cap + 1  # (E,) target index in its session
+        tail_start = starts[owner] + j - cap  # (E,)
+        row_start = torch.cat([starts, tail_start])
+        row_len = torch.cat([head_len, torch.full_like(tail_start, cap)])
+        row_first = torch.cat([torch.zeros_like(head_len), torch.full_like(tail_start, cap - 1)])
+        return row_start, row_len, row_first
+
+    def __len__(self) -> int:
+        return int(self.row_start.numel())
+
+    def batches(self, batch_size: int, shard_index: int, num_shards: int, epoch: int) -> Iterator[Batch]:
+        _check_sharding(batch_size, shard_index, num_shards)
+        mine = _order(len(self), self.shuffle, self.seed, epoch)[shard_index::num_shards]  # (R_k,)
+        for rows in mine.split(batch_size):
+            yield self._batch(rows)
+
+    def _batch(self, rows: torch.Tensor) -> Batch:
+        starts, lengths, first = self.row_start[rows], self.row_len[rows], self.row_first[rows]  # (B,) each
+        b, n = rows.numel(), int(lengths.sum())
+        row_of = torch.repeat_interleave(torch.arange(b), lengths, output_size=n)  # (N,)
+        row_first_click = torch.repeat_interleave(torch.cumsum(lengths, 0) - lengths, lengths, output_size=n)  # (N,)
+        pos = torch.arange(n) - row_first_click  # (N,) position in its row
+        click = starts[row_of] + pos  # (N,) index of each input click
+        items = self.sessions.items
+        width = int(lengths.max()) if b else 0
+        labels = torch.full((b, width), -1.0)  # (B, W)
+        scored = pos >= first[row_of]  # (N,)
+        labels[row_of[scored], pos[scored]] = items[click[scored] + 1].to(torch.float32)
+        sparse = KeyedJaggedTensor(keys=[self.feature], values=items[click], lengths=lengths, stride=b)
+        return Batch(torch.zeros(b, 0), sparse, labels)
+
+
+def _bad_lines(caught: Sequence[warnings.WarningMessage]) -> list[str]:
+    out = []
+    for w in caught:
+        out += [line.strip() for line in str(w.message).splitlines() if line.strip().startswith("Skipping line")]
+    return out
+
+
+def _ids(column: pd.Series, integer: bool) -> pd.Series:
+    if not integer:
+        return column
+    return pd.to_numeric(column, errors="coerce")
+
+
+def read_clicks(
+    paths: Any,
+    session_key: str = "SessionId",
+    item_key: str = "ItemId",
+    time_key: str = "Time",
+    separator: str = "\t",
+    integer_ids: bool = True,
+    error_budget: float | int = 0.001,
+) -> pd.DataFrame:
+    """Reads click files (local paths or fsspec URLs) into a frame sorted by (session, time).
+
+    Returns columns `session`, `item` (int64 when `integer_ids`, else strings) and `time`
+    (float64). Raises DataError when the bad rows exceed `error_budget` (a fraction of the
+    rows when a float in [0, 1], else a count).
+    """
+    if isinstance(error_budget, bool) or not isinstance(error_budget, (int, float)) or error_budget < 0 or (
+            isinstance(error_budget, float) and error_budget > 1):
+        raise ConfigError(f"dataset.error_budget={error_budget!r}; use a fraction in [0, 1] or a row count >= 0")
+    files = expand_paths(paths)
+    if not files:
+        raise ConfigError(f"no click files at {paths!r}; check the dataset's train/test paths")
+    frames, examples, n_bad, rows = [], [], 0, 0
+    for path in files:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                frame = pd.read_csv(path, sep=separator, dtype=str, on_bad_lines="warn", keep_default_na=False)
+            except FileNotFoundError as exc:
+                raise DataError(f"click file {path} does not exist; check the dataset's train/test paths") from exc
+        missing = [c for c in (session_key, item_key, time_key) if c not in frame.columns]
+        if missing:
+            raise DataError(f"{path}: no columns {missing} in the header {list(frame.columns)}; set the dataset's "
+                            "session_key / item_key / time_key (and separator)")
+        skipped = _bad_lines(caught)  # wrong field counts: pandas skipped them
+        part = pd.DataFrame({
+            "session": _ids(frame[session_key], integer_ids),
+            "item": _ids(frame[item_key], integer_ids),
+            "time": pd.to_numeric(frame[time_key], errors="coerce"),
+        })
+        broken = (part.isna().any(axis=1) | (frame[[session_key, item_key]] == "").any(axis=1)).to_numpy()
+        n_bad += len(skipped) + int(broken.sum())
+        examples += [f"{path}: {line}" for line in skipped[:_MAX_IN_MESSAGE]]
+        # Row r of the frame is about line r + 2 (the header is line 1; skipped lines shift it).
+        examples += [f"{path}: row {r + 2}: a missing or non-numeric value"
+                     for r in np.flatnonzero(broken)[:_MAX_IN_MESSAGE]]
+        rows += len(frame) + len(skipped)
+        frames.append(part[~broken])
+    clicks = pd.concat(frames, ignore_index=True)
+    if n_bad:
+        quoted = "; ".join(examples[:_MAX_IN_MESSAGE])
+        limit = error_budget * rows if isinstance(error_budget, float) else error_budget
+        if n_bad > limit:
+            raise DataError(f"{n_bad} bad rows of {rows} in {files} exceed dataset.error_budget={error_budget} "
+                            f"(e.g. {quoted}); fix the files or raise the budget")
+        log.warning("skipped %d bad rows of %d in %s (e.g. %s)", n_bad, rows, files, quoted)
+    if integer_ids:
+        clicks = clicks.astype({"session": np.int64, "item": np.int64})
+    return clicks.sort_values(["session", "time"], kind="stable", ignore_index=True)
+
+
+def build_sessions(clicks: pd.DataFrame, vocabulary: ItemVocabulary, min_length: int = 2) -> Sessions:
+    """Sessions of `clicks` (sorted by session, time) over `vocabulary`: clicks on unknown items
+    are dropped, then sessions shorter than `min_length`."""
+    ids = vocabulary.encode(clicks["item"].to_numpy())  # (M,)
+    known = ids >= 0
+    sessions = clicks["session"].to_numpy()[known]
+    ids = ids[known]
+    if ids.size == 0:
+        return Sessions(torch.zeros(0, dtype=torch.int64), torch.zeros(1, dtype=torch.int64), sessions[:0])
+    first = np.flatnonzero(np.r_[True, sessions[1:] != sessions[:-1]])  # (S,)
+    lengths = np.diff(np.r_[first, ids.size])  # (S,)
+    keep = lengths >= min_length
+    ids = ids[np.repeat(keep, lengths)]
+    lengths = lengths[keep]
+    offsets = np.r_[0, np.cumsum(lengths)]
+    return Sessions(torch.from_numpy(ids), torch.from_numpy(offsets.astype(np.int64)), sessions[first[keep]])
+
+
+@dataclass
+class SessionData:
+    """What `recps.run` trains and evaluates on: as `PreparedData`, plus the vocabulary.
+
+    train: the batching the model asks for; test: a non-shuffled `SequenceSource`.
+    num_embeddings: C, the rows the item table needs (ids are 0..C-1).
+    """
+
+    schema: Schema
+    vocabulary: ItemVocabulary
+    train_sessions: Sessions
+    test_sessions: Sessions
+    train: SessionParallelSource | SequenceSource
+    test: SequenceSource
+    best_auc: float | None = None
+
+    @property
+    def num_embeddings(self) -> int:
+        return len(self.vocabulary)
+
+
+def prepare_sessions(
+    name: str,
+    train: Sequence[str | os.PathLike],
+    test: Sequence[str | os.PathLike],
+    batching: str = "sequences",
+    max_len: int | None = None,
+    feature: str = "item",
+    session_key: str = "SessionId",
+    item_key: str = "ItemId",
+    time_key: str = "Time",
+    separator: str = "\t",
+    integer_ids: bool = True,
+    min_length: int = 2,
+    shuffle: bool = True,
+    error_budget: float | int = 0.001,
+    seed: int = 0,
+) -> SessionData:
+    """Reads train and test click files into sessions and builds the sources.
+
+    Args:
+        batching: "session_parallel" (GRU4Rec's training) or "sequences" (SASRec's).
+        max_len: L, the most clicks a sequence row holds (SASRec's positions); None: whole sessions.
+        Others: the file layout (see `read_clicks`), `min_length` of a kept session, `shuffle`
+        the training order per epoch, `seed`.
+    """
+    if batching not in _BATCHINGS:
+        raise ConfigError(f"dataset.batching={batching!r}; use one of {_BATCHINGS} (the model config sets it: "
+                          "GRU4Rec trains session-parallel, SASRec on sequences)")
+    if not test:
+        raise ConfigError(f"dataset {name!r} has no test files; set dataset.test")
+    read = dict(session_key=session_key, item_key=item_key, time_key=time_key, separator=separator,
+                integer_ids=integer_ids, error_budget=error_budget)
+    train_clicks = read_clicks(list(train), **read)
+    vocabulary = ItemVocabulary.from_items(train_clicks["item"].to_numpy())
+    if len(vocabulary) >= MAX_ITEMS:
+        raise DataError(f"dataset {name!r} has {len(vocabulary)} items; labels hold ids exactly below {MAX_ITEMS}")
+    train_sessions = build_sessions(train_clicks, vocabulary, min_length)
+    test_sessions = build_sessions(read_clicks(list(test), **read), vocabulary, min_length)
+    if train_sessions.num_sessions == 0 or test_sessions.num_sessions == 0:
+        raise DataError(f"dataset {name!r}: {train_sessions.num_sessions} train / {test_sessions.num_sessions} test "
+                        f"sessions with >= {min_length} known clicks; check the files and min_length")
+    log.info("dataset %s: %d items; train %d sessions, %d clicks; test %d sessions, %d clicks (%d next-click targets)",
+             name, len(vocabulary), train_sessions.num_sessions, train_sessions.num_clicks,
+             test_sessions.num_sessions, test_sessions.num_clicks, test_sessions.num_targets)
+    if batching == "session_parallel":
+        train_source = SessionParallelSource(train_sessions, feature, shuffle, seed)
+    else:
+        train_source = SequenceSource(train_sessions, feature, max_len, shuffle, seed)  # type: ignore[assignment]
+    schema = Schema(labels=("next_item",), sequence=(feature,), separator=separator)
+    return SessionData(schema, vocabulary, train_sessions, test_sessions, train_source,
+                       SequenceSource(test_sessions, feature, max_len, shuffle=False, seed=seed))

@@ -148,13 +148,15 @@ class _Tee:
 
 def _generate_data(cfg: DictConfig) -> None:
     """Create generated data once, here, rather than in every worker at the same time."""
-    ds = cfg.dataset
+    ds = OmegaConf.to_container(cfg.dataset, resolve=True)
     if not ds.get("generate"):
         return
-    from recps.data.synthetic import ensure_split
+    from hydra.utils import get_object
 
-    gen = OmegaConf.to_container(ds.generate, resolve=True)
-    ensure_split(ds.dir, int(gen.pop("train_rows")), int(gen.pop("test_rows")), seed=int(gen.pop("seed", 0)), **gen)
+    # The dataset's own generator (recps.data.dataset.ensure_generated's rule, without importing torch here).
+    ensure_split = get_object(ds.get("generator") or "recps.data.synthetic.ensure_split")
+    gen = ds["generate"]
+    ensure_split(ds["dir"], int(gen.pop("train_rows")), int(gen.pop("test_rows")), seed=int(gen.pop("seed", 0)), **gen)
 
 
 def _launch_local(cfg: DictConfig, out_dir: Path, overrides: Sequence[str]) -> dict[str, Any]:
@@ -297,6 +299,8 @@ def _work(cfg: DictConfig, role, out_dir: Path) -> dict[str, Any] | None:
             metrics["k_steps"] = strategy.k_steps
         if best := getattr(job.data, "best_auc", None):
             metrics["best_reachable_auc"] = best
+        if best_per_label := getattr(job.data, "best_aucs", None):  # multi-label generators: one per label
+            metrics["best_reachable_aucs"] = dict(best_per_label)
         if cfg.checkpoint:
             path = out_dir / "checkpoint"
             tables = [*job.collection.table_dims(), DENSE_TABLE]

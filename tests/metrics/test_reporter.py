@@ -40,8 +40,11 @@ DENSE, ROWS = 5, 32
 class Tiny(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        torch.manual_seed(0)  # the same weights in every process
         self.linear = nn.Linear(DENSE, 1)
+        gen = torch.Generator().manual_seed(0)  # the same weights in every process and thread
+        with torch.no_grad():  # (not the global RNG: two workers in threads would race on it)
+            self.linear.weight.copy_(torch.randn(1, DENSE, generator=gen))
+            self.linear.bias.copy_(torch.randn(1, generator=gen))
 
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
         return self.linear(dense).squeeze(1)  # (B,)

@@ -32,7 +32,8 @@ Evaluation (`evaluate(model, source, batch_size)`, a `RetrievalSource`): every c
 is encoded once; each test query is scored against all C items; the user's training items
 (other than its target) are excluded; the metrics are recall@K, NDCG@K, MRR over the
 ranking (`recps.metrics.retrieval`, pessimistic ties) and "auc": the share of the
-non-excluded items ranked below the target, per query, averaged.
+non-excluded items ranked below the target, per query, averaged; with `baseline`, the same
+metrics of the most-popular ranking ("most_popular/recall@50", ...) for comparison.
 
 Shapes: B batch, N sampled negatives, C catalogue items, K excluded (query, item) pairs.
 """
@@ -149,6 +150,8 @@ class RetrievalTask:
         metrics: what `evaluate` reports: recall@K, ndcg@K, mrr[@K], auc.
         score_rows: queries scored against the catalogue at a time (bounds memory for models
             whose `score` builds (B, C, H) tensors, e.g. NCF).
+        baseline: `evaluate` also reports the most-popular ranking's metrics, as
+            "most_popular/<metric>", on the same queries and exclusions.
     """
 
     def __init__(
@@ -162,6 +165,7 @@ class RetrievalTask:
         log_q_index: int = 1,
         metrics: Sequence[str] = ("recall@10", "recall@50", "ndcg@10", "ndcg@50", "mrr", "auc"),
         score_rows: int = 64,
+        baseline: bool = True,
     ) -> None:
         if negatives not in NEGATIVES:
             raise ConfigError(f"task.negatives={negatives!r}; use one of {NEGATIVES}")
@@ -183,6 +187,7 @@ class RetrievalTask:
         self.log_q_index = int(log_q_index)
         self.metrics = tuple(metrics)
         self.score_rows = int(score_rows)
+        self.baseline = bool(baseline)
         self.catalogue = None
         self._proposal: torch.Tensor | None = None  # (C,) Q_s
         self._log_proposal: torch.Tensor | None = None  # (C,) log Q_s
@@ -287,6 +292,10 @@ class RetrievalTask:
                 queries, _ = model.encode(batch.dense, batch.sparse)  # (B, ·)
                 return torch.cat([model.score(q, candidates) for q in queries.split(self.score_rows)])  # (B, C)
 
-            return evaluate_ranking(scores_of, source, batch_size, self.metrics)
+            out = evaluate_ranking(scores_of, source, batch_size, self.metrics)
         finally:
             model.train(was_training)
+        if self.baseline:
+            popular = popularity_baseline(source, batch_size, self.metrics)
+            out.update({f"most_popular/{k}": v for k, v in popular.items() if k != "queries"})
+        return out

@@ -161,7 +161,7 @@ def test_evaluation_excludes_training_items_and_counts_auc():
     assert test_items == [2, 3, 4, 5]  # users 1..4: movies 12, 13, 14, 15
     # Item 0 (movie 10, trained on by every user) scores highest; it is excluded for all.
     model = _FixedScores([9.0, 1.0, 5.0, 4.0, 3.0, 2.0])
-    task = RetrievalTask(metrics=("recall@1", "recall@2", "ndcg@2", "mrr", "auc"))
+    task = RetrievalTask(metrics=("recall@1", "recall@2", "ndcg@2", "mrr", "auc"), baseline=False)
     got = task.evaluate(model, data.test, batch_size=3)
     # Ranks after exclusions: user 1 (excl 10, 11): 12 first -> 1; user 2 (excl 10, 11): 13 after 12 -> 2;
     # user 3 (excl 10): 14 after 12 and 13 (11 scores below it) -> 3; user 4 (excl 10, 11, 12): 15 after 13, 14 -> 3.
@@ -200,7 +200,10 @@ def test_two_tower_evaluates_on_the_catalogue():
         EmbeddingBagConfig(name=f"t_{n}", embedding_dim=4, num_embeddings=16, feature_names=[n]) for n in FEATURES])
     model = TwoTower(ebc, 0, hidden=(8,), out_dim=4)
     got = RetrievalTask().evaluate(model, data.test, 2)
-    assert set(got) == {"recall@10", "recall@50", "ndcg@10", "ndcg@50", "mrr", "auc", "queries"}
+    names = ["recall@10", "recall@50", "ndcg@10", "ndcg@50", "mrr", "auc"]
+    assert set(got) == {*names, "queries", *(f"most_popular/{n}" for n in names)}
+    popular = popularity_baseline(data.test, 4, names)
+    assert [got[f"most_popular/{n}"] for n in names] == pytest.approx([popular[n] for n in names], abs=1e-12)
     assert got["recall@10"] == 1.0  # 6 items: every target is in the top 10
     assert 0.0 <= got["auc"] <= 1.0 and got["queries"] == 4.0
     assert model.training  # evaluation restores the mode
@@ -226,3 +229,39 @@ def test_configuration_errors_name_the_fix():
         RetrievalTask(item_feature="video").forward(youtube(), first_batch(toy_data()))
     with pytest.raises(ConfigError, match=r"has no item catalogue; retrieval needs a RetrievalSource"):
         RetrievalTask().evaluate(youtube(), object(), 4)
+
+
+def test_models_train_and_evaluate_over_the_ps_backed_collection():
+    """The same model over recps' PS-backed collection: one lookup per step (positives and
+    sampled rows together), gradients pushed to the rows it pulled, catalogue evaluation."""
+    from recps.ps.embedding import PSEmbeddingBagCollection, salted_keys
+    from recps.ps.table import Initializer, SGDRule, SparseTable
+
+    class Tables:  # an in-process communicator over one real SparseTable (no servers)
+        mode = "async"
+
+        def __init__(self):
+            self.table = SparseTable(dim=4, optimizer=SGDRule(lr=1.0), initializer=Initializer("normal", std=0.1))
+            self.pulls = 0
+
+        def pull(self, table, keys):
+            self.pulls += 1
+            return self.table.pull(keys)
+
+        def push(self, table, keys, grads):
+            self.table.push(keys, grads)
+
+    data = toy_data()
+    tables = Tables()
+    torch.manual_seed(0)
+    model = YouTubeDNN(PSEmbeddingBagCollection.from_features(FEATURES, 4, tables), 0, hidden=(8,))
+    task = RetrievalTask(negatives="mixed", num_negatives=3)
+    task.bind(data)
+    batch = first_batch(data)
+    item_keys = salted_keys(batch.sparse["item"].values(), "t_item")
+    before = tables.table.pull(item_keys).clone()
+    task.loss(task.forward(model, batch), batch).backward()
+    assert tables.pulls == 1  # batch rows and sampled rows: one pull
+    assert not torch.allclose(tables.table.pull(item_keys), before)  # the positives' rows moved
+    got = task.evaluate(model, data.test, 2)
+    assert got["queries"] == 4.0 and 0.0 <= got["recall@10"] <= 1.0

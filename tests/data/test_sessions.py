@@ -1,0 +1,233 @@
+"""recps.data.sessions: reading, the test-split protocol, and both batch sources against
+plain Python references (what each lane / row must contain, click by click)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from recps.data.sessions import (
+    ItemVocabulary,
+    SequenceSource,
+    SessionParallelBatch,
+    SessionParallelSource,
+    Sessions,
+    build_sessions,
+    prepare_sessions,
+    read_clicks,
+)
+from recps.errors import ConfigError, DataError
+
+RSC15 = Path(__file__).resolve().parents[3] / "shared" / "data" / "rsc15_yoochoose"
+
+
+def write(path: Path, rows, header="SessionId\tItemId\tTime") -> Path:
+    path.write_text("\n".join([header] + ["\t".join(map(str, r)) for r in rows]) + "\n")
+    return path
+
+
+def sessions_of(lists: list[list[int]]) -> Sessions:
+    lengths = [len(s) for s in lists]
+    return Sessions(torch.tensor([i for s in lists for i in s], dtype=torch.int64),
+                    torch.tensor(np.r_[0, np.cumsum(lengths)], dtype=torch.int64), np.arange(len(lists)))
+
+
+SESSIONS = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10, 11], [12, 13, 14], [15, 16], [17, 18, 19, 20, 21]]
+
+
+# ---- reading -------------------------------------------------------------------------------------
+
+
+def test_read_sorts_by_session_then_time_keeping_file_order_on_ties(tmp_path):
+    f = write(tmp_path / "c.txt", [(2, 20, 5.0), (1, 11, 9.0), (1, 10, 3.0), (2, 21, 5.0), (2, 22, 1.0)])
+    clicks = read_clicks([f])
+    assert clicks["session"].tolist() == [1, 1, 2, 2, 2]
+    assert clicks["item"].tolist() == [10, 11, 22, 20, 21]
+    assert clicks["time"].tolist() == [3.0, 9.0, 1.0, 5.0, 5.0]
+
+
+def test_bad_rows_are_skipped_and_counted_within_budget(tmp_path, caplog):
+    rows = [(1, 10, 1), (1, 11, 2), (2, "x", 3), (2, 12, ""), (3, 13, 4), (3, 14, 5)]
+    f = tmp_path / "c.txt"
+    write(f, rows)
+    f.write_text(f.read_text() + "4\t15\t6\t99\n")  # a line with too many fields
+    clicks = read_clicks([f], error_budget=3)
+    assert clicks["item"].tolist() == [10, 11, 13, 14]
+    assert "skipped 3 bad rows" in caplog.text and "c.txt" in caplog.text
+    with pytest.raises(DataError, match=r"3 bad rows of 7 .*exceed dataset.error_budget=2.*Skipping line 8"):
+        read_clicks([f], error_budget=2)
+    with pytest.raises(DataError, match=r"error_budget=0.1"):
+        read_clicks([f], error_budget=0.1)  # 3 of 7 rows
+
+
+def test_missing_columns_and_files_are_named(tmp_path):
+    f = write(tmp_path / "c.txt", [(1, 10, 1)], header="session\titem\tts")
+    with pytest.raises(DataError, match=r"no columns \['SessionId', 'ItemId', 'Time'\].*session_key"):
+        read_clicks([f])
+    assert read_clicks([f], session_key="session", item_key="item", time_key="ts")["item"].tolist() == [10]
+    with pytest.raises(DataError, match="nope.txt"):
+        read_clicks([tmp_path / "nope.txt"])
+
+
+def test_vocabulary_round_trip_and_unknown_ids():
+    vocab = ItemVocabulary.from_items(np.array([30, 10, 20, 10]))
+    assert len(vocab) == 3 and vocab.raw_ids.tolist() == [10, 20, 30]
+    assert vocab.encode(np.array([20, 99, 30])).tolist() == [1, -1, 2]
+    assert vocab.decode([2, 0]).tolist() == [30, 10]
+
+
+def test_test_split_protocol_drops_unseen_items_then_short_sessions(tmp_path):
+    """GRU4Rec's evaluation: unknown items go first, then sessions left with < 2 clicks."""
+    train = write(tmp_path / "train.txt", [(1, 10, 1), (1, 20, 2), (2, 30, 3), (2, 10, 4)])
+    test = write(tmp_path / "test.txt", [(5, 10, 1), (5, 99, 2), (5, 30, 3),  # 99 unseen: [10, 30]
+                                         (6, 99, 4), (6, 20, 5),  # only 20 is left: dropped
+                                         (7, 20, 6), (7, 20, 7)])  # repeats are kept
+    data = prepare_sessions("toy", [train], [test])
+    assert data.num_embeddings == 3
+    s = data.test_sessions
+    assert data.vocabulary.decode(s.items).tolist() == [10, 30, 20, 20]
+    assert s.offsets.tolist() == [0, 2, 4] and s.session_ids.tolist() == [5, 7]
+    assert s.num_targets == 2
+    assert data.train_sessions.item_counts(3).tolist() == [2, 1, 1]
+
+
+def test_prepare_refuses_unknown_batching_and_missing_test(tmp_path):
+    f = write(tmp_path / "c.txt", [(1, 10, 1), (1, 11, 2)])
+    with pytest.raises(ConfigError, match=r"dataset.batching='parallel'.*session_parallel"):
+        prepare_sessions("toy", [f], [f], batching="parallel")
+    with pytest.raises(ConfigError, match="no test files"):
+        prepare_sessions("toy", [f], [])
+
+
+# ---- session-parallel mini-batches ---------------------------------------------------------------
+
+
+def reference_lanes(sessions: list[list[int]], lanes: int) -> list[tuple[list[int], list[int], list[bool]]]:
+    """GRU4Rec's session-parallel loop written plainly: (inputs, targets, starts) per step."""
+    queue = list(range(len(sessions)))
+    current = [queue.pop(0) for _ in range(lanes)]
+    pos = [0] * lanes
+    start = [True] * lanes
+    steps = []
+    while True:
+        steps.append(([sessions[s][p] for s, p in zip(current, pos)],
+                      [sessions[s][p + 1] for s, p in zip(current, pos)], list(start)))
+        start = [False] * lanes
+        for lane in range(lanes):
+            pos[lane] += 1
+            if pos[lane] + 1 >= len(sessions[current[lane]]):
+                if not queue:
+                    return steps
+                current[lane], pos[lane], start[lane] = queue.pop(0), 0, True
+
+
+@pytest.mark.parametrize("lanes", [1, 2, 3, 7])
+def test_session_parallel_batches_match_the_reference_loop(lanes):
+    source = SessionParallelSource(sessions_of(SESSIONS), shuffle=False)
+    got = [(b.sparse["item"].values().tolist(), b.labels[:, 0].long().tolist(), b.session_start.tolist())
+           for b in source.batches(lanes, 0, 1, 0)]
+    assert got == reference_lanes(SESSIONS, lanes)
+
+
+def test_session_parallel_batch_layout():
+    batch = next(SessionParallelSource(sessions_of(SESSIONS), feature="click", shuffle=False).batches(3, 0, 1, 0))
+    assert isinstance(batch, SessionParallelBatch)
+    assert batch.sparse.keys() == ["click"] and batch.sparse.lengths().tolist() == [1, 1, 1]
+    assert batch.dense.shape == (3, 0) and batch.labels.shape == (3, 1) and batch.labels.dtype == torch.float32
+    moved = batch.to("cpu")
+    assert isinstance(moved, SessionParallelBatch) and moved.session_start.tolist() == [True, True, True]
+
+
+def test_session_parallel_shards_partition_sessions_and_shuffle_per_epoch():
+    sessions = [[i, i + 100] for i in range(40)]  # one target each: lanes never run dry early
+    source = SessionParallelSource(sessions_of(sessions), shuffle=True, seed=3)
+
+    def firsts(shard, shards, epoch):
+        return [i for b in source.batches(4, shard, shards, epoch) for i in b.sparse.values().tolist()]
+
+    shards = [firsts(k, 3, 0) for k in range(3)]
+    seen = sorted(i for s in shards for i in s)
+    assert len(seen) == len(set(seen))  # disjoint
+    assert len(seen) >= 40 - 3 * 3  # each shard leaves at most lanes - 1 sessions unused
+    assert firsts(0, 3, 0) == shards[0]  # deterministic per (seed, shard, epoch)
+    assert firsts(0, 3, 1) != shards[0]
+
+
+def test_session_parallel_refuses_single_click_sessions():
+    with pytest.raises(DataError, match="1 sessions have fewer than 2 clicks"):
+        SessionParallelSource(sessions_of([[1, 2], [3]]))
+
+
+# ---- whole-session sequences ---------------------------------------------------------------------
+
+
+def rows_of(batch) -> list[tuple[list[int], list[int]]]:
+    """(inputs, labels of the valid positions) per row of a sequence batch."""
+    jt = batch.sparse["item"]
+    values, out, start = jt.values().tolist(), [], 0
+    for row, n in enumerate(jt.lengths().tolist()):
+        out.append((values[start:start + n], batch.labels[row, :n].long().tolist()))
+        assert (batch.labels[row, n:] == -1).all()  # padding
+        start += n
+    return out
+
+
+def test_sequence_rows_are_sessions_shifted_by_one():
+    source = SequenceSource(sessions_of(SESSIONS), shuffle=False)
+    rows = [r for b in source.batches(3, 0, 1, 0) for r in rows_of(b)]
+    assert rows == [(s[:-1], s[1:]) for s in SESSIONS]
+    assert len(source) == len(SESSIONS)
+
+
+def test_windows_predict_every_target_once_from_its_last_max_len_clicks():
+    source = SequenceSource(sessions_of(SESSIONS), max_len=2, shuffle=False)
+    predictions = []  # (context, target) pairs, as a model reads them
+    for batch in source.batches(4, 0, 1, 0):
+        for inputs, labels in rows_of(batch):
+            assert len(inputs) <= 2
+            predictions += [(inputs[:p + 1], t) for p, t in enumerate(labels) if t >= 0]
+    expected = [(s[max(0, j - 2):j], s[j]) for s in SESSIONS for j in range(1, len(s))]
+    assert sorted(predictions) == sorted(expected)
+
+
+def test_sequence_shards_partition_rows_deterministically():
+    source = SequenceSource(sessions_of(SESSIONS), max_len=3, shuffle=True, seed=1)
+
+    def rows(shard, epoch):
+        return [tuple(map(tuple, r)) for b in source.batches(2, shard, 2, epoch) for r in rows_of(b)]
+
+    both = rows(0, 0) + rows(1, 0)
+    everything = [tuple(map(tuple, r)) for b in SequenceSource(sessions_of(SESSIONS), max_len=3, shuffle=False)
+                  .batches(100, 0, 1, 0) for r in rows_of(b)]
+    assert sorted(both) == sorted(everything)
+    assert rows(0, 0) == rows(0, 0) and rows(0, 1) != rows(0, 0)
+
+
+def test_sequence_source_refuses_bad_max_len():
+    with pytest.raises(ConfigError, match="dataset.max_len=0"):
+        SequenceSource(sessions_of(SESSIONS), max_len=0)
+
+
+def test_build_sessions_on_an_empty_match():
+    vocab = ItemVocabulary.from_items(np.array([1]))
+    import pandas as pd
+
+    s = build_sessions(pd.DataFrame({"session": [1, 1], "item": [5, 6], "time": [0.0, 1.0]}), vocab)
+    assert s.num_sessions == 0 and s.num_clicks == 0
+
+
+# ---- the real data -------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not RSC15.is_dir(), reason=f"rsc15 not at {RSC15} (../shared/data next to the checkout)")
+def test_rsc15_matches_its_provenance_counts():
+    data = prepare_sessions("rsc15", [RSC15 / "yoochoose-clicks-100k_train_full.txt"],
+                            [RSC15 / "yoochoose-clicks-100k_test.txt"], batching="session_parallel")
+    train, test = data.train_sessions, data.test_sessions
+    assert (len(data.vocabulary), train.num_sessions, train.num_clicks) == (2933, 17794, 70278)
+    assert (test.num_sessions, test.num_clicks, test.num_targets) == (3416, 13568, 10152)
+    lanes = sum(b.batch_size for b in data.train.batches(64, 0, 1, 0))
+    assert train.num_targets - 64 * 60 < lanes <= train.num_targets  # tails of < 64 sessions stay unused

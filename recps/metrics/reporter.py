@@ -52,9 +52,9 @@ from typing import Any, Iterable, Mapping, Protocol, Sequence
 import torch
 from torch import Tensor
 
-from recps.errors import ConfigError
-from recps.metrics.base import Metric, State
-from recps.metrics.collection import MetricCollection
+from recps.errors import ConfigError, DataError
+from recps.metrics.base import Metric, State, prepare_pointwise
+from recps.metrics.collection import MetricCollection, build_metric
 from recps.trainer import TrainObserver
 
 __all__ = [
@@ -182,6 +182,18 @@ def build_merger(kind: str = "auto", *, client: Any = None, group: Any = None) -
     raise ConfigError(f"metrics.merge={kind!r}; use auto, local, gloo or ps")
 
 
+def _specs(metrics: Iterable[str] | Mapping[str, Mapping[str, Any] | None]) -> list[tuple[str, dict[str, Any]]]:
+    """Metric names (or name -> kwargs) as [(name, kwargs)], as MetricCollection takes them."""
+    if isinstance(metrics, str):
+        raise ConfigError(f"metrics.metrics={metrics!r} is a string; write a list, e.g. [{metrics}]")
+    if isinstance(metrics, Mapping):
+        return [(str(k), dict(v or {})) for k, v in metrics.items()]
+    specs = [(str(m), {}) for m in metrics]
+    if not specs:
+        raise ConfigError("metrics.metrics is empty; name at least one, e.g. [auc, logloss]")
+    return specs
+
+
 def _json_value(v: float) -> float | None:
     return None if isinstance(v, float) and not math.isfinite(v) else v
 
@@ -193,7 +205,9 @@ class MetricsReporter(TrainObserver):
         metrics: pointwise metric names or a mapping name -> kwargs (as ``MetricCollection``),
             e.g. ``[auc, logloss, accuracy, copc]``; grouped ones (gauc, pnr) need group ids
             the trainer does not pass, so they are refused here.
-        task: converts logits to probs and gives the target column (``predict``, ``target``).
+        task: converts logits to probs and gives the targets (``predict``, ``target``); a task
+            with ``task_names`` (MultiTask: (B, T) probs and targets) gets every metric per
+            task, reported as ``<metric>/<task>`` as evaluation names them.
         threads: the trainer's thread count.
         every_steps: report every this many global steps (0: pass reports only).
         out_dir: the run's folder: ``train_metrics.jsonl`` and ``tensorboard/`` go there
@@ -227,14 +241,25 @@ class MetricsReporter(TrainObserver):
             raise ConfigError(f"metrics.every_steps={every_steps}; use 0 (pass reports only) or a positive step count")
         if int(threads) < 1:
             raise ConfigError(f"MetricsReporter: threads={threads}; set it to the trainer's thread count (>= 1)")
-        template = MetricCollection(metrics, device=device)
+        specs = _specs(metrics)
+        # Multi-task: one set of metrics per task column, named <metric>/<task> as evaluation does.
+        self.task_names = [str(n) for n in (getattr(task, "task_names", None) or ())]
+        if self.task_names:
+            members = [build_metric(spec, **{**kw, "name": f"{spec}/{t}", "device": device})
+                       for t in self.task_names for spec, kw in specs]
+            self._columns = [[m.name for m in members[j * len(specs):(j + 1) * len(specs)]]
+                             for j in range(len(self.task_names))]
+        else:
+            members = [build_metric(spec, **{**kw, "device": device}) for spec, kw in specs]
+            self._columns = []
+        template = MetricCollection(members, device=device)
         if template.kind != "pointwise" or any(not template[n].additive for n in template):
             raise ConfigError(
-                f"metrics.metrics={template.names}: training metrics are pointwise and additive "
+                f"metrics.metrics={[spec for spec, _ in specs]}: training metrics are pointwise and additive "
                 f"(auc, logloss, accuracy, mae, rmse, actual_ctr, predicted_ctr, copc, calibration); "
                 f"compute gauc/pnr/recall@K in evaluation"
             )
-        if "examples" in template:
+        if any(spec == "examples" for spec, _ in specs):
             raise ConfigError("metrics.metrics names 'examples'; every report carries the example count already, drop it")
         self._template = MetricCollection([*(template[n] for n in template), ExampleCount(device=device)], device=device)
         self.task = task
@@ -364,8 +389,36 @@ class MetricsReporter(TrainObserver):
                 part = parts.get(epoch)
                 if part is None:
                     part = parts[epoch] = self._template.clone()  # zeros: the template is never updated
-                part.update(self.task.predict(logits), target)
+                self._update(part, self.task.predict(logits), target)
         stash.clear()
+
+    def _update(self, part: MetricCollection, probs: Tensor, target: Tensor) -> None:
+        """probs, target (N,) or, for a multi-task task, (N, T): each column feeds its task's metrics."""
+        if not self._columns:
+            if probs.dim() > 1 and probs.shape[1:].numel() > 1:
+                raise DataError(
+                    f"training metrics: {type(self.task).__name__}.predict gives {tuple(probs.shape)} per batch, "
+                    f"not one probability per example; ranking and retrieval tasks report in evaluation: "
+                    f"set metrics=off"
+                )
+            part.update(probs, target)
+            return
+        if probs.dim() != 2 or probs.shape[1] != len(self._columns) or target.shape != probs.shape:
+            raise DataError(
+                f"training metrics: tasks {self.task_names} need probs and targets of shape (N, {len(self._columns)}); "
+                f"{type(self.task).__name__} gave {tuple(probs.shape)} and {tuple(target.shape)}"
+            )
+        part["examples"].update(probs[:, 0], target[:, 0])
+        for j, names in enumerate(self._columns):
+            members = [part[n] for n in names]
+            p, y, _ = prepare_pointwise(
+                probs[:, j], target[:, j], who=f"task {self.task_names[j]}", device=part.device,
+                needs_probs=any(m.needs_probs for m in members),
+                needs_unit_labels=any(m.needs_unit_labels for m in members),
+            )
+            if p.numel():
+                for m in members:
+                    m._update(p, y, None)  # one checked column for all of this task's metrics
 
     def _flush_all(self) -> None:
         for t in range(self.threads):

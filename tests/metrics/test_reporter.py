@@ -27,7 +27,7 @@ from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from recps.data.batch import Batch
-from recps.errors import ConfigError
+from recps.errors import ConfigError, DataError
 from recps.metrics import MetricCollection
 from recps.metrics.reporter import GlooMerger, MetricsReporter, build_reporter, check_metrics_config
 from recps.tasks import BinaryTask
@@ -126,6 +126,49 @@ def test_a_late_thread_does_not_repeat_or_skip_a_report():
     assert [(r["step"], r["examples"]) for r in rep.reports] == [(2, ROWS), (4, ROWS)]
 
 
+class TwoHeads(nn.Module):
+    """Two logit columns (B, 2) from fixed weights: click and conversion towers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(DENSE, 2)
+        gen = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            self.linear.weight.copy_(torch.randn(2, DENSE, generator=gen))
+            self.linear.bias.zero_()
+
+    def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
+        return self.linear(dense)  # (B, 2)
+
+
+def test_multi_task_metrics_per_task_column():
+    from recps.tasks.multitask import MultiTask
+
+    batches = make_batches(0, 5)
+    for i, b in enumerate(batches):  # a second label column: conversions, rarer than clicks
+        conv = (torch.rand(ROWS, generator=torch.Generator().manual_seed(i)) < 0.3).float() * b.labels[:, 0]
+        b.labels = torch.stack([b.labels[:, 0], conv], dim=1)  # (B, 2)
+    task = MultiTask(label_indices=(0, 1), label_names=("click", "conversion"))
+    rep = MetricsReporter(["auc", "logloss"], task, threads=1, every_steps=0)
+    model = TwoHeads()
+    params = list(model.parameters())
+    Trainer(model, nn.Identity(), task, LocalDenseUpdater(params, torch.optim.SGD(params, lr=0.0)),
+            observers=[rep]).fit(ListSource(batches), ROWS, progress=False)
+    (report,) = rep.reports
+    assert report["examples"] == 5 * ROWS
+    assert set(report) == {"kind", "step", "pass", "examples", "auc/click", "logloss/click", "auc/conversion",
+                           "logloss/conversion"}
+    with torch.no_grad():
+        probs = torch.sigmoid(torch.cat([model(b.dense, b.sparse) for b in batches]))  # (N, 2)
+    labels = torch.cat([b.labels for b in batches])  # (N, 2)
+    for j, name in enumerate(["click", "conversion"]):
+        want = MetricCollection(["auc", "logloss"])
+        want.update(probs[:, j], labels[:, j])
+        assert report[f"auc/{name}"] == pytest.approx(want.compute()["auc"], rel=1e-12)
+        assert report[f"logloss/{name}"] == pytest.approx(want.compute()["logloss"], rel=1e-12)
+    assert report["auc/click"] != pytest.approx(report["auc/conversion"], abs=1e-3)
+
+
 def test_log_jsonl_and_undefined_values(tmp_path, caplog):
     batches = make_batches(0, 4)
     for b in batches:
@@ -185,6 +228,9 @@ def test_config_errors_and_off():
         check_metrics_config(OmegaConf.merge(cfg, {"merge": "nccl"}))
     rep = build_reporter(cfg, task=BinaryTask(), threads=2, out_dir=None)
     assert rep.every_steps == cfg.every_steps and rep.threads == 2
+    rep = MetricsReporter(["auc"], BinaryTask(), threads=1, every_steps=1)
+    with pytest.raises(DataError, match=r"gives \(32, 3\) per batch.*set metrics=off"):
+        rep.on_batch(0, 1, 0, make_batches(0, 1)[0], torch.zeros(ROWS, 3), 0.0)  # scores over 3 items: a ranking task
 
 
 # ---- several workers ---------------------------------------------------------------------------

@@ -42,7 +42,8 @@ from recps.tasks.base import TaskBase
 
 __all__ = ["MultiTask", "esmm_ctcvr_loss"]
 
-ESMM_TASKS = ("ctr", "cvr", "ctcvr")
+ESMM_TASKS = ("ctr", "ctcvr")  # the columns of predict() / target()
+ESMM_EVAL = ("ctr", "cvr", "ctcvr")  # evaluation adds the post-click CVR
 
 
 def esmm_ctcvr_loss(ctr_logits: torch.Tensor, cvr_logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -64,6 +65,9 @@ class MultiTask(TaskBase):
         esmm: the model returns [ctr, cvr] logits and trains through pCTCVR (see module doc).
         label_names: the names of `Batch.labels`' columns (dataset.schema.labels); metric keys
             use them; None names them label0, label1, ...
+
+    `task_names` names the T columns of `predict` / `target` (the training metrics reporter
+    reports `<metric>/<task>` per column): the label names, or ESMM's ("ctr", "ctcvr").
     """
 
     def __init__(self, label_indices: Sequence[int] = (0, 1), weights: Sequence[float] | None = None,
@@ -156,8 +160,9 @@ class MultiTask(TaskBase):
     def evaluate(self, model: nn.Module, source: Any, batch_size: int) -> dict[str, float]:
         """Per-task metrics over one pass of `source` (a BatchSource): `<metric>/<task>`,
         `rows/<task>`, and the bare `<metric>` averaged over the trained objectives."""
-        collections = {name: MetricCollection(list(self.metrics)) for name in self.task_names}
-        rows = dict.fromkeys(self.task_names, 0)
+        names = ESMM_EVAL if self.esmm else self.task_names
+        collections = {name: MetricCollection(list(self.metrics)) for name in names}
+        rows = dict.fromkeys(names, 0)
         was_training = model.training
         model.eval()
         try:
@@ -174,9 +179,8 @@ class MultiTask(TaskBase):
             values = collection.compute() if rows[name] else dict.fromkeys(self.metrics, math.nan)
             out.update({f"{metric}/{name}": float(v) for metric, v in values.items()})
             out[f"rows/{name}"] = rows[name]
-        trained = ("ctr", "ctcvr") if self.esmm else self.task_names
-        for metric in self.metrics:
-            out[metric] = sum(out[f"{metric}/{name}"] for name in trained) / len(trained)
+        for metric in self.metrics:  # the trained objectives: predict's columns
+            out[metric] = sum(out[f"{metric}/{name}"] for name in self.task_names) / len(self.task_names)
         return out
 
     def _eval_columns(self, logits: torch.Tensor, batch: Batch):

@@ -179,5 +179,39 @@ def test_task_configs_instantiate_with_the_data_sets_label_names(name, esmm):
         plain = compose(config_name="config", overrides=[f"task={name}"])  # a one-label schema without names
     task = instantiate(cfg.task, _convert_="all")
     assert isinstance(task, MultiTask) and task.esmm is esmm
-    assert task.task_names == (("ctr", "cvr", "ctcvr") if esmm else ("click", "purchase"))
+    assert task.task_names == (("ctr", "ctcvr") if esmm else ("click", "purchase"))  # predict's columns
     assert instantiate(plain.task, _convert_="all").label_names is None
+
+
+class LinearHeads(nn.Module):
+    """Two logit columns from the dense inputs; trained with lr 0, so the scores stay fixed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(2, 2)
+
+    def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
+        return self.linear(dense)  # (B, 2)
+
+
+def test_training_metrics_reporter_gets_esmm_columns_ctr_and_ctcvr():
+    """The reporter reports <metric>/<task> per predict() column; for ESMM these are ctr and
+    ctcvr, and they agree with the task's own evaluation on the same fixed scores."""
+    from recps.metrics.reporter import MetricsReporter
+    from recps.trainer import LocalDenseUpdater, Trainer
+
+    logits, labels = random_rows(1024, seed=2)
+    task = MultiTask(esmm=True, metrics=("auc", "logloss"))
+    model = LinearHeads()
+    params = list(model.parameters())
+    reporter = MetricsReporter(["auc", "logloss"], task, threads=1, every_steps=0)
+    Trainer(model, nn.Identity(), task, LocalDenseUpdater(params, torch.optim.SGD(params, lr=0.0)),
+            observers=[reporter]).fit(source(logits, labels), 128, progress=False)
+    (report,) = reporter.reports
+    evaluated = task.evaluate(model, source(logits, labels), 256)
+    assert {k for k in report if "/" in k} == {"auc/ctr", "logloss/ctr", "auc/ctcvr", "logloss/ctcvr"}
+    for key in ("auc/ctr", "auc/ctcvr"):
+        assert report[key] == pytest.approx(evaluated[key], abs=1e-3)
+    for key in ("logloss/ctr", "logloss/ctcvr"):
+        assert report[key] == pytest.approx(evaluated[key], rel=1e-5)

@@ -14,7 +14,7 @@ Shapes: B batch, F sparse features, D embedding dim, I dense inputs, N = F*D + I
 Both towers share the embeddings and see every impression (the entire space), so the CVR
 tower is not trained on clicked rows only (the paper's sample-selection bias) and its
 sparse conversion signal borrows the CTR task's embeddings. The CVR tower has no loss of
-its own: recps.tasks.MultiTask(esmm=True) trains σ(ctr) on clicks and the product
+its own: recps.tasks.multitask.MultiTask(esmm=True) trains σ(ctr) on clicks and the product
 pCTCVR on click-and-convert labels.
 
 Example:

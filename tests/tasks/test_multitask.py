@@ -215,3 +215,15 @@ def test_training_metrics_reporter_gets_esmm_columns_ctr_and_ctcvr():
         assert report[key] == pytest.approx(evaluated[key], abs=1e-3)
     for key in ("logloss/ctr", "logloss/ctcvr"):
         assert report[key] == pytest.approx(evaluated[key], rel=1e-5)
+
+
+@pytest.mark.parametrize("model, esmm", [("shared_bottom", False), ("mmoe", False), ("ple", False), ("esmm", True)])
+def test_multitask_models_default_to_their_task_and_data_set(model, esmm):
+    """`python -m recps.train model=<name>` runs the right task on two-label data; the command line still wins."""
+    register_resolvers()
+    with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"model={model}"])
+        other = compose(config_name="config", overrides=[f"model={model}", "dataset=aliexpress", "task=binary"])
+    assert cfg.dataset.name == "synthetic_multitask" and cfg.task.esmm is esmm
+    assert instantiate(cfg.task, _convert_="all").label_names == ("click", "conversion")
+    assert other.dataset.name == "aliexpress" and other.task._target_ == "recps.tasks.BinaryTask"

@@ -232,10 +232,14 @@ class SequenceSource:
     """Rows of whole sessions (windows of `max_len` clicks for longer ones); see the module docstring.
 
     Shard k of n takes rows order[k::n] (order: shuffled per (seed, epoch) when `shuffle`).
+    `bucket` > 1 groups rows of similar length: each run of `bucket` batches of the shard is
+    sorted by row length before it is cut into batches, and the batches are visited in a
+    shuffled order (rsc15 sessions average 4 clicks but reach 58: unbucketed, a batch of 128
+    pads to about 20 positions per row, bucketed to about 5).
     """
 
     def __init__(self, sessions: Sessions, feature: str = "item", max_len: int | None = None,
-                 shuffle: bool = True, seed: int = 0) -> None:
+                 shuffle: bool = True, seed: int = 0, bucket: int = 32) -> None:
         if max_len is not None and int(max_len) < 1:
             raise ConfigError(f"dataset.max_len={max_len}; use a positive length or null (whole sessions)")
         if bool((sessions.lengths < 2).any()):
@@ -246,6 +250,9 @@ class SequenceSource:
         self.max_len = None if max_len is None else int(max_len)
         self.shuffle = shuffle
         self.seed = seed
+        if int(bucket) < 1:
+            raise ConfigError(f"SequenceSource: bucket={bucket}; use 1 (no length bucketing) or more batches")
+        self.bucket = int(bucket)
         self.row_start, self.row_len, self.row_first = self._rows()  # (R,) each
 
     def _rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -272,7 +279,20 @@ class SequenceSource:
     def batches(self, batch_size: int, shard_index: int, num_shards: int, epoch: int) -> Iterator[Batch]:
         _check_sharding(batch_size, shard_index, num_shards)
         mine = _order(len(self), self.shuffle, self.seed, epoch)[shard_index::num_shards]  # (R_k,)
-        for rows in mine.split(batch_size):
+        if self.bucket > 1:
+            # Rows of similar length share a batch (a batch pads to its longest row): sort each
+            # window of `bucket` batches by length, then visit the batches in a shuffled order.
+            window = batch_size * self.bucket
+            parts = []
+            for chunk in mine.split(window):
+                parts.append(chunk[torch.sort(self.row_len[chunk], stable=True).indices])
+            mine = torch.cat(parts)
+            batches = list(mine.split(batch_size))
+            visit = _order(len(batches), self.shuffle, self.seed + 1, epoch).tolist()
+            batches = [batches[i] for i in visit]
+        else:
+            batches = list(mine.split(batch_size))
+        for rows in batches:
             yield self._batch(rows)
 
     def _batch(self, rows: torch.Tensor) -> Batch:
@@ -417,6 +437,7 @@ def prepare_sessions(
     integer_ids: bool = True,
     min_length: int = 2,
     shuffle: bool = True,
+    bucket: int = 32,
     error_budget: float | int = 0.001,
     seed: int = 0,
 ) -> SessionData:
@@ -425,6 +446,7 @@ def prepare_sessions(
     Args:
         batching: "session_parallel" (GRU4Rec's training) or "sequences" (SASRec's).
         max_len: L, the most clicks a sequence row holds (SASRec's positions); None: whole sessions.
+        bucket: sequence rows of similar length share a batch (see `SequenceSource`).
         Others: the file layout (see `read_clicks`), `min_length` of a kept session, `shuffle`
         the training order per epoch, `seed`.
     """
@@ -450,7 +472,7 @@ def prepare_sessions(
     if batching == "session_parallel":
         train_source = SessionParallelSource(train_sessions, feature, shuffle, seed)
     else:
-        train_source = SequenceSource(train_sessions, feature, max_len, shuffle, seed)  # type: ignore[assignment]
+        train_source = SequenceSource(train_sessions, feature, max_len, shuffle, seed, bucket)  # type: ignore[assignment]
     schema = Schema(labels=("next_item",), sequence=(feature,), separator=separator)
     return SessionData(schema, vocabulary, train_sessions, test_sessions, train_source,
-                       SequenceSource(test_sessions, feature, max_len, shuffle=False, seed=seed))
+                       SequenceSource(test_sessions, feature, max_len, shuffle=False, seed=seed, bucket=bucket))

@@ -176,10 +176,26 @@ def rows_of(batch) -> list[tuple[list[int], list[int]]]:
 
 
 def test_sequence_rows_are_sessions_shifted_by_one():
-    source = SequenceSource(sessions_of(SESSIONS), shuffle=False)
+    source = SequenceSource(sessions_of(SESSIONS), shuffle=False, bucket=1)
     rows = [r for b in source.batches(3, 0, 1, 0) for r in rows_of(b)]
     assert rows == [(s[:-1], s[1:]) for s in SESSIONS]
     assert len(source) == len(SESSIONS)
+
+
+def test_length_buckets_hold_the_same_rows_with_less_padding():
+    sessions = [[i] * n for i, n in enumerate([2, 9, 3, 8] * 4)]
+    plain = SequenceSource(sessions_of(sessions), shuffle=True, seed=2, bucket=1)
+    bucketed = SequenceSource(sessions_of(sessions), shuffle=True, seed=2, bucket=8)  # one window
+
+    def run(source):
+        batches = list(source.batches(2, 0, 1, 0))
+        return sorted(map(str, (r for b in batches for r in rows_of(b)))), sum(b.labels.numel() for b in batches)
+
+    (rows_plain, padded_plain), (rows_bucketed, padded_bucketed) = run(plain), run(bucketed)
+    assert rows_plain == rows_bucketed
+    assert padded_bucketed == sum(n - 1 for n in [2, 9, 3, 8] * 4) < padded_plain  # pairs of equal length
+    with pytest.raises(ConfigError, match="bucket=0"):
+        SequenceSource(sessions_of(sessions), bucket=0)
 
 
 def test_windows_predict_every_target_once_from_its_last_max_len_clicks():

@@ -20,10 +20,11 @@ the next items as float32 (exact below 2^24 items):
 
 SessionParallelSource, GRU4Rec's session-parallel mini-batches (Hidasi et al. 2016, §3.1.1).
 B lanes each walk through one session, one click per step; a lane that reaches the last
-click of its session continues with the next unused session, and `session_start` tells the
-model to reset that lane's hidden state. The epoch ends when a lane finds no session left
-(as GRU4Rec: at most B-1 sessions of a shard are unused in an epoch; shuffling per epoch
-rotates them).
+click of its session continues with the next session, and `session_start` tells the model
+to reset that lane's hidden state. An epoch is ceil((M - S) / B) steps (the targets over the
+lanes; per shard its share), so its length is known in advance; a lane that finds the
+sessions used up wraps around to the first ones (GRU4Rec's loop stops there instead; either
+way about B sessions are in flight when an epoch ends, and shuffling per epoch rotates them).
 
     lane 0:  a1 a2 a3 | d1 d2 ...            batch t = SessionParallelBatch(
     lane 1:  b1 b2 | e1 e2 e3 ...                sparse  KJT lengths (B,) = 1, the clicks at t
@@ -184,7 +185,10 @@ class SessionParallelSource:
     """GRU4Rec's session-parallel mini-batches over `sessions` (see the module docstring).
 
     Shard k of n walks the sessions order[k::n] (order: shuffled per (seed, epoch) when
-    `shuffle`); a shard with fewer sessions than `batch_size` runs that many lanes.
+    `shuffle`) in `batch_size` lanes. An epoch of the shard is its share of the M - S targets,
+    ceil(len(range(k, M - S, n)) / batch_size) steps, known before it starts (sync mode needs
+    the same step count on every thread; `len()` is M - S); a lane that finds the shard's
+    sessions used up wraps around to its first ones.
     """
 
     def __init__(self, sessions: Sessions, feature: str = "item", shuffle: bool = True, seed: int = 0) -> None:
@@ -204,15 +208,17 @@ class SessionParallelSource:
         items, offsets = self.sessions.items, self.sessions.offsets
         mine = _order(self.sessions.num_sessions, self.shuffle, self.seed, epoch)[shard_index::num_shards]  # (S_k,)
         starts, ends = offsets[mine], offsets[mine + 1]  # (S_k,)
-        lanes = min(batch_size, mine.numel())
-        if lanes == 0:
+        steps = -(-len(range(shard_index, self.sessions.num_targets, num_shards)) // batch_size)
+        if steps == 0 or mine.numel() == 0:
             return
-        cur, end = starts[:lanes].clone(), ends[:lanes].clone()  # (B,) click index, session end per lane
+        lanes = batch_size
+        first = torch.arange(lanes) % mine.numel()  # (B,) the lanes' first sessions
+        cur, end = starts[first], ends[first]  # (B,) click index, session end per lane
         fresh = torch.ones(lanes, dtype=torch.bool)  # (B,)
         taken = lanes
         empty_dense = torch.zeros(lanes, 0)
         one = torch.ones(lanes, dtype=torch.int64)
-        while True:
+        for _ in range(steps):
             sparse = KeyedJaggedTensor(keys=[self.feature], values=items[cur], lengths=one, stride=lanes)
             labels = items[cur + 1].to(torch.float32)[:, None]  # (B, 1)
             yield SessionParallelBatch(empty_dense, sparse, labels, fresh)
@@ -220,10 +226,9 @@ class SessionParallelSource:
             done = cur + 1 >= end  # (B,) the lane's session has no target left
             k = int(done.sum())
             if k:
-                if taken + k > mine.numel():
-                    return
-                cur = cur.masked_scatter(done, starts[taken:taken + k])
-                end = end.masked_scatter(done, ends[taken:taken + k])
+                nxt = (taken + torch.arange(k)) % mine.numel()  # (k,) the next sessions, wrapping around
+                cur = cur.masked_scatter(done, starts[nxt])
+                end = end.masked_scatter(done, ends[nxt])
                 taken += k
             fresh = done
 

@@ -106,25 +106,30 @@ def test_prepare_refuses_unknown_batching_and_missing_test(tmp_path):
 
 
 def reference_lanes(sessions: list[list[int]], lanes: int) -> list[tuple[list[int], list[int], list[bool]]]:
-    """GRU4Rec's session-parallel loop written plainly: (inputs, targets, starts) per step."""
-    queue = list(range(len(sessions)))
-    current = [queue.pop(0) for _ in range(lanes)]
-    pos = [0] * lanes
-    start = [True] * lanes
-    steps = []
-    while True:
-        steps.append(([sessions[s][p] for s, p in zip(current, pos)],
-                      [sessions[s][p + 1] for s, p in zip(current, pos)], list(start)))
+    """The session-parallel loop written plainly: (inputs, targets, starts) per step; lanes
+    take sessions in order (wrapping around) for ceil(targets / lanes) steps."""
+    steps = -(-sum(len(s) - 1 for s in sessions) // lanes)
+    taken = 0
+
+    def next_session() -> int:
+        nonlocal taken
+        taken += 1
+        return (taken - 1) % len(sessions)
+
+    current = [next_session() for _ in range(lanes)]
+    pos, start, out = [0] * lanes, [True] * lanes, []
+    for _ in range(steps):
+        out.append(([sessions[s][p] for s, p in zip(current, pos)],
+                     [sessions[s][p + 1] for s, p in zip(current, pos)], list(start)))
         start = [False] * lanes
         for lane in range(lanes):
             pos[lane] += 1
             if pos[lane] + 1 >= len(sessions[current[lane]]):
-                if not queue:
-                    return steps
-                current[lane], pos[lane], start[lane] = queue.pop(0), 0, True
+                current[lane], pos[lane], start[lane] = next_session(), 0, True
+    return out
 
 
-@pytest.mark.parametrize("lanes", [1, 2, 3, 7])
+@pytest.mark.parametrize("lanes", [1, 2, 3, 7, 10])
 def test_session_parallel_batches_match_the_reference_loop(lanes):
     source = SessionParallelSource(sessions_of(SESSIONS), shuffle=False)
     got = [(b.sparse["item"].values().tolist(), b.labels[:, 0].long().tolist(), b.session_start.tolist())
@@ -142,18 +147,31 @@ def test_session_parallel_batch_layout():
 
 
 def test_session_parallel_shards_partition_sessions_and_shuffle_per_epoch():
-    sessions = [[i, i + 100] for i in range(40)]  # one target each: lanes never run dry early
+    sessions = [[i, i + 100] for i in range(40)]  # one target each: every step moves every lane on
     source = SessionParallelSource(sessions_of(sessions), shuffle=True, seed=3)
 
     def firsts(shard, shards, epoch):
         return [i for b in source.batches(4, shard, shards, epoch) for i in b.sparse.values().tolist()]
 
     shards = [firsts(k, 3, 0) for k in range(3)]
-    seen = sorted(i for s in shards for i in s)
-    assert len(seen) == len(set(seen))  # disjoint
-    assert len(seen) >= 40 - 3 * 3  # each shard leaves at most lanes - 1 sessions unused
+    assert [len(s) for s in shards] == [16, 16, 16]  # ceil(14 / 4), ceil(13 / 4) steps of 4 lanes
+    seen = [set(s) for s in shards]
+    assert not (seen[0] & seen[1]) and not (seen[0] & seen[2]) and not (seen[1] & seen[2])
+    assert set().union(*seen) == set(range(40))  # every session read; 2-3 twice (wrapped)
     assert firsts(0, 3, 0) == shards[0]  # deterministic per (seed, shard, epoch)
     assert firsts(0, 3, 1) != shards[0]
+
+
+def test_session_parallel_steps_match_the_worker_shard_count():
+    """Sync mode runs every thread for min(WorkerShards.shard_batches) steps: each shard has that many."""
+    from recps.ps.worker import WorkerShards
+
+    source = SessionParallelSource(sessions_of(SESSIONS), shuffle=True)
+    for workers, threads, batch in [(1, 1, 3), (1, 2, 2), (2, 2, 1), (3, 1, 4)]:
+        for w in range(workers):
+            view = WorkerShards(source, w, workers)
+            counts = [sum(1 for _ in view.batches(batch, t, threads, 0)) for t in range(threads)]
+            assert counts == view.shard_batches(batch, threads)[w * threads:(w + 1) * threads]
 
 
 def test_session_parallel_refuses_single_click_sessions():
@@ -245,5 +263,5 @@ def test_rsc15_matches_its_provenance_counts():
     train, test = data.train_sessions, data.test_sessions
     assert (len(data.vocabulary), train.num_sessions, train.num_clicks) == (2933, 17794, 70278)
     assert (test.num_sessions, test.num_clicks, test.num_targets) == (3416, 13568, 10152)
-    lanes = sum(b.batch_size for b in data.train.batches(64, 0, 1, 0))
-    assert train.num_targets - 64 * 60 < lanes <= train.num_targets  # tails of < 64 sessions stay unused
+    steps = sum(1 for _ in data.train.batches(64, 0, 1, 0))
+    assert steps == -(-train.num_targets // 64) == 821

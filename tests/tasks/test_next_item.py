@@ -81,8 +81,8 @@ def test_session_parallel_state_gives_the_whole_session_scores(layers):
         torch.testing.assert_close(scores, whole[clicks], atol=1e-5, rtol=1e-5)
         assert batch.labels[:, 0].long().tolist() == (clicks + 1).tolist()
         checked += clicks.tolist()
-    # Lanes 1 and 2 move to sessions 3, 4, 5 as theirs end; lane 0 then finds no session left.
-    assert checked == [0, 4, 6, 1, 9, 7, 2, 11, 16]
+    # 12 targets over 3 lanes: 4 steps; lanes move on to sessions 3, 4, 5, then wrap to 0 and 1.
+    assert checked == [0, 4, 6, 1, 9, 7, 2, 11, 16, 0, 12, 4]
 
 
 def test_a_thread_without_state_cannot_continue_lanes():

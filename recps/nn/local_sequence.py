@@ -20,6 +20,13 @@ Example:
     (torch.Size([3, 4]), [2, 1])
     >>> bool((out.values()[0] == out.values()[2]).all())   # key 3 twice: the same row
     True
+    >>> two = LocalEmbeddingCollection(["a", "b"], embedding_dim=4, num_embeddings=10)
+    >>> kjt = KeyedJaggedTensor.from_lengths_sync(["a", "b"], torch.tensor([1, 2, 3, 4, 4]), torch.tensor([1, 0, 2, 2]))
+    >>> out = two(kjt)                                   # a: 1 key, b: 4 keys (M = 4 bags per feature)
+    >>> [(f, tuple(jt.values().shape), jt.lengths().tolist()) for f, jt in out.items()]
+    [('a', (1, 4), [1, 0]), ('b', (4, 4), [2, 2])]
+    >>> bool((out["b"].values()[2] == out["b"].values()[3]).all())
+    True
 """
 
 from __future__ import annotations

@@ -73,7 +73,13 @@ def strategy_from_config(cfg: DictConfig):
         embedding_optimizer=OmegaConf.to_container(ps.embedding_optimizer, resolve=True),
         init_std=float(ps.init_std), seed=int(cfg.seed), timeout_s=float(ps.timeout_s),
         geo_capacity=int(ps.get("geo_capacity", 1 << 16)),
+        geo_delta_scale=_optional_float(ps.get("delta_scale")),
+        geo_dense_delta_scale=_optional_float(ps.get("dense_delta_scale")),
     )
+
+
+def _optional_float(value) -> float | None:
+    return None if value is None else float(value)
 
 
 def _check(cfg: DictConfig) -> None:

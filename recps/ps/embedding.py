@@ -21,9 +21,11 @@ width, not one per feature (Paddle's CTR-DNN does the same with one sparse table
 
 Pooling uses FBGEMM's dense TBE lookup (`dense_embedding_codegen_lookup_function`: one
 kernel for all F features over the pulled rows, output already (B, F*D), backward an
-FBGEMM segment reduction). Measured on this 2-core machine (B=512, F=26, one key per bag,
-U=8000, forward + backward, median of 5×20, loaded machine): FBGEMM 6.3 ms (D=9) / 7.2 ms
-(D=12), rows[inverse] gather 8.2 / 8.8 ms, F.embedding_bag + transpose 14.3 / 17.9 ms.
+FBGEMM segment reduction), because it pays: `python -m benchmarks.ps_throughput --pooling`
+(B=512, F=26, one key per bag, U=8000, forward + backward, one thread, median of 5x20, three
+runs on the shared 2-core machine, load 7-8): FBGEMM 2.2-4.5 ms (D=9) / 1.8-5.0 ms (D=12),
+F.embedding_bag + transpose 8.4-16.2 / 10.0-16.7 ms (3-4x slower), rows[inverse] gather
+2.8-5.4 / 3.3-7.3 ms (faster once of six, and it only pools bags of one key).
 
 GEO: a communicator that trains a local replica itself (`FusedBagLookup`, see
 recps.ps.modes.geo) gets the ids and offsets and returns the pooled output; its TBE's

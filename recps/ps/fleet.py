@@ -91,6 +91,8 @@ class DistributedStrategy:
         seed: of the servers' initializer.
         timeout_s: bound of every wait on a server or a barrier.
         geo_capacity: initial replica rows per table (doubles as needed).
+        geo_delta_scale, geo_dense_delta_scale: factors of the sparse / dense deltas a GEO worker
+            sends (None: 1 / workers, Paddle's averaging).
     """
 
     mode: str = "async"
@@ -104,6 +106,8 @@ class DistributedStrategy:
     seed: int = 0
     timeout_s: float = 60.0
     geo_capacity: int = 1 << 16
+    geo_delta_scale: float | None = None
+    geo_dense_delta_scale: float | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -124,6 +128,7 @@ class DistributedStrategy:
             mode=self.mode, threads=self.threads, k_steps=self.k_steps, max_pending=self.max_pending,
             merge_threshold=self.merge_threshold, dense_refresh_steps=self.dense_refresh_steps,
             geo_capacity=self.geo_capacity, timeout_s=self.timeout_s, embedding_optimizer=self.embedding_optimizer,
+            geo_delta_scale=self.geo_delta_scale, geo_dense_delta_scale=self.geo_dense_delta_scale,
         )
 
 

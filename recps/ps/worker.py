@@ -204,6 +204,8 @@ class CommunicatorSettings:
     merge_threshold: int = 4
     dense_refresh_steps: int = 1
     geo_capacity: int = 1 << 16
+    geo_delta_scale: float | None = None
+    geo_dense_delta_scale: float | None = None
     timeout_s: float | None = None
     embedding_optimizer: Mapping = field(default_factory=lambda: {"name": "rowwise_adagrad", "lr": 0.05})
 
@@ -227,5 +229,6 @@ def make_communicator(settings: CommunicatorSettings, client):
         from recps.ps.modes.geo import GeoCommunicator
 
         return GeoCommunicator(client, k_steps=settings.k_steps, optimizer=dict(settings.embedding_optimizer),
-                               capacity=settings.geo_capacity, timeout_s=settings.timeout_s)
+                               capacity=settings.geo_capacity, timeout_s=settings.timeout_s,
+                               delta_scale=settings.geo_delta_scale, dense_delta_scale=settings.geo_dense_delta_scale)
     raise ConfigError(f"ps mode {mode!r} is not one of {MODES} (ps=local trains without servers)")

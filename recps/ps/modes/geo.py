@@ -226,14 +226,15 @@ class GeoCommunicator:
         dense_lr: SGD rate of `push_dense` (protocol callers; the trainer steps its own optimizer).
         capacity: initial replica rows per table (doubles when full).
         timeout_s: every wait on the servers (None: the client's).
-        delta_scale: factor of every delta sent (None: 1 / the client's num_workers).
+        delta_scale: factor of the sparse rows' deltas (None: 1 / the client's num_workers).
+        dense_delta_scale: factor of the dense deltas (None: 1 / the client's num_workers).
     """
 
     mode = "geo"
 
     def __init__(self, client, k_steps: int = 100, optimizer: Mapping | None = None, dense_lr: float = 0.01,
                  capacity: int = 1 << 16, timeout_s: float | None = None,
-                 delta_scale: float | None = None) -> None:
+                 delta_scale: float | None = None, dense_delta_scale: float | None = None) -> None:
         if isinstance(k_steps, bool) or int(k_steps) != k_steps or k_steps < 1:
             raise ConfigError(f"geo: k_steps={k_steps!r}; set ps.k_steps to an integer >= 1")
         opt = dict(optimizer or {"name": "sgd", "lr": 0.01})
@@ -247,9 +248,12 @@ class GeoCommunicator:
         self.dense_lr = float(dense_lr)
         self.capacity = int(capacity)
         self.timeout_s = timeout_s
-        self.delta_scale = 1.0 / max(1, int(getattr(client, "num_workers", 1))) if delta_scale is None else float(delta_scale)
-        if not self.delta_scale > 0:
-            raise ConfigError(f"geo: delta_scale={delta_scale!r}; it must be > 0 (default 1 / workers)")
+        average = 1.0 / max(1, int(getattr(client, "num_workers", 1)))
+        self.delta_scale = average if delta_scale is None else float(delta_scale)
+        self.dense_delta_scale = average if dense_delta_scale is None else float(dense_delta_scale)
+        for name, value in (("delta_scale", self.delta_scale), ("dense_delta_scale", self.dense_delta_scale)):
+            if not value > 0:
+                raise ConfigError(f"geo: {name}={value!r}; it must be > 0 (default 1 / workers)")
         self._replicas: dict[str, _Replica] = {}
         self._dense: dict[str, _DenseReplica] = {}
         self._lock = threading.Lock()  # replicas dict, step counter
@@ -356,7 +360,7 @@ class GeoCommunicator:
         with self._sync_lock:
             rows = sum(r.sync(self.delta_scale, self.timeout_s) for r in list(self._replicas.values()))
             for dense in list(self._dense.values()):
-                dense.sync(self.delta_scale, self.timeout_s)
+                dense.sync(self.dense_delta_scale, self.timeout_s)
             self.syncs += 1
             return rows
 

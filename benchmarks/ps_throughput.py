@@ -45,7 +45,8 @@ def data_overrides(rows: int, vocab: int, seed: int) -> list[str]:
             f"dataset.generate.vocab={vocab}", f"dataset.generate.seed={seed}"]
 
 
-def run_one(mode: str, topology: str | None, rows: int, vocab: int, seed: int, k_steps: int) -> dict:
+def run_one(mode: str, topology: str | None, rows: int, vocab: int, seed: int, k_steps: int,
+            extra: list[str] = ()) -> dict:
     overrides = ["model=ctr_dnn", "trainer.batch_size=512", "trainer.epochs=1", "checkpoint=false",
                  "progress=false", f"seed={seed}", *data_overrides(rows, vocab, seed)]
     if mode == "local":
@@ -56,6 +57,7 @@ def run_one(mode: str, topology: str | None, rows: int, vocab: int, seed: int, k
     overrides += [f"ps={mode}", f"cluster.workers={workers}", f"trainer.threads={threads}"]
     if mode == "geo":
         overrides.append(f"ps.k_steps={k_steps}")
+    overrides += list(extra)
     return _measure(mode, topology, [sys.executable, "-m", "recps.train", *overrides], "metrics.json", k_steps)
 
 
@@ -171,6 +173,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=1, help="runs of the whole set")
     parser.add_argument("--modes", default="local,sync,async,geo")
     parser.add_argument("--topologies", default=",".join(TOPOLOGIES))
+    parser.add_argument("--override", action="append", default=[], help="extra recps.train override for the PS runs")
     parser.add_argument("--pooling", action="store_true", help="only the pooling kernel comparison")
     parser.add_argument("--local-child", help=argparse.SUPPRESS)  # JSON overrides: one ps=local run, here
     args = parser.parse_args(argv)
@@ -185,7 +188,7 @@ def main(argv=None) -> int:
     for run in range(1, args.repeat + 1):
         for mode in modes:
             for topology in ([None] if mode == "local" else args.topologies.split(",")):
-                r = run_one(mode, topology, args.rows, args.vocab, args.seed, args.k_steps)
+                r = run_one(mode, topology, args.rows, args.vocab, args.seed, args.k_steps, args.override)
                 r["run"] = run
                 target = TARGETS.get((mode, topology))
                 if target:

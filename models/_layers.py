@@ -9,7 +9,7 @@ from typing import Sequence
 
 from torch import nn
 
-__all__ = ["collection_layout", "mlp"]
+__all__ = ["check_dense", "collection_layout", "mlp"]
 
 
 def collection_layout(collection: nn.Module, model: str) -> tuple[list[str], int]:
@@ -36,6 +36,16 @@ def collection_layout(collection: nn.Module, model: str) -> tuple[list[str], int
             "table, set the same embedding_dim on all of them"
         )
     return names, dims[0]
+
+
+def check_dense(dense, expected: int, model: str) -> None:
+    """Raises if the dense input (B, I) does not have the I columns the model was built for."""
+    if dense.dim() != 2 or dense.shape[1] != expected:
+        raise ValueError(
+            f"{model}: dense input has shape {tuple(dense.shape)} but the model was built with "
+            f"dense_in_features={expected}; pass (B, {expected}) dense inputs, or build the model "
+            "with the dataset schema's number of dense columns"
+        )
 
 
 def mlp(in_features: int, hidden: Sequence[int], out_features: int | None = None,

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from models._layers import collection_layout, mlp
+from models._layers import check_dense, collection_layout, mlp
 
 __all__ = ["CTRDNN"]
 
@@ -58,11 +58,13 @@ class CTRDNN(nn.Module):
     ) -> None:
         super().__init__()
         names, dim = collection_layout(embedding_bag_collection, "CTRDNN")
+        self.dense_in_features = int(dense_in_features)
         self.sparse_arch = embedding_bag_collection
         self.over_arch = mlp(len(names) * dim + dense_in_features, hidden, out_features=1)
 
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
         """Returns logits (B,) for dense (B, I) and a KJT of the F sparse features."""
+        check_dense(dense, self.dense_in_features, "CTRDNN")
         pooled = self.sparse_arch(sparse).values()  # (B, F*D)
         x = torch.cat([pooled, dense], dim=1)  # (B, F*D + I)
         return self.over_arch(x).squeeze(1)  # (B,)

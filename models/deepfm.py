@@ -5,13 +5,21 @@ Prediction", IJCAI 2017, https://arxiv.org/abs/1703.04247
 
 Shapes: B batch, F sparse features, E = D+1 embedding row width, D factor dim, I dense inputs.
 Each table row holds [w | v]: column 0 is the feature's first-order weight w, columns 1..D
-its factor vector v, so one lookup per feature serves both the FM and the DNN.
+its factor vector v, so one lookup per feature serves the first-order term, the FM and the DNN.
 
-    sparse KJT ─► SparseArch ─► (B, F, E) ─┬─ w (B, F)    ─► first order Σ w ─────────────┐
-                                           └─ v (B, F, D) ─┬─► FM: ½((Σv)² − Σv²) ───────┤
-    dense (B, I) ─► DenseArch: Linear ─► (B, D) ─ appended ┘   as one more field          ├─► Σ ─► logits (B,)
-    dense (B, I) ─► Linear ─► first order (B,) ─────────────────────────────────────────── ┤
-    [v flattened (B, (F+1)·D)] ─► OverArch: MLP ─► (B,) ──────────────────────────────────┘
+    sparse KJT ─► SparseArch ─► (B, F, E) ─┬─ w (B, F)    ─► first order Σ w ─────────────────┐
+                                           └─ v (B, F, D) ─┬─► FM: ½((Σv)² − Σv²) (B,) ────────┤
+                                                           └─ flatten (B, F·D) ─┐              ├─► Σ ─► logits (B,)
+    dense (B, I) ─┬─ Linear ─► first order (B,) ─────────────────────────────── │ ─────────────┤
+                  └──────────────────────────────── concat (B, F·D + I) ◄───────┘              │
+                                                        └─► OverArch: MLP ─► (B,) ────────────┘
+
+Dense inputs enter the first-order term and the DNN, not the FM (DeepCTR's convention).
+The FM interacts the sparse fields only: dense values here are unnormalised (log1p counts
+reach ~20), and as one projected FM field (torchrec's DeepFM) or as x_j·v_j fields
+(PaddleRec, whose reader first min-max scales them to [0, 1]) they dominated the pairwise
+sum; measured on the generated Criteo world (200k rows, 26 slots × 100 keys) the projected
+field cost 0.02 AUC against the same model without it (0.738 against 0.757 after 2 epochs).
 
 The logits are pre-sigmoid: losses apply the sigmoid (no double sigmoid).
 
@@ -36,7 +44,7 @@ import torch
 from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from models._layers import collection_layout, mlp
+from models._layers import check_dense, collection_layout, mlp
 
 __all__ = ["DeepFM"]
 
@@ -46,8 +54,7 @@ class DeepFM(nn.Module):
 
     Args:
         embedding_bag_collection: pools each sparse feature to (B, D+1).
-        dense_in_features: I; the dense inputs get a first-order linear term and a
-            projection to one more D-dim FM field.
+        dense_in_features: I; the dense inputs get a first-order linear term and feed the DNN.
         hidden: DNN layer sizes.
         dropout: dropout after each DNN layer.
     """
@@ -68,23 +75,25 @@ class DeepFM(nn.Module):
             )
         self.num_features = len(names)
         self.factor_dim = width - 1
-        fields = self.num_features + (1 if dense_in_features > 0 else 0)
+        self.dense_in_features = int(dense_in_features)
         self.sparse_arch = embedding_bag_collection
-        self.dense_arch = nn.Linear(dense_in_features, self.factor_dim) if dense_in_features else None
         self.dense_linear = nn.Linear(dense_in_features, 1) if dense_in_features else None
-        self.over_arch = mlp(fields * self.factor_dim, hidden, out_features=1, dropout=dropout)
+        self.over_arch = mlp(self.num_features * self.factor_dim + dense_in_features, hidden,
+                             out_features=1, dropout=dropout)
         self.bias = nn.Parameter(torch.zeros(()))
 
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
         """Returns logits (B,) for dense (B, I) and a KJT of the F sparse features."""
+        check_dense(dense, self.dense_in_features, "DeepFM")
         rows = self.sparse_arch(sparse).values()  # (B, F*E)
         rows = rows.view(rows.shape[0], self.num_features, self.factor_dim + 1)  # (B, F, E)
         first = rows[:, :, 0].sum(dim=1) + self.bias  # (B,)
         v = rows[:, :, 1:]  # (B, F, D)
-        if self.dense_arch is not None:
+        deep_in = v.flatten(1)  # (B, F*D)
+        if self.dense_linear is not None:
             first = first + self.dense_linear(dense).squeeze(1)  # (B,)
-            v = torch.cat([v, self.dense_arch(dense).unsqueeze(1)], dim=1)  # (B, F+1, D)
+            deep_in = torch.cat([deep_in, dense], dim=1)  # (B, F*D + I)
         summed = v.sum(dim=1)  # (B, D)
         fm = 0.5 * (summed.pow(2) - v.pow(2).sum(dim=1)).sum(dim=1)  # (B,)
-        deep = self.over_arch(v.flatten(1)).squeeze(1)  # (B,)
+        deep = self.over_arch(deep_in).squeeze(1)  # (B,)
         return first + fm + deep  # (B,)

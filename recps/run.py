@@ -8,8 +8,9 @@ from __future__ import annotations
 import inspect
 import logging
 import random
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -22,17 +23,17 @@ from recps.data.dataset import PreparedData, prepare_data
 from recps.errors import ConfigError
 from recps.debug.dump import build_dump, check_debug_config
 from recps.metrics import MetricCollection
-from recps.metrics.reporter import build_reporter, check_metrics_config
+from recps.metrics.reporter import MetricsReporter, build_reporter, check_metrics_config
 from recps.nn import LocalEmbeddingBagCollection, LocalEmbeddingCollection
 from recps.trainer import LocalDenseUpdater, Trainer, dense_parameters
 
-__all__ = ["Job", "build_job", "prepare_dataset", "run_training", "evaluate"]
+__all__ = ["Job", "build_job", "build_observers", "prepare_dataset", "run_training", "evaluate", "training_observers"]
 
 log = logging.getLogger("recps.run")
 
 # Keys of conf/model/*.yaml that the engine reads itself (it builds the tables from them;
 # a session dataset reads `batching` to form the batches the model trains on).
-MODEL_ENGINE_KEYS = ("embedding_dim", "batching")
+MODEL_ENGINE_KEYS = ("embedding_dim", "batching", "embedding_lr")
 # The collection a model takes: pooled (ranking, retrieval) or per key (sequence models).
 MODEL_INJECTED = ("embedding_bag_collection", "embedding_collection", "dense_in_features")
 
@@ -126,7 +127,20 @@ def build_job(cfg: DictConfig, data: PreparedData | None = None) -> Job:
     optimizer = instantiate(cfg.optimizer)(dense)
     trainer = Trainer(model, collection, task, LocalDenseUpdater(dense, optimizer),
                       threads=int(cfg.trainer.threads))
-    return Job(cfg, data, collection, model, task, optimizer, trainer)
+    job = Job(cfg, data, collection, model, task, optimizer, trainer)
+    trainer.observers = build_observers(cfg.trainer.get("observers"), job)
+    return job
+
+
+def build_observers(specs, job: Job) -> list:
+    """Extra TrainObservers from `trainer.observers`: a list of `_target_` configs, each called
+    with `job=` (e.g. benchmarks.quality.HeldOutAUC, a held-out AUC every N steps). They run in
+    every process that trains (ps=local, each PS worker); `close()` is called after the fit."""
+    observers = []
+    for i, spec in enumerate(specs or ()):
+        check_target_args(spec, f"trainer.observers[{i}]", injected=("job",))
+        observers.append(instantiate(spec, job=job, _convert_="all"))
+    return observers
 
 
 def evaluate(job: Job) -> dict[str, float]:
@@ -139,25 +153,40 @@ def evaluate(job: Job) -> dict[str, float]:
     return {name: float(value) for name, value in metrics.compute().items()}
 
 
+@contextmanager
+def training_observers(job: Job, out_dir: Path, *, client: Any = None, rank: int = 0) -> Iterator[MetricsReporter | None]:
+    """Attaches the training observers job.cfg asks for to job.trainer for the block: global
+    metrics every N steps and each pass (conf/metrics) and the debug dump (conf/debug, off by
+    default); closes and detaches them after it. Yields the reporter (None when metrics are off).
+
+    client: a PS worker's PSClient (metrics merge over the workers through the servers).
+    rank: the worker's index: its dump files carry it; only rank 0 writes metric files."""
+    cfg = job.cfg
+    reporter = build_reporter(cfg.get("metrics"), task=job.task, threads=int(cfg.trainer.threads),
+                              out_dir=out_dir if rank == 0 else None, client=client, step_base=job.steps_done,
+                              device=str(cfg.device))
+    dump = build_dump(cfg.get("debug"), out_dir, task=job.task, collection=job.collection, rank=rank,
+                      step_base=job.steps_done)
+    extra = list(job.trainer.observers)  # trainer.observers (build_job)
+    job.trainer.observers = [*extra, *(o for o in (reporter, dump) if o is not None)]
+    try:
+        yield reporter
+    finally:
+        for observer in job.trainer.observers:
+            observer.close()
+        job.trainer.observers = []
+
+
 def run_training(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     """Trains per cfg, evaluates, saves `out_dir/checkpoint`; returns the metrics dict."""
     job = build_job(cfg)
     if cfg.trainer.resume:
         load_checkpoint(job, cfg.trainer.resume)
         log.info("resumed from %s at epoch %d, step %d", cfg.trainer.resume, job.epochs_done, job.steps_done)
-    # Training observers: global metrics every N steps / pass, and the debug dump (off by default).
-    reporter = build_reporter(cfg.get("metrics"), task=job.task, threads=int(cfg.trainer.threads), out_dir=out_dir,
-                              step_base=job.steps_done, device=str(cfg.device))
-    dump = build_dump(cfg.get("debug"), out_dir, task=job.task, collection=job.collection, step_base=job.steps_done)
-    job.trainer.observers = [o for o in (reporter, dump) if o is not None]
-    try:
+    with training_observers(job, out_dir) as reporter:
         stats = job.trainer.fit(job.data.train, int(cfg.trainer.batch_size), epochs=int(cfg.trainer.epochs),
                                 max_steps=int(cfg.trainer.max_steps), progress=bool(cfg.progress),
                                 first_epoch=job.epochs_done)
-    finally:
-        for observer in job.trainer.observers:
-            observer.close()
-        job.trainer.observers = []
     job.epochs_done += int(cfg.trainer.epochs)
     job.steps_done += stats.steps
     metrics: dict[str, Any] = evaluate(job)

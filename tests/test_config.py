@@ -10,13 +10,10 @@ from omegaconf import OmegaConf
 
 from recps.config import PROJECT_ROOT, check_target_args, register_resolvers
 from recps.errors import ConfigError
+from recps.run import MODEL_ENGINE_KEYS, MODEL_INJECTED  # what the engine injects into / reads from a model config
 
 CONF = PROJECT_ROOT / "conf"
 GROUP_FILES = sorted(p for p in CONF.rglob("*.yaml") if p.parent != CONF)
-# What recps.run injects into / reads from a model config (the sequence models take an
-# EmbeddingCollection; `batching` tells a session dataset how to form batches).
-MODEL_INJECTED = ("embedding_bag_collection", "embedding_collection", "dense_in_features")
-MODEL_ENGINE_KEYS = ("embedding_dim", "batching")
 EXPECTED_FILES = 45  # update when a config is added: the count proves the walk saw them all
 
 

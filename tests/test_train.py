@@ -1,0 +1,160 @@
+"""The real CLI end to end: `python -m recps.train` and `python -m recps.evaluate` on tiny inputs.
+
+Every test spawns the entry points as a user would (a subprocess, Hydra on the command
+line). Each spawn pays ~8-10 s of imports, so runs are batched: one `-m` sweep trains both
+models once, and the other tests reuse its run folders. Output goes to pytest's tmp folders
+(`hydra.run.dir` / `hydra.sweep.dir`, `dataset.dir`), never into the checkout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from recps.config import PROJECT_ROOT
+
+pytestmark = pytest.mark.timeout(600)
+
+CRITEO_TINY = PROJECT_ROOT.parent / "shared" / "data" / "criteo" / "train.tiny.csv"
+CRITEO_TINY_ROWS = 1999  # data rows in train.tiny.csv (the header excluded)
+TRAIN_ROWS, TEST_ROWS = 5000, 1000
+MODELS = ("deepfm", "ctr_dnn")
+
+
+def recps(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Runs `python -m <args>` from the checkout root; returns the finished process."""
+    env = dict(os.environ, HYDRA_FULL_ERROR="0")
+    return subprocess.run([sys.executable, "-m", *args], cwd=PROJECT_ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def check(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}"
+    return proc
+
+
+def small_synthetic(data_dir: Path) -> list[str]:
+    """Overrides for a small generated data set in `data_dir`, trained in one local process."""
+    return [
+        "ps=local", "progress=false", f"dataset.dir={data_dir}",
+        f"dataset.generate.train_rows={TRAIN_ROWS}", f"dataset.generate.test_rows={TEST_ROWS}",
+        "dataset.generate.vocab=100",
+    ]
+
+
+def sweep_runs(sweep_dir: Path, expected: int) -> list[Path]:
+    """The job folders of a basic-launcher sweep (0, 1, ...), in job order."""
+    runs = sorted((p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
+    assert len(runs) == expected, [p.name for p in sweep_dir.iterdir()]
+    return runs
+
+
+def metrics_of(run: Path) -> dict:
+    return json.loads((run / "metrics.json").read_text())
+
+
+def checkpoint_state(run: Path) -> dict:
+    return torch.load(run / "checkpoint" / "checkpoint.pt", map_location="cpu", weights_only=True)
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory) -> dict[str, Path]:
+    """`-m model=deepfm,ctr_dnn trainer.max_steps=50`: one process, two runs; model name -> run folder."""
+    root = tmp_path_factory.mktemp("sweep")
+    check(recps("recps.train", "-m", "model=deepfm,ctr_dnn", "trainer.max_steps=50",
+                *small_synthetic(root / "data"), f"hydra.sweep.dir={root / 'multirun'}"))
+    runs = sweep_runs(root / "multirun", 2)
+    return {metrics_of(run)["model"].removeprefix("models.").lower(): run for run in runs}
+
+
+def test_sweep_makes_one_run_per_model_with_metrics(sweep):
+    assert set(sweep) == {"deepfm", "ctrdnn"}
+    for name, run in sweep.items():
+        metrics = metrics_of(run)
+        assert 0.5 < metrics["auc"] <= 1.0, (name, metrics["auc"])  # vocab 100 is learnable in 5k rows
+        assert 0.0 < metrics["logloss"] < 0.69, (name, metrics["logloss"])  # better than a coin
+        assert metrics["examples_per_sec"] > 0
+        # 5,000 rows, 2 threads x ceil(2,500 / 512) = 10 steps: one epoch ends before max_steps=50.
+        assert metrics["train_examples"] == TRAIN_ROWS
+        assert metrics["train_steps"] == 10
+        assert metrics["ps"] == "local"
+        assert 0.5 < metrics["best_reachable_auc"] < 1.0
+        assert (run / "checkpoint" / "checkpoint.pt").is_file()
+        assert (run / "checkpoint" / "config.yaml").is_file()
+
+
+def test_evaluate_reproduces_the_runs_test_auc(sweep):
+    run = sweep["deepfm"]
+    proc = check(recps("recps.evaluate", str(run / "checkpoint")))
+    evaluated = json.loads(proc.stdout)
+    trained = metrics_of(run)
+    for key in ("auc", "logloss", "accuracy"):
+        assert evaluated[key] == pytest.approx(trained[key], abs=1e-6), key
+
+
+def test_resume_continues_counts_and_restores_the_saved_weights(sweep, tmp_path):
+    """trainer.epochs=0 from a checkpoint saves the loaded state back unchanged; epochs=1 goes on."""
+    run = sweep["deepfm"]
+    saved = checkpoint_state(run)
+    data_dir = run.parent.parent / "data"  # the sweep's generated data set
+    check(recps("recps.train", "-m", "trainer.epochs=0,1", f"trainer.resume={run / 'checkpoint'}",
+                *small_synthetic(data_dir), f"hydra.sweep.dir={tmp_path}"))
+    same, more = sweep_runs(tmp_path, 2)
+
+    loaded = checkpoint_state(same)
+    assert loaded["epochs_done"] == saved["epochs_done"] == 1
+    assert loaded["steps_done"] == saved["steps_done"] == 10
+    assert loaded["model"].keys() == saved["model"].keys()
+    for key, tensor in saved["model"].items():
+        assert torch.equal(loaded["model"][key], tensor), key
+    assert metrics_of(same)["auc"] == pytest.approx(metrics_of(run)["auc"], abs=1e-9)
+
+    trained_on = checkpoint_state(more)
+    assert trained_on["epochs_done"] == 2
+    assert trained_on["steps_done"] == 20
+    changed = [k for k, t in saved["model"].items() if not torch.equal(trained_on["model"][k], t)]
+    assert changed, "one more epoch changed no weight"
+
+
+def test_cfg_job_starts_nothing(tmp_path):
+    """With the default config (an async PS cluster) `--cfg job` prints and launches nothing."""
+    run_dir, data_dir = tmp_path / "run", tmp_path / "data"
+    start = time.monotonic()
+    proc = check(recps("recps.train", "--cfg", "job", f"hydra.run.dir={run_dir}", f"dataset.dir={data_dir}",
+                       timeout=120))
+    seconds = time.monotonic() - start
+    assert "_target_: models.DeepFM" in proc.stdout
+    assert "name: async" in proc.stdout
+    assert not run_dir.exists() and not data_dir.exists()
+    assert "fbgemm" not in proc.stderr.lower()  # torch/fbgemm were never imported
+    assert seconds < 60, seconds
+
+
+def test_wrong_override_is_one_line_naming_it(tmp_path):
+    proc = recps("recps.train", "model.hiden=[8]", f"hydra.run.dir={tmp_path / 'run'}", timeout=120)
+    assert proc.returncode != 0
+    first = proc.stderr.strip().splitlines()[0]
+    assert "model.hiden" in first, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(not CRITEO_TINY.is_file(),
+                    reason=f"Criteo sample {CRITEO_TINY} absent (it is not redistributable, never in the repo)")
+def test_criteo_tiny_trains_and_evaluates_both_models_on_80_20(tmp_path):
+    check(recps("recps.train", "-m", "model=deepfm,ctr_dnn", "dataset=criteo_tiny", "ps=local", "progress=false",
+                "trainer.epochs=2", f"hydra.sweep.dir={tmp_path}"))
+    test_rows = round(CRITEO_TINY_ROWS * 0.2)
+    for run in sweep_runs(tmp_path, 2):
+        metrics = metrics_of(run)
+        assert metrics["train_examples"] == 2 * (CRITEO_TINY_ROWS - test_rows), metrics
+        assert 0.0 < metrics["auc"] < 1.0 and 0.0 < metrics["logloss"] < 1.0, metrics
+        evaluated = json.loads(check(recps("recps.evaluate", str(run / "checkpoint"))).stdout)
+        assert evaluated["auc"] == pytest.approx(metrics["auc"], abs=1e-6)

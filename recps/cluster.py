@@ -19,6 +19,10 @@ role:
   worker * T + thread of W * T, sends what is queued and waits for the others; worker 0
   then evaluates on the held-out split with the servers' values, has the servers save
   their shards under <run dir>/checkpoint and writes <run dir>/metrics.json.
+  During training, conf/metrics' global metrics merge over every worker and thread through
+  the servers (worker 0 logs them and writes train_metrics.jsonl, metrics.json
+  "train_metrics", TensorBoard events), and with debug=dump every worker's threads write
+  their own files under <run dir>/dump/ (`recps.run.training_observers`).
 
 `run_distributed` returns the metrics on the launcher, None in the cluster's processes.
 """
@@ -38,7 +42,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from recps.errors import ConfigError, RecpsError
 
-__all__ = ["run_distributed", "environment_role", "strategy_from_config", "child_command", "PS_MODES"]
+__all__ = ["run_distributed", "run_role", "environment_role", "strategy_from_config", "child_command", "PS_MODES"]
 
 log = logging.getLogger("recps.cluster")
 
@@ -107,11 +111,22 @@ def run_distributed(cfg: DictConfig, out_dir: Path, overrides: Sequence[str] = (
     if role is None:
         return _launch_local(cfg, Path(out_dir), overrides)
     _role_logging(role)
+    run_role(cfg, role, Path(out_dir))
+    return None
+
+
+def run_role(cfg: DictConfig, role, out_dir: Path, *, data=None, observers: Sequence = ()) -> dict[str, Any] | None:
+    """Be `role` of a running cluster in this thread: a server serves until a worker stops it
+    (returns None); a worker trains, and worker 0 returns the metrics it wrote (the others None).
+
+    In-process clusters (tests) run each role in a thread of one process; `data` (the
+    PreparedData of cfg.dataset) spares reading the data set again, `observers`
+    (recps.trainer.TrainObserver) join the worker's training threads."""
+    _check(cfg)
     if role.is_server:
         _serve(cfg, role, Path(out_dir))
-    else:
-        _work(cfg, role, Path(out_dir))
-    return None
+        return None
+    return _work(cfg, role, Path(out_dir), data=data, observers=observers)
 
 
 # ---------------------------------------------------------------------------------- the launcher
@@ -250,13 +265,14 @@ class _Progress:
                  step * self.batch_size / (now - self.start), loss)
 
 
-def _work(cfg: DictConfig, role, out_dir: Path) -> dict[str, Any] | None:
+def _work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence = ()) -> dict[str, Any] | None:
     import torch
 
     from recps.ps.worker import DENSE_TABLE, ServerReader, WorkerShards, assign_flat
-    from recps.run import build_job, evaluate
+    from recps.run import build_job, evaluate, training_observers
 
-    job = build_job(cfg)  # the same data, model, task and trainer as ps=local, over a PS-backed collection
+    job = build_job(cfg, data)  # the same data, model, task and trainer as ps=local, over a PS-backed collection
+    job.trainer.observers = [*job.trainer.observers, *observers]
     strategy = strategy_from_config(cfg)
     threads, batch_size = int(cfg.trainer.threads), int(cfg.trainer.batch_size)
     epochs, max_steps = int(cfg.trainer.epochs), int(cfg.trainer.max_steps)
@@ -277,10 +293,13 @@ def _work(cfg: DictConfig, role, out_dir: Path) -> dict[str, Any] | None:
         job.trainer.updater = dist.updater
         fleet.client.create_dense_table(STATS_TABLE, 4)
         job.trainer.on_step = _Progress(batch_size, threads) if role.index == 0 else None
-        cpu = time.process_time()
-        stats = job.trainer.fit(source, batch_size, epochs=epochs, max_steps=max_steps, progress=False,
-                                thread_steps_per_epoch=per_thread)
-        cpu = time.process_time() - cpu
+        # Global metrics (merged over every worker and thread through the servers; worker 0
+        # logs and writes them) and the debug dump (each worker's threads write their own files).
+        with training_observers(job, out_dir, client=fleet.client, rank=role.index) as reporter:
+            cpu = time.process_time()
+            stats = job.trainer.fit(source, batch_size, epochs=epochs, max_steps=max_steps, progress=False,
+                                    thread_steps_per_epoch=per_thread)
+            cpu = time.process_time() - cpu
         # Everything is sent (geo: the last deltas) and nothing more will be: worker 0 below
         # overwrites its dense params with the servers' values, which must not count as a delta.
         fleet.communicator.close()
@@ -303,6 +322,8 @@ def _work(cfg: DictConfig, role, out_dir: Path) -> dict[str, Any] | None:
             model=str(cfg.model._target_), ps=str(cfg.ps.name), threads=threads,
             servers=role.num_servers, workers=role.num_workers,
         )
+        if reporter is not None:
+            metrics["train_metrics"] = reporter.reports
         if strategy.mode == "geo":
             metrics["k_steps"] = strategy.k_steps
         if best := getattr(job.data, "best_auc", None):
@@ -311,6 +332,7 @@ def _work(cfg: DictConfig, role, out_dir: Path) -> dict[str, Any] | None:
             metrics["best_reachable_aucs"] = dict(best_per_label)
         if cfg.checkpoint:
             path = out_dir / "checkpoint"
+            # Named: the servers also hold STATS_TABLE and the metric reporter's merge tables.
             tables = [*job.collection.table_dims(), DENSE_TABLE]
             fleet.client.save(str(path), mode="full", tables=tables)
             (path / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))

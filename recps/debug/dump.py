@@ -21,8 +21,12 @@ Steps are the trainer's global steps; a step is written when start_step <= step 
 if > 0) and (step - start_step) % every_steps == 0. Intermediates are captured on every step
 while dumping is on (a thread learns its step number only after the update).
 
-With one thread (or sync mode), the same seed gives byte-identical files: nothing but the
-numbers goes into them, in an order fixed by the config.
+With one training thread per process (ps=local, or ps=sync with trainer.threads=1 and any
+number of workers: `recps.cluster` gives each worker its own files), the same seed gives
+byte-identical files: nothing but the numbers goes into them, in an order fixed by the
+config. Several threads per process are not reproducible: the trainer numbers steps in the
+order the threads finish them (and, in sync mode, the threads' sparse gradients are
+concatenated in arrival order, which changes the order rows are summed in).
 """
 
 from __future__ import annotations

@@ -102,6 +102,10 @@ def _check(cfg: DictConfig) -> None:
         value = cfg.cluster[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"cluster.{key}={value!r}; it must be an integer >= 1")
+    metrics = cfg.get("metrics")
+    if metrics is not None and bool(metrics.get("enabled", True)) and str(metrics.get("merge", "auto")) == "gloo":
+        raise ConfigError(f"metrics.merge=gloo with ps={cfg.ps.name}: parameter-server workers open no torch.distributed "
+                          "group; their metrics merge through the servers: use metrics.merge=auto (or ps)")
 
 
 def run_distributed(cfg: DictConfig, out_dir: Path, overrides: Sequence[str] = ()) -> dict[str, Any] | None:

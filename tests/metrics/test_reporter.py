@@ -233,6 +233,20 @@ def test_config_errors_and_off():
         rep.on_batch(0, 1, 0, make_batches(0, 1)[0], torch.zeros(ROWS, 3), 0.0)  # scores over 3 items: a ranking task
 
 
+def test_cluster_refuses_gloo_merge_before_starting_anything(tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from recps.cluster import run_distributed
+    from recps.config import PROJECT_ROOT, register_resolvers
+
+    register_resolvers()
+    with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["ps=sync", "metrics.merge=gloo"])
+    with pytest.raises(ConfigError, match="metrics.merge=gloo with ps=sync.*use metrics.merge=auto"):
+        run_distributed(cfg, tmp_path)
+    assert not list(tmp_path.iterdir())  # no process, no file
+
+
 # ---- several workers ---------------------------------------------------------------------------
 
 WORKER_BATCHES = (7, 11)  # uneven: worker 0 ends while worker 1 still makes step reports

@@ -15,19 +15,30 @@ during its training loop): on a machine shared with other jobs it is the steadie
 Prints one JSON line per run and a Markdown table with each rate's ratio to local; writes
 benchmarks/results/ps_throughput.json. The 1-minute load average is recorded around each run:
 this machine has 2 cores shared with other jobs.
+
+`run_one` is also the suite's launcher (`python -m benchmarks.run`): any model, mode, topology
+(`Topology`: "1S+2Wx1T", "1Px2T"), batch size and generated world, extra `recps.train`
+overrides (e.g. `trainer.observers`), the peak RSS of every process of the run
+(`benchmarks.procmon`). Training metrics are off in these runs (`metrics=off`).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchmarks.procmon import ProcessTreeMonitor
+
+__all__ = ["Topology", "TOPOLOGIES", "data_overrides", "run_one", "table", "pooling_bench", "local_child", "main"]
 
 ROOT = Path(__file__).resolve().parents[1]
 TOPOLOGIES = {"1S+1Wx2T": (1, 2), "1S+2Wx1T": (2, 1)}  # workers, threads
@@ -37,51 +48,119 @@ TARGETS = {  # examples/s from the issue: 3x PaddlePaddle 2.6.2's on this kind o
 }
 
 
-def data_overrides(rows: int, vocab: int, seed: int) -> list[str]:
-    folder = ROOT / "datasets" / "generated" / f"bench-s{seed}-v{vocab}-n{rows}"  # shared with local_throughput
-    test_rows = max(rows // 10, 10000)
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    """Where a run trains: `servers` S (0: ps=local, one process), `workers` W, `threads` T each.
+
+    Written "1S+2Wx1T" (PS) or "1Px2T" (one local process with 2 threads).
+
+    >>> Topology.parse("2S+2Wx1T"), Topology.parse("1Px2T").name
+    (Topology(servers=2, workers=2, threads=1), '1Px2T')
+    """
+
+    servers: int
+    workers: int
+    threads: int
+
+    @classmethod
+    def parse(cls, text: str) -> "Topology":
+        import re
+
+        if m := re.fullmatch(r"(\d+)S\+(\d+)Wx(\d+)T", text):
+            servers, workers, threads = map(int, m.groups())
+            if servers and workers and threads:
+                return cls(servers, workers, threads)
+        if m := re.fullmatch(r"1Px(\d+)T", text):
+            if int(m.group(1)):
+                return cls(0, 1, int(m.group(1)))
+        raise ValueError(f"topology {text!r}: write SS+WWxTT (e.g. 1S+2Wx1T, servers, workers, threads each >= 1) "
+                         f"or 1PxTT for one local process with T threads")
+
+    @property
+    def local(self) -> bool:
+        return self.servers == 0
+
+    @property
+    def name(self) -> str:
+        return f"1Px{self.threads}T" if self.local else f"{self.servers}S+{self.workers}Wx{self.threads}T"
+
+
+def data_overrides(rows: int, vocab: int, seed: int, root: str | os.PathLike | None = None,
+                   test_rows: int | None = None) -> list[str]:
+    """Dataset overrides of a generated Criteo-schema world: `vocab` keys a slot, `rows` training rows.
+
+    The folder (under `root`, default datasets/generated, git-ignored) is shared by every run of
+    the same world, so the data is generated once."""
+    test_rows = test_rows or max(rows // 10, 10000)
+    suffix = "" if test_rows == max(rows // 10, 10000) else f"-t{test_rows}"
+    folder = Path(root or ROOT / "datasets" / "generated") / f"bench-s{seed}-v{vocab}-n{rows}{suffix}"  # shared with local_throughput
     return [f"dataset.dir={folder}", f"dataset.train=[{folder}/train.txt]", f"dataset.test=[{folder}/test.txt]",
             f"dataset.generate.train_rows={rows}", f"dataset.generate.test_rows={test_rows}",
             f"dataset.generate.vocab={vocab}", f"dataset.generate.seed={seed}"]
 
 
-def run_one(mode: str, topology: str | None, rows: int, vocab: int, seed: int, k_steps: int,
-            extra: list[str] = ()) -> dict:
-    overrides = ["model=ctr_dnn", "trainer.batch_size=512", "trainer.epochs=1", "checkpoint=false",
-                 "progress=false", f"seed={seed}", *data_overrides(rows, vocab, seed)]
+def run_one(mode: str, topology: str | Topology | None, rows: int, vocab: int, seed: int, k_steps: int,
+            extra: list[str] = (), *, model: str = "ctr_dnn", batch: int = 512, epochs: int = 1,
+            data_root: str | os.PathLike | None = None, test_rows: int | None = None,
+            timeout_s: float = 3600) -> dict:
+    """One configuration in fresh processes: `python -m recps.train` for PS modes (launcher,
+    servers, workers), a `--local-child` process for ps=local. Returns its metrics and the peak
+    RSS of every process (`processes`). `topology` None means 1Px2T for local."""
+    topo = (Topology.parse(topology) if isinstance(topology, str) else topology) or Topology(0, 1, 2)
+    if (mode == "local") != topo.local:
+        raise ValueError(f"mode {mode!r} with topology {topo.name}: ps=local runs as 1PxTT, the PS modes as SS+WWxTT")
+    overrides = [f"model={model}", f"trainer.batch_size={batch}", f"trainer.epochs={epochs}", "checkpoint=false",
+                 "progress=false", "metrics=off", f"seed={seed}",
+                 *data_overrides(rows, vocab, seed, data_root, test_rows)]
     if mode == "local":
-        overrides += ["ps=local", f"ps.num_embeddings={vocab}", "trainer.threads=2"]
-        return _measure(mode, None, [sys.executable, "-m", "benchmarks.ps_throughput", "--local-child",
-                                     json.dumps(overrides)], None, k_steps)
-    workers, threads = TOPOLOGIES[topology]
-    overrides += [f"ps={mode}", f"cluster.workers={workers}", f"trainer.threads={threads}"]
+        overrides += ["ps=local", f"ps.num_embeddings={vocab}", f"trainer.threads={topo.threads}", *extra]
+        return _measure(mode, topo, model, batch, [sys.executable, "-m", "benchmarks.ps_throughput", "--local-child",
+                                                   json.dumps(overrides)], None, k_steps, timeout_s)
+    overrides += [f"ps={mode}", f"cluster.servers={topo.servers}", f"cluster.workers={topo.workers}",
+                  f"trainer.threads={topo.threads}"]
     if mode == "geo":
         overrides.append(f"ps.k_steps={k_steps}")
     overrides += list(extra)
-    return _measure(mode, topology, [sys.executable, "-m", "recps.train", *overrides], "metrics.json", k_steps)
+    return _measure(mode, topo, model, batch, [sys.executable, "-m", "recps.train", *overrides], "metrics.json",
+                    k_steps, timeout_s)
 
 
-def _measure(mode: str, topology: str | None, command: list[str], metrics_file: str | None, k_steps: int) -> dict:
+def _measure(mode: str, topo: Topology, model: str, batch: int, command: list[str], metrics_file: str | None,
+             k_steps: int, timeout_s: float) -> dict:
     with tempfile.TemporaryDirectory(prefix="recps-ps-bench-") as tmp:
         load_before = os.getloadavg()[0]
         start = time.perf_counter()
         if metrics_file is not None:
             command = [*command, f"hydra.run.dir={tmp}"]
-        proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=3600)
+        proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)  # its own group: a timeout stops servers and workers too
+        monitor = ProcessTreeMonitor(proc.pid).start()
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            monitor.stop()
+            raise RuntimeError(f"{mode} {topo.name}: no result within {timeout_s:g} s; stopped it") from None
+        processes = monitor.stop()
         wall = time.perf_counter() - start
         if proc.returncode != 0:
-            raise RuntimeError(f"{mode} {topology}: run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+            raise RuntimeError(f"{mode} {topo.name}: run failed:\n{stdout[-3000:]}\n{stderr[-3000:]}")
         if metrics_file is None:
-            metrics = json.loads(proc.stdout.strip().splitlines()[-1])
+            metrics = json.loads(stdout.strip().splitlines()[-1])
         else:
             metrics = json.loads((Path(tmp) / metrics_file).read_text())
+    cpu_rate = metrics.get("examples_per_cpu_second")
     return {
-        "mode": mode, "topology": topology or "1 process x 2 threads", "examples_per_sec": round(metrics["examples_per_sec"]),
+        "model": model, "mode": mode, "topology": topo.name, "batch": batch,
+        "examples_per_sec": round(metrics["examples_per_sec"]),
         "auc": round(metrics["auc"], 4), "logloss": round(metrics["logloss"], 4),
-        "examples_per_cpu_second": round(metrics["examples_per_cpu_second"]) if "examples_per_cpu_second" in metrics else None,
-        "train_examples": metrics["train_examples"], "wall_s": round(wall, 1),
+        "examples_per_cpu_second": round(cpu_rate) if cpu_rate else None,
+        "train_examples": metrics["train_examples"], "train_seconds": round(metrics.get("train_seconds", 0.0), 2),
+        "best_reachable_auc": metrics.get("best_reachable_auc"), "wall_s": round(wall, 1),
         "load_1min_before": round(load_before, 2), "load_1min_after": round(os.getloadavg()[0], 2),
         "k_steps": k_steps if mode == "geo" else None,
+        "processes": processes, "peak_rss_mib": max((p["peak_rss_mib"] for p in processes), default=None),
     }
 
 
@@ -154,13 +233,19 @@ def local_child(overrides: list[str]) -> dict:
     register_resolvers()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
-    job = build_job(cfg)
+    job = build_job(cfg)  # with the observers of trainer.observers (benchmarks.quality.HeldOutAUC)
     cpu = time.process_time()
-    stats = job.trainer.fit(job.data.train, int(cfg.trainer.batch_size), epochs=int(cfg.trainer.epochs), progress=False)
+    try:
+        stats = job.trainer.fit(job.data.train, int(cfg.trainer.batch_size), epochs=int(cfg.trainer.epochs),
+                                progress=False)
+    finally:
+        for observer in job.trainer.observers:
+            observer.close()
     cpu = time.process_time() - cpu
     metrics = evaluate(job)
     metrics.update(examples_per_sec=stats.examples_per_sec, train_examples=stats.examples,
-                   examples_per_cpu_second=stats.examples / cpu)
+                   train_seconds=stats.seconds, examples_per_cpu_second=stats.examples / cpu,
+                   best_reachable_auc=job.data.best_auc)
     return metrics
 
 

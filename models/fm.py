@@ -4,11 +4,11 @@ Paper: Rendle, "Factorization Machines", ICDM 2010, https://doi.org/10.1109/ICDM
 
 Shapes: B batch, F sparse features, D factor dim, E = D+1 row width, I dense inputs.
 Each row holds [w | v] (first-order weight, then the factor), as in DeepFM; the dense
-inputs get a linear term and are projected to one more factor field.
+inputs get a linear term only. Projected to one more factor field they dominated the
+pairwise sum (the values are unnormalised log1p counts), as measured for DeepFM.
 
     sparse KJT ─► SparseArch ─► (B, F, E) ─┬─ w ─► Σ w ───────────────────────────┐
-                                           └─ v (B, F, D) ─┐                      │
-    dense (B, I) ─► Linear ─► (B, 1, D) ───────────────────┴─► ½((Σv)² − Σv²) ────┼─► logits (B,)
+                                           └─ v (B, F, D) ─► ½((Σv)² − Σv²) ──────┼─► logits (B,)
     dense (B, I) ─► Linear ─► (B,) ───────────────────────────────────────────────┘
 
 Example:
@@ -46,7 +46,6 @@ class FM(nn.Module):
         self.factor_dim = width - 1
         self.sparse_arch = embedding_bag_collection
         self.dense_linear = nn.Linear(dense_in_features, 1) if dense_in_features else None
-        self.dense_arch = nn.Linear(dense_in_features, self.factor_dim) if dense_in_features else None
         self.bias = nn.Parameter(torch.zeros(()))
 
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
@@ -54,8 +53,7 @@ class FM(nn.Module):
         rows = rows.view(rows.shape[0], self.num_features, self.factor_dim + 1)  # (B, F, E)
         logits = rows[:, :, 0].sum(dim=1) + self.bias  # (B,)
         v = rows[:, :, 1:]  # (B, F, D)
-        if self.dense_arch is not None:
+        if self.dense_linear is not None:
             logits = logits + self.dense_linear(dense).squeeze(1)  # (B,)
-            v = torch.cat([v, self.dense_arch(dense).unsqueeze(1)], dim=1)  # (B, F+1, D)
         pair = 0.5 * (v.sum(dim=1).pow(2) - v.pow(2).sum(dim=1)).sum(dim=1)  # (B,)
         return logits + pair

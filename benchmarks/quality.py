@@ -14,10 +14,11 @@ appends one JSON line:
     {"step", "examples", "wall_s", "eval_s", "train_s", "auc", "logloss", "best_reachable_auc"}
 
 `train_s` = wall seconds since the fit started minus the seconds spent in evaluations: the
-training clock that time-to-quality reads. While one thread evaluates, the other Hogwild threads
-keep training (async, GEO, local) or wait at the step's barrier (sync), so with several threads
-`train_s` slightly under-counts (at most the evaluations' share of the run, reported as
-`eval_share`). The held-out batches are read once, at the start of the fit.
+training clock that time-to-quality reads. An evaluation holds the observer's lock, which every
+thread of the worker takes after each step, so the worker's other threads pause after the step
+they are in (at most one step each overlaps an evaluation); other workers of a PS cluster keep
+going (sync: they wait at the next step's barrier), so compare modes with one worker. The
+held-out batches are read once, at the start of the fit.
 
 `time_to_quality(records, target)` reads such a curve: the training seconds and examples at the
 first evaluation whose AUC reaches `target` (None when none does).

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 __all__ = ["PADDLE", "GENSIM", "markdown", "make_plots", "update_section", "begin_marker", "end_marker",
-           "median", "pair"]
+           "median", "pair", "common_targets", "time_to_target"]
 
 # PaddlePaddle 2.6.2's parameter server with PaddleRec's CTR-DNN on this kind of machine
 # (issues 2 and 4): vocabulary 10^6 a slot, batch 512. (label, mode, our topology, low, high) in
@@ -230,25 +230,51 @@ def _quality_md(rows: Sequence[dict]) -> list[str]:
     if not rows:
         return []
     groups = _groups(rows)
+    common = common_targets(rows)
     lines = ["### Time to quality", "",
-             "Training seconds until the held-out AUC first reaches the target (best reachable AUC of the "
-             "generated test split - 0.01; also - 0.02), read from a held-out evaluation every N steps in "
-             "worker 0 (`benchmarks.quality.HeldOutAUC`, a `trainer.observers` entry); the evaluations' own "
-             "time is taken out of the clock. \"not reached\" gives the best AUC the run reached instead.", "",
-             "| model | mode | topology | world | best reachable | s to best-0.01 | s to best-0.02 | "
-             "examples to best-0.02 | max AUC | final AUC | eval share |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "Training seconds until the held-out AUC first reaches a target, read from a held-out evaluation "
+             "every N steps in worker 0 (`benchmarks.quality.HeldOutAUC`, a `trainer.observers` entry; the "
+             "worker's threads pause while it evaluates and its time is taken out of the clock). Targets: the "
+             "best reachable AUC of the generated test split - 0.01 (the issue's) and - 0.02; and, to compare "
+             "modes when those are out of reach, a common target per model and world: the lowest maximum AUC "
+             "among its runs - 0.005 (every run reaches it). \"not reached\": the run's best AUC stayed below.", "",
+             "| model | mode | topology | world | best reachable | s to best-0.01 | s to best-0.02 | common target | "
+             "s to common target | max AUC | final AUC | eval share |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for case, runs in groups.items():
         ok = _ok(runs)
         first = runs[0]
         best = median(r.get("best_reachable_auc") for r in ok)
+        target = common.get(_world(first))
+        reached = [time_to_target(r, target) for r in ok]
         lines.append(
             f"| {first['model']} | {first['mode']}{_k(first)} | {first['topology']} | vocab {first['vocab']:,}, "
             f"{first['rows']:,} rows x {first['epochs']} | {_fmt(best, 4)} | {_ttq(ok, 'ttq_01')} | {_ttq(ok, 'ttq_02')} | "
-            f"{pair([(r.get('ttq_02') or {}).get('examples') for r in ok])} | {pair([r.get('max_auc') for r in ok], 4)} | "
+            f"{_fmt(target, 4)} | {pair(reached, 1)} | {pair([r.get('max_auc') for r in ok], 4)} | "
             f"{pair([r.get('auc') for r in ok], 4)} | {pair([100 * r['eval_share'] if r.get('eval_share') is not None else None for r in ok], 1)}% |")
     lines.append("")
     return lines
+
+
+def _world(run: dict) -> tuple:
+    return run["model"], run["vocab"], run["rows"], run["epochs"]
+
+
+def common_targets(rows: Sequence[dict]) -> dict[tuple, float]:
+    """(model, vocab, rows, epochs) -> the lowest max AUC over its successful quality runs - 0.005."""
+    lowest: dict[tuple, float] = {}
+    for r in rows:
+        if not r.get("error") and r.get("max_auc") is not None:
+            key = _world(r)
+            lowest[key] = min(lowest.get(key, 1.0), r["max_auc"])
+    return {k: round(v - 0.005, 4) for k, v in lowest.items()}
+
+
+def time_to_target(run: dict, target: float | None) -> float | None:
+    """Training seconds of the run's first evaluation with AUC >= target (None if none)."""
+    if target is None:
+        return None
+    return next((p["train_s"] for p in run.get("curve") or () if p.get("auc") is not None and p["auc"] >= target), None)
 
 
 def _ttq(runs: Sequence[dict], key: str) -> str:

@@ -138,8 +138,8 @@ PRESETS: dict[str, Preset] = {
     "quick": Preset(
         "quick", "< 5 min: CTR-DNN throughput local / async / GEO, time to quality of CTR-DNN and DeepFM locally",
         tuple(_throughput("ctr_dnn", [("local", "1Px2T"), ("async", "1S+1Wx2T"), ("geo", "1S+1Wx2T")], rows=60_000)
-              + _quality("ctr_dnn", [("local", "1Px2T")], vocab=1000, rows=60_000, epochs=1, test_rows=10_000, evals=10)
-              + _quality("deepfm", [("local", "1Px2T")], vocab=1000, rows=60_000, epochs=1, test_rows=10_000, evals=10)),
+              + _quality("ctr_dnn", [("local", "1Px2T")], vocab=1000, rows=60_000, epochs=1, test_rows=10_000, evals=8)
+              + _quality("deepfm", [("local", "1Px2T")], vocab=1000, rows=60_000, epochs=1, test_rows=10_000, evals=8)),
     ),
     "full": Preset(
         "full", "< 45 min: the matrix, time to quality per mode, 100M-key scale, Word2Vec vs gensim",
@@ -368,7 +368,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="list the matrix and its estimated time")
     parser.add_argument("--report", type=Path, default=None, help="regenerate the report from a results JSON")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", force=True)
 
     if args.report is not None:
         results = json.loads(args.report.read_text())

@@ -11,7 +11,8 @@ created once; then every worker at once
 2. pulls batches of `batch` existing keys drawn uniformly (the client de-duplicates) for
    `seconds` -> keys/s summed over the workers;
 3. pushes (K, D) gradients for such batches for `seconds` -> keys/s summed over the workers.
-Then RSS (VmRSS) and peak RSS (VmHWM) of every server, bytes per row, and with `--save` a full
+Then RSS (VmRSS) and peak RSS (VmHWM) of every server, bytes per row (the servers' RSS growth
+from before the table was created, over the rows), and with `--save` a full
 checkpoint of the table (written under --save-dir, then deleted): seconds and size.
 Prints one JSON line; `run(...)` returns the same dict.
 """
@@ -103,9 +104,9 @@ def run(keys: int, dim: int = 8, servers: int = 2, workers: int = 2, batch: int 
     try:
         endpoints = [e for _, e in sorted(ready.get(timeout=timeout_s) for _ in procs)]
         with PSClient(endpoints, token=_TOKEN, timeout_s=timeout_s) as client:
+            base = _memory([p.pid for p in procs])  # before the table: the servers' own footprint
             client.create_sparse_table(TABLE, dim=dim, optimizer={"name": "rowwise_adagrad", "lr": 0.05},
                                        capacity=keys)
-            base = _memory([p.pid for p in procs])
             barrier = ctx.Barrier(workers)
             worker_procs = [ctx.Process(target=_work, args=(w, workers, endpoints, cfg, barrier, results), daemon=True)
                         for w in range(workers)]

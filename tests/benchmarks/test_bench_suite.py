@@ -225,3 +225,33 @@ def test_scale_bench_small():
     assert out["build_s"] > 0 and out["pull_keys_per_s"] > 0 and out["push_keys_per_s"] > 0
     assert len(out["servers"]) == 2 and all(s["peak_rss_gib"] >= s["rss_gib"] > 0 for s in out["servers"])
     assert out["save_gib"] > 40_000 * 8 * 4 / 2**30  # at least the values were written
+
+
+def test_report_scaling_scale_and_word2vec_sections(tmp_path):
+    """Sections the smoke preset does not produce: scaling with workers (speed-up over 1 worker),
+    the scale benchmark's table, Word2Vec's Markdown, and the scaling plot."""
+    def row(topology, measurement, rate):
+        return {"case": f"throughput/ctr_dnn/async/{topology}", "measurement": measurement, "kind": "throughput",
+                "model": "ctr_dnn", "mode": "async", "topology": topology, "batch": 512, "vocab": 1000,
+                "rows": 1000, "epochs": 1, "examples_per_sec": rate, "examples_per_cpu_second": rate,
+                "auc": 0.7, "processes": [{"name": "server0", "pid": 1, "peak_rss_mib": 500.0}]}
+    throughput = [row("1S+1Wx1T", 1, 4000), row("1S+2Wx1T", 1, 7000), row("1S+1Wx1T", 2, 6000), row("1S+2Wx1T", 2, 9000)]
+    scale_run = {"config": {"keys": 1000, "dim": 8, "servers": 2, "workers": 2, "optimizer": "rowwise_adagrad",
+                            "build_batch": 100, "batch": 50, "seconds": 1.0},
+                 "rows": 1000, "build_s": 2.0, "build_rows_per_s": 500, "pull_keys_per_s": 10_000,
+                 "push_keys_per_s": 8_000, "bytes_per_row": 100.0, "save_s": 0.5, "save_gib": 0.001,
+                 "servers": [{"rss_gib": 1.0, "peak_rss_gib": 1.5}, {"rss_gib": 2.0, "peak_rss_gib": 2.5}]}
+    results = {"preset": "t", "started": "2026-01-01T00:00:00", "command": "c", "wall_s": 60, "repeats": 2,
+               "environment": {"machine": "m", "versions": "v", "commit": "x", "load_before": [1, 1, 1]},
+               "load_after": [1, 1, 1], "throughput": throughput, "quality": [],
+               "scale": {"runs": [{"measurement": 1, **scale_run}, {"measurement": 2, **scale_run, "build_s": 4.0}]},
+               "word2vec": {"markdown": "| words/s | 1 |"}}
+    plots = report.make_plots(results, tmp_path)
+    assert [p.name for p in plots] == ["t-throughput.png", "t-scaling.png"]
+    text = report.markdown(results, plots, relative_to=tmp_path)
+    assert "| ctr_dnn | async | 1 | 1 | 4,000 / 6,000 (5,000) | 1.00x |" in text
+    assert "| ctr_dnn | async | 1 | 2 | 7,000 / 9,000 (8,000) | 1.60x |" in text
+    assert "| build time, s | 2.0 / 4.0 (3.0) |" in text
+    assert "| server1 RSS after the build, GiB (peak) | 2.00 / 2.00 (2.00) (2.50 / 2.50 (2.50)) |" in text
+    assert "### Word2Vec against gensim\n\n| words/s | 1 |" in text
+    assert "peak RSS" in text and "server0 500" in text

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import inspect
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
 from recps.errors import ConfigError
 
-__all__ = ["PROJECT_ROOT", "register_resolvers", "check_target_args"]
+__all__ = ["PROJECT_ROOT", "register_resolvers", "check_target_args", "compose_config"]
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -19,6 +19,19 @@ def register_resolvers() -> None:
     """`${recps.root:}` → the checkout's root (configs find generated data and ../shared there)."""
     if not OmegaConf.has_resolver("recps.root"):
         OmegaConf.register_new_resolver("recps.root", lambda: str(PROJECT_ROOT))
+
+
+def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
+    """The config `python -m recps.train <overrides>` would run, for notebooks, tests and benchmarks.
+
+    >>> compose_config(["model=ctr_dnn", "ps=local"]).model._target_
+    'models.CTRDNN'
+    """
+    from hydra import compose, initialize_config_dir
+
+    register_resolvers()
+    with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
 
 
 def check_target_args(node: DictConfig, where: str, injected: Iterable[str] = (),

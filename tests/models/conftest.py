@@ -1,15 +1,17 @@
-"""Shared by the model tests: a tiny generated world and the first losses of a real local run."""
+"""Shared by the model tests: tiny tables and batches built in memory (fixture `tiny`), a tiny
+generated world and the first losses of a real local run (fixture `first_losses`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import pytest
-from hydra import compose, initialize_config_dir
+import torch
 from omegaconf import OmegaConf, open_dict
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 
-from recps.config import PROJECT_ROOT, register_resolvers
+from recps.config import compose_config as recps_compose_config
 
 # Every field of the world is spelled out, so that a change of the generator's defaults
 # cannot move the golden losses; a change of its algorithm (bytes) or of the readers'
@@ -24,9 +26,7 @@ GOLDEN_STEPS = 5
 
 def compose_config(overrides: Sequence[str], data_dir: Path, world: dict) -> OmegaConf:
     """The training config `python -m recps.train <overrides>` would run, on a generated world."""
-    register_resolvers()
-    with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=list(overrides))
+    cfg = recps_compose_config(overrides)
     with open_dict(cfg):
         cfg.dataset.dir = str(data_dir)
         cfg.dataset.generate = dict(world)
@@ -56,3 +56,64 @@ def first_losses(tiny_world_dir) -> Callable[..., list[float]]:
         return stats.first_losses
 
     return run
+
+
+@pytest.fixture(scope="session")
+def world_config() -> Callable[[Sequence[str], Path, dict], OmegaConf]:
+    """world_config(overrides, data_dir, world) -> the training config on a generated world."""
+    return compose_config
+
+
+class TinyBatch(NamedTuple):
+    """One in-memory batch: dense (B, I), a KJT with one key per example and feature, ids (F, B)."""
+
+    dense: torch.Tensor
+    sparse: KeyedJaggedTensor
+    ids: torch.Tensor
+
+
+class Tiny:
+    """Builders for hand-checkable model inputs: `tiny.collection()`, `tiny.batch()`, `tiny.rows(...)`."""
+
+    names = ("C1", "C2", "C3")
+
+    @staticmethod
+    def collection(names: Sequence[str] = names, dims: int | Sequence[int] = 9,
+                   rows: int = 50) -> EmbeddingBagCollection:
+        """One table `t_<name>` per feature; `dims` is one width for all or one per table."""
+        dims = [dims] * len(names) if isinstance(dims, int) else list(dims)
+        return EmbeddingBagCollection(tables=[
+            EmbeddingBagConfig(name=f"t_{n}", embedding_dim=d, num_embeddings=rows, feature_names=[n])
+            for n, d in zip(names, dims)])
+
+    @staticmethod
+    def batch(names: Sequence[str] = names, b: int = 4, dense: int = 13, rows: int = 50,
+              seed: int = 0) -> TinyBatch:
+        """B examples with exactly one id per feature (so sum pooling is the row itself)."""
+        g = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, rows, (len(names), b), generator=g)  # (F, B)
+        kjt = KeyedJaggedTensor.from_lengths_sync(keys=list(names), values=ids.flatten(),
+                                                  lengths=torch.ones(len(names) * b, dtype=torch.int64))
+        return TinyBatch(torch.randn(b, dense, generator=g), kjt, ids)
+
+    @staticmethod
+    def rows(collection: EmbeddingBagCollection, ids: torch.Tensor,
+             names: Sequence[str] = names) -> torch.Tensor:
+        """The table rows a batch looks up, read straight from the weights: (B, F, E)."""
+        tables = [collection.embedding_bags[f"t_{n}"].weight for n in names]
+        return torch.stack([t[i] for t, i in zip(tables, ids)], dim=1)  # (B, F, E)
+
+    @staticmethod
+    def bias_shift(model: torch.nn.Module, bias: torch.Tensor, batch: TinyBatch,
+                   c: float = 3.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Outputs before and after adding c to the head's bias (in place, no grad)."""
+        with torch.no_grad():
+            before = model(batch.dense, batch.sparse)
+            bias += c
+            after = model(batch.dense, batch.sparse)
+        return before, after
+
+
+@pytest.fixture(scope="session")
+def tiny() -> type[Tiny]:
+    return Tiny

@@ -20,9 +20,10 @@ from models.ple import PLE
 from models.sasrec import SASRec
 from models.shared_bottom import SharedBottom
 from models.two_tower import TwoTower
+from models.word2vec import Word2Vec
 from models.wide_deep import WideDeep
 from models.xdeepfm import XDeepFM
 from models.youtube_dnn import YouTubeDNN
 
 __all__ = ["AutoInt", "CTRDNN", "DCN", "DCNv2", "DeepFM", "DLRM", "ESMM", "FM", "GRU4Rec", "LR", "MMoE", "NCF", "PLE",
-           "SASRec", "SharedBottom", "TwoTower", "WideDeep", "XDeepFM", "YouTubeDNN"]
+           "SASRec", "SharedBottom", "TwoTower", "WideDeep", "Word2Vec", "XDeepFM", "YouTubeDNN"]

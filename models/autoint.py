@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from models._layers import collection_layout
+from models._layers import check_dense, collection_layout
 
 __all__ = ["AutoInt"]
 
@@ -60,6 +60,7 @@ class AutoInt(nn.Module):
                              "make it a multiple")
         self.num_features = len(names)
         self.dim = dim
+        self.dense_in_features = int(dense_in_features)
         self.sparse_arch = embedding_bag_collection
         self.dense_fields = nn.Parameter(torch.randn(dense_in_features, dim) * 0.01)  # (I, D)
         widths = [dim] + [attention_dim] * layers
@@ -67,6 +68,7 @@ class AutoInt(nn.Module):
         self.over_arch = nn.Linear((self.num_features + dense_in_features) * widths[-1], 1)
 
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
+        check_dense(dense, self.dense_in_features, "AutoInt")
         emb = self.sparse_arch(sparse).values()  # (B, F*D)
         emb = emb.view(emb.shape[0], self.num_features, self.dim)  # (B, F, D)
         numeric = dense.unsqueeze(2) * self.dense_fields  # (B, I, D)

@@ -31,7 +31,7 @@ from torch import nn
 from torchrec.modules.crossnet import VectorCrossNet
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from models._layers import collection_layout, mlp
+from models._layers import check_dense, collection_layout, mlp
 
 __all__ = ["DCN"]
 
@@ -44,12 +44,14 @@ class DCN(nn.Module):
         super().__init__()
         names, dim = collection_layout(embedding_bag_collection, "DCN")
         width = len(names) * dim + dense_in_features
+        self.dense_in_features = int(dense_in_features)
         self.sparse_arch = embedding_bag_collection
         self.cross_arch = VectorCrossNet(width, cross_layers)
         self.deep_arch = mlp(width, hidden, dropout=dropout)
         self.over_arch = nn.Linear(width + (hidden[-1] if hidden else width), 1)
 
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
+        check_dense(dense, self.dense_in_features, "DCN")
         x0 = torch.cat([self.sparse_arch(sparse).values(), dense], dim=1)  # (B, N)
         both = torch.cat([self.cross_arch(x0), self.deep_arch(x0)], dim=1)  # (B, N + H)
         return self.over_arch(both).squeeze(1)  # (B,)

@@ -33,7 +33,7 @@ from torch import nn
 from torchrec.modules.crossnet import CrossNet, LowRankCrossNet
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from models._layers import collection_layout, mlp
+from models._layers import check_dense, collection_layout, mlp
 
 __all__ = ["DCNv2"]
 
@@ -54,6 +54,7 @@ class DCNv2(nn.Module):
         names, dim = collection_layout(embedding_bag_collection, "DCNv2")
         width = len(names) * dim + dense_in_features
         self.structure = structure
+        self.dense_in_features = int(dense_in_features)
         self.sparse_arch = embedding_bag_collection
         self.cross_arch = (LowRankCrossNet(width, cross_layers, low_rank) if low_rank > 0
                            else CrossNet(width, cross_layers))
@@ -62,6 +63,7 @@ class DCNv2(nn.Module):
         self.over_arch = nn.Linear(deep_out if structure == "stacked" else width + deep_out, 1)
 
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
+        check_dense(dense, self.dense_in_features, "DCNv2")
         x0 = torch.cat([self.sparse_arch(sparse).values(), dense], dim=1)  # (B, N)
         crossed = self.cross_arch(x0)  # (B, N)
         if self.structure == "stacked":

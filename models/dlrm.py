@@ -32,7 +32,7 @@ from torch import nn
 from torchrec.models.dlrm import DLRM as _TorchrecDLRM
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from models._layers import collection_layout
+from models._layers import check_dense, collection_layout
 
 __all__ = ["DLRM"]
 
@@ -47,7 +47,9 @@ class DLRM(nn.Module):
         if not bottom or bottom[-1] != dim:
             raise ValueError(f"DLRM: bottom={list(bottom)} must end in the embedding dim {dim}; "
                              f"set model.bottom=[..., {dim}] or embedding_dim={bottom[-1] if bottom else '?'}")
+        self.dense_in_features = int(dense_in_features)
         self.dlrm = _TorchrecDLRM(embedding_bag_collection, dense_in_features, list(bottom), [*top, 1])
 
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
+        check_dense(dense, self.dense_in_features, "DLRM")
         return self.dlrm(dense, sparse).squeeze(1)  # (B,)

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from models._layers import collection_layout
+from models._layers import check_dense, collection_layout
 
 __all__ = ["FM"]
 
@@ -44,11 +44,13 @@ class FM(nn.Module):
             raise ValueError(f"FM: embedding_dim={width}; rows hold 1 weight + D factors, set it to at least 2")
         self.num_features = len(names)
         self.factor_dim = width - 1
+        self.dense_in_features = int(dense_in_features)
         self.sparse_arch = embedding_bag_collection
         self.dense_linear = nn.Linear(dense_in_features, 1) if dense_in_features else None
         self.bias = nn.Parameter(torch.zeros(()))
 
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
+        check_dense(dense, self.dense_in_features, "FM")
         rows = self.sparse_arch(sparse).values()  # (B, F*E)
         rows = rows.view(rows.shape[0], self.num_features, self.factor_dim + 1)  # (B, F, E)
         logits = rows[:, :, 0].sum(dim=1) + self.bias  # (B,)

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from models._layers import collection_layout
+from models._layers import check_dense, collection_layout
 
 __all__ = ["LR"]
 
@@ -39,11 +39,13 @@ class LR(nn.Module):
         _, dim = collection_layout(embedding_bag_collection, "LR")
         if dim != 1:
             raise ValueError(f"LR: embedding_dim={dim}; LR's rows are single weights, set embedding_dim=1")
+        self.dense_in_features = int(dense_in_features)
         self.sparse_arch = embedding_bag_collection
         self.dense_linear = nn.Linear(dense_in_features, 1) if dense_in_features else None
         self.bias = nn.Parameter(torch.zeros(()))
 
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
+        check_dense(dense, self.dense_in_features, "LR")
         logits = self.sparse_arch(sparse).values().sum(dim=1) + self.bias  # (B,)
         if self.dense_linear is not None:
             logits = logits + self.dense_linear(dense).squeeze(1)  # (B,)

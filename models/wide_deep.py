@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from models._layers import collection_layout, mlp
+from models._layers import check_dense, collection_layout, mlp
 
 __all__ = ["WideDeep"]
 
@@ -47,11 +47,13 @@ class WideDeep(nn.Module):
             raise ValueError(f"WideDeep: embedding_dim={width}; rows hold 1 wide weight + D, set it to at least 2")
         self.num_features = len(names)
         self.deep_dim = width - 1
+        self.dense_in_features = int(dense_in_features)
         self.sparse_arch = embedding_bag_collection
         self.wide_dense = nn.Linear(dense_in_features, 1) if dense_in_features else None
         self.over_arch = mlp(self.num_features * self.deep_dim + dense_in_features, hidden, 1, dropout)
 
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
+        check_dense(dense, self.dense_in_features, "WideDeep")
         rows = self.sparse_arch(sparse).values()  # (B, F*E)
         rows = rows.view(rows.shape[0], self.num_features, self.deep_dim + 1)  # (B, F, E)
         wide = rows[:, :, 0].sum(dim=1)  # (B,)

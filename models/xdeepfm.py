@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from models._layers import collection_layout, mlp
+from models._layers import check_dense, collection_layout, mlp
 
 __all__ = ["XDeepFM", "CIN"]
 
@@ -69,6 +69,7 @@ class XDeepFM(nn.Module):
         self.num_features = len(names)
         self.factor_dim = width - 1
         fields = self.num_features + (1 if dense_in_features else 0)
+        self.dense_in_features = int(dense_in_features)
         self.sparse_arch = embedding_bag_collection
         self.dense_arch = nn.Linear(dense_in_features, self.factor_dim) if dense_in_features else None
         self.dense_linear = nn.Linear(dense_in_features, 1) if dense_in_features else None
@@ -78,6 +79,7 @@ class XDeepFM(nn.Module):
         self.bias = nn.Parameter(torch.zeros(()))
 
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
+        check_dense(dense, self.dense_in_features, "XDeepFM")
         rows = self.sparse_arch(sparse).values()  # (B, F*E)
         rows = rows.view(rows.shape[0], self.num_features, self.factor_dim + 1)  # (B, F, E)
         linear = rows[:, :, 0].sum(dim=1) + self.bias  # (B,)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 
 from models import CTRDNN
 
@@ -13,42 +12,28 @@ from models import CTRDNN
 GOLDEN = [0.694537, 0.687035, 0.681888, 0.679021, 0.668691]
 
 
-def collection(names=("C1", "C2", "C3"), dims=(9, 9, 9), rows=50) -> EmbeddingBagCollection:
-    return EmbeddingBagCollection(tables=[
-        EmbeddingBagConfig(name=f"t_{n}", embedding_dim=d, num_embeddings=rows, feature_names=[n])
-        for n, d in zip(names, dims)])
-
-
-def batch(names=("C1", "C2", "C3"), b=4, dense=13, rows=50, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    kjt = KeyedJaggedTensor.from_lengths_sync(
-        keys=list(names), values=torch.randint(0, rows, (len(names) * b,), generator=g),
-        lengths=torch.ones(len(names) * b, dtype=torch.int64))
-    return torch.randn(b, dense, generator=g), kjt
-
-
-def test_forward_shapes_and_layers():
+def test_forward_shapes_and_layers(tiny):
     torch.manual_seed(0)
-    model = CTRDNN(collection(), dense_in_features=13)
-    dense, kjt = batch()
+    model = CTRDNN(tiny.collection(), dense_in_features=13)
+    dense, kjt, _ = tiny.batch()
     assert model(dense, kjt).shape == (4,)
     linears = [m for m in model.over_arch if isinstance(m, torch.nn.Linear)]
     assert [(m.in_features, m.out_features) for m in linears] == [
         (3 * 9 + 13, 512), (512, 256), (256, 128), (128, 32), (32, 1)]
 
 
-def test_hidden_sizes_and_no_dense_inputs():
-    model = CTRDNN(collection(dims=(4, 4, 4)), dense_in_features=0, hidden=(8,))
-    dense, kjt = batch(dense=0)
+def test_hidden_sizes_and_no_dense_inputs(tiny):
+    model = CTRDNN(tiny.collection(dims=(4, 4, 4)), dense_in_features=0, hidden=(8,))
+    dense, kjt, _ = tiny.batch(dense=0)
     assert model(dense, kjt).shape == (4,)
     assert [m.in_features for m in model.over_arch if isinstance(m, torch.nn.Linear)] == [12, 8]
 
 
-def test_returns_logits_not_probabilities():
+def test_returns_logits_not_probabilities(tiny):
     """The head is linear: moving its bias by c moves every output by exactly c."""
     torch.manual_seed(0)
-    model = CTRDNN(collection(), dense_in_features=13)
-    dense, kjt = batch(b=64)
+    model = CTRDNN(tiny.collection(), dense_in_features=13)
+    dense, kjt, _ = tiny.batch(b=64)
     with torch.no_grad():
         before = model(dense, kjt)
         model.over_arch[-1].bias += 3.0
@@ -57,14 +42,14 @@ def test_returns_logits_not_probabilities():
     assert after.min() > 1.0  # no probability is above 1
 
 
-def test_tables_of_different_dims_are_refused():
+def test_tables_of_different_dims_are_refused(tiny):
     with pytest.raises(ValueError, match=r"CTRDNN: embedding tables have dims \[8, 9\].*same embedding_dim"):
-        CTRDNN(collection(dims=(9, 8, 9)), dense_in_features=13)
+        CTRDNN(tiny.collection(dims=(9, 8, 9)), dense_in_features=13)
 
 
-def test_dense_width_mismatch_names_both_widths():
-    model = CTRDNN(collection(), dense_in_features=13)
-    dense, kjt = batch(dense=12)
+def test_dense_width_mismatch_names_both_widths(tiny):
+    model = CTRDNN(tiny.collection(), dense_in_features=13)
+    dense, kjt, _ = tiny.batch(dense=12)
     with pytest.raises(ValueError, match=r"CTRDNN: dense input has shape \(4, 12\) but the model was built with dense_in_features=13"):
         model(dense, kjt)
 

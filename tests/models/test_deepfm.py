@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 
 from models import DeepFM
 
@@ -12,27 +11,10 @@ from models import DeepFM
 # of conftest.py (batch 256). Checked equal across two runs before they were frozen here.
 GOLDEN = [0.622289, 0.596663, 0.519957, 0.618896, 0.563351]
 
-NAMES = ("C1", "C2", "C3")
-
-
-def collection(dims=(11, 11, 11), rows=50) -> EmbeddingBagCollection:
-    return EmbeddingBagCollection(tables=[
-        EmbeddingBagConfig(name=f"t_{n}", embedding_dim=d, num_embeddings=rows, feature_names=[n])
-        for n, d in zip(NAMES, dims)])
-
-
-def batch(b=4, dense=13, rows=50, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, rows, (len(NAMES), b), generator=g)  # (F, B)
-    kjt = KeyedJaggedTensor.from_lengths_sync(keys=list(NAMES), values=ids.flatten(),
-                                              lengths=torch.ones(len(NAMES) * b, dtype=torch.int64))
-    return torch.randn(b, dense, generator=g), kjt, ids
-
-
-def test_forward_shapes_and_layers():
+def test_forward_shapes_and_layers(tiny):
     torch.manual_seed(0)
-    model = DeepFM(collection(), dense_in_features=13)
-    dense, kjt, _ = batch()
+    model = DeepFM(tiny.collection(dims=11), dense_in_features=13)
+    dense, kjt, _ = tiny.batch()
     assert model(dense, kjt).shape == (4,)
     assert model.factor_dim == 10
     linears = [m for m in model.over_arch if isinstance(m, torch.nn.Linear)]
@@ -40,16 +22,15 @@ def test_forward_shapes_and_layers():
     assert [(m.in_features, m.out_features) for m in linears] == [(3 * 10 + 13, 400), (400, 400), (400, 400), (400, 1)]
 
 
-def test_logits_are_first_order_plus_fm_plus_dnn():
+def test_logits_are_first_order_plus_fm_plus_dnn(tiny):
     """Recomputed by hand from the table rows: Σw + w_dense·x + b + Σ_{i<j} <v_i, v_j> + DNN([v, x])."""
     torch.manual_seed(0)
-    ebc = collection()
+    ebc = tiny.collection(dims=11)
     model = DeepFM(ebc, dense_in_features=13, hidden=(8,))
     with torch.no_grad():
         model.bias.fill_(0.25)
-    dense, kjt, ids = batch(b=6)
-    tables = [ebc.embedding_bags[f"t_{n}"].weight for n in NAMES]
-    rows = torch.stack([t[i] for t, i in zip(tables, ids)], dim=1)  # (B, F, E)
+    dense, kjt, ids = tiny.batch(b=6)
+    rows = tiny.rows(ebc, ids)  # (B, F, E)
     w, v = rows[:, :, 0], rows[:, :, 1:]
     pairs = sum((v[:, i] * v[:, j]).sum(1) for i in range(3) for j in range(i + 1, 3))
     first = w.sum(1) + model.dense_linear(dense).squeeze(1) + 0.25
@@ -57,19 +38,19 @@ def test_logits_are_first_order_plus_fm_plus_dnn():
     torch.testing.assert_close(model(dense, kjt), first + pairs + deep)
 
 
-def test_without_dense_inputs():
-    model = DeepFM(collection(dims=(3, 3, 3)), dense_in_features=0, hidden=(4,))
-    dense, kjt, _ = batch(dense=0)
+def test_without_dense_inputs(tiny):
+    model = DeepFM(tiny.collection(dims=(3, 3, 3)), dense_in_features=0, hidden=(4,))
+    dense, kjt, _ = tiny.batch(dense=0)
     assert model(dense, kjt).shape == (4,)
     assert model.dense_linear is None
     assert model.over_arch[0].in_features == 3 * 2
 
 
-def test_returns_logits_not_probabilities():
+def test_returns_logits_not_probabilities(tiny):
     """Moving the bias by c moves every output by exactly c: no sigmoid inside."""
     torch.manual_seed(0)
-    model = DeepFM(collection(), dense_in_features=13)
-    dense, kjt, _ = batch(b=64)
+    model = DeepFM(tiny.collection(dims=11), dense_in_features=13)
+    dense, kjt, _ = tiny.batch(b=64)
     with torch.no_grad():
         before = model(dense, kjt)
         model.bias += 3.0
@@ -78,19 +59,19 @@ def test_returns_logits_not_probabilities():
     assert after.min() > 1.0
 
 
-def test_row_width_below_two_is_refused():
+def test_row_width_below_two_is_refused(tiny):
     with pytest.raises(ValueError, match=r"DeepFM: embedding_dim=1; rows hold 1 first-order weight \+ D factors"):
-        DeepFM(collection(dims=(1, 1, 1)), dense_in_features=13)
+        DeepFM(tiny.collection(dims=(1, 1, 1)), dense_in_features=13)
 
 
-def test_tables_of_different_dims_are_refused():
+def test_tables_of_different_dims_are_refused(tiny):
     with pytest.raises(ValueError, match=r"DeepFM: embedding tables have dims \[9, 11\]"):
-        DeepFM(collection(dims=(11, 9, 11)), dense_in_features=13)
+        DeepFM(tiny.collection(dims=(11, 9, 11)), dense_in_features=13)
 
 
-def test_dense_width_mismatch_names_both_widths():
-    model = DeepFM(collection(), dense_in_features=13)
-    dense, kjt, _ = batch(dense=14)
+def test_dense_width_mismatch_names_both_widths(tiny):
+    model = DeepFM(tiny.collection(dims=11), dense_in_features=13)
+    dense, kjt, _ = tiny.batch(dense=14)
     with pytest.raises(ValueError, match=r"DeepFM: dense input has shape \(4, 14\) but the model was built "
                                          r"with dense_in_features=13"):
         model(dense, kjt)

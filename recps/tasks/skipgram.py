@@ -141,10 +141,10 @@ def nearest_neighbours(vectors: torch.Tensor, ids: torch.Tensor, k: int = 5) -> 
 def ppmi_svd_vectors(corpus: Corpus, vocab_size: int, window: int = 5, dim: int = 100, alpha: float = 0.75,
                      seed: int = 0) -> torch.Tensor:
     """The count-based baseline: PPMI of window co-occurrences, context counts smoothed by `alpha`,
-    truncated SVD, rows U·sqrt(Σ) (Levy, Goldberg & Dagan 2015, https://aclanthology.org/Q15-1016).
-    Returns (V, dim) float32. Needs scipy (a dependency of scikit-learn)."""
+    truncated SVD (randomized, Halko et al.), rows U·sqrt(Σ) (Levy, Goldberg & Dagan 2015,
+    https://aclanthology.org/Q15-1016). Returns (V, dim) float32. Needs scipy and scikit-learn."""
     from scipy import sparse as sp
-    from scipy.sparse.linalg import svds
+    from sklearn.utils.extmath import randomized_svd
 
     tokens = corpus.tokens.numpy()
     doc = np.repeat(np.arange(corpus.num_documents), np.diff(corpus.offsets.numpy()))  # (N,)
@@ -164,7 +164,7 @@ def ppmi_svd_vectors(corpus: Corpus, vocab_size: int, window: int = 5, dim: int 
     keep = pmi > 0
     ppmi = sp.csr_matrix((pmi[keep], (coo.row[keep], coo.col[keep])), shape=counts.shape)
     k = min(dim, vocab_size - 1)
-    u, s, _ = svds(ppmi, k=k, random_state=seed)
+    u, s, _ = randomized_svd(ppmi, n_components=k, n_iter=5, random_state=seed)
     vectors = np.zeros((vocab_size, dim), dtype=np.float32)
     vectors[:, :k] = u * np.sqrt(s)
     return torch.from_numpy(vectors)

@@ -31,10 +31,13 @@ MOVIELENS = PROJECT_ROOT.parent / "shared" / "data" / "movielens_latest_small"
 COMMON = ("ps=local", "trainer.threads=2", "progress=false", "checkpoint=false")
 COMMANDS = {
     "two_tower": ("trainer.epochs=4", "ps.embedding_optimizer.lr=0.2", "optimizer.lr=0.003"),
-    "youtube_dnn": ("trainer.epochs=4", "ps.embedding_optimizer.lr=0.2", "optimizer.lr=0.003"),
+    "youtube_dnn": ("trainer.epochs=8", "ps.embedding_optimizer.lr=0.2", "optimizer.lr=0.003"),
     "ncf": ("trainer.epochs=4", "trainer.batch_size=128", "ps.embedding_optimizer.lr=0.2", "optimizer.lr=0.003"),
 }
-MARGIN = 1.3  # each model's recall@50 and NDCG@10 are at least 1.3x the most-popular ones
+# Each model's figure is at least this multiple of the most-popular one. Measured here the
+# models reach about 2x on both; NDCG@10 over 610 queries moves by ~0.005 between Hogwild
+# runs (one standard error), hence the lower bar there.
+MARGIN = {"recall@50": 1.5, "ndcg@10": 1.2}
 MOST_POPULAR = {"recall@50": 68 / 610, "ndcg@10": 0.019430}
 
 
@@ -70,5 +73,5 @@ def test_beats_most_popular_on_movielens(model, movielens):
     assert got["queries"] == 610
     for metric, value in MOST_POPULAR.items():
         assert got[f"most_popular/{metric}"] == pytest.approx(value, abs=1e-5)
-        assert got[metric] >= MARGIN * value, (model, metric, got[metric], value)
+        assert got[metric] >= MARGIN[metric] * value, (model, metric, got[metric], value)
     assert stats.first_losses[0] > stats.last_loss  # the softmax loss fell

@@ -384,12 +384,13 @@ class MetricsReporter(TrainObserver):
         parts = self._parts[thread]
         with torch.no_grad():
             for epoch in sorted({e for e, _, _ in stash}):
-                logits = torch.cat([lg for e, lg, _ in stash if e == epoch])  # (N,)
+                # predict per batch: a retrieval task's logits (B, 1 + negatives) vary in width
+                probs = torch.cat([self.task.predict(lg) for e, lg, _ in stash if e == epoch])  # (N,)
                 target = torch.cat([self.task.target(b) for e, _, b in stash if e == epoch])  # (N,)
                 part = parts.get(epoch)
                 if part is None:
                     part = parts[epoch] = self._template.clone()  # zeros: the template is never updated
-                self._update(part, self.task.predict(logits), target)
+                self._update(part, probs, target)
         stash.clear()
 
     def _update(self, part: MetricCollection, probs: Tensor, target: Tensor) -> None:

@@ -1,6 +1,6 @@
 """Word2Vec: recps (GEO 1 server + 2 workers, and local) against gensim on the same corpus.
 
-    python -m benchmarks.word2vec_bench [--epochs 5] [--repeat 2] [--systems gensim1,gensim2,local,geo]
+    python -m benchmarks.word2vec_bench [--epochs 5] [--repeat 2] [--systems gensim1,gensim2,local,geo,geo_1t]
                                         [--corpus wiki|zipf] [--out benchmarks/results/word2vec.json]
 
 Corpus: the Wikipedia excerpt of ../shared/data/word2vec_text (read by recps.data.text: markup
@@ -12,7 +12,10 @@ min_count=1, so its vocabulary is recps'. Same settings: skip-gram, negative sam
 same epochs; gensim with `workers` = 1 or 2 and its default learning rate (0.025 -> 0.0001),
 recps with its defaults (row-wise Adagrad 0.05, 64 negatives drawn per batch of 4096 tokens
 and shared by its pairs, see recps.tasks.skipgram), local with 2 Hogwild threads, GEO with
-1 server + 2 workers x 1 thread (k_steps `--k-steps`).
+1 server + 2 workers x 2 threads ("geo": while one thread syncs, the other trains) and x 1
+thread ("geo_1t": training stops during each sync), a delta sync every `--k-steps` (20)
+worker steps, the workers' deltas summed (ps.delta_scale=1.0: each worker trains its own
+share of the corpus; averaging them measured worse).
 
 Each run is a fresh process (recps: the real CLI, `python -m recps.train`; gensim: a child of
 this module). Figures per run:
@@ -50,9 +53,10 @@ from benchmarks.procmon import ProcessTreeMonitor
 __all__ = ["SYSTEMS", "run_system", "run_suite", "markdown", "main"]
 
 ROOT = Path(__file__).resolve().parents[1]
-SYSTEMS = ("gensim1", "gensim2", "local", "geo")
+SYSTEMS = ("gensim1", "gensim2", "local", "geo", "geo_1t")
 LABELS = {"gensim1": ("gensim", "1 worker"), "gensim2": ("gensim", "2 workers"),
-          "local": ("recps ps=local", "1 process x 2 threads"), "geo": ("recps ps=geo", "1 server + 2 workers x 1 thread")}
+          "local": ("recps ps=local", "1 process x 2 threads"), "geo": ("recps ps=geo", "1 server + 2 workers x 2 threads"),
+          "geo_1t": ("recps ps=geo", "1 server + 2 workers x 1 thread")}
 # Reference figures of issue 7 on this kind of machine, words/s: gensim (1 and 2 workers), PaddleRec 2.6.2.
 REFERENCE = {"gensim 1 worker": (100_000, 100_000), "gensim 2 workers": (140_000, 180_000),
              "PaddleRec local": (9_000, 9_000), "PaddleRec GEO 1S+2W": (10_000, 10_000)}
@@ -88,12 +92,14 @@ def recps_overrides(system: str, epochs: int, seed: int, corpus: str, k_steps: i
               "progress=false", *corpus_overrides(corpus)]
     if system == "local":
         return [*common, "ps=local", "trainer.threads=2"]
-    if system == "geo":
-        return [*common, "ps=geo", "cluster.servers=1", "cluster.workers=2", "trainer.threads=1", f"ps.k_steps={k_steps}"]
-    raise ValueError(f"system {system!r} is not a recps system (local, geo)")
+    if system in ("geo", "geo_1t"):
+        threads = 2 if system == "geo" else 1
+        return [*common, "ps=geo", "cluster.servers=1", "cluster.workers=2", f"trainer.threads={threads}",
+                f"ps.k_steps={k_steps}", "ps.delta_scale=1.0"]
+    raise ValueError(f"system {system!r} is not a recps system (local, geo, geo_1t)")
 
 
-def run_system(system: str, epochs: int, seed: int = 0, corpus: str = "wiki", k_steps: int = 10,
+def run_system(system: str, epochs: int, seed: int = 0, corpus: str = "wiki", k_steps: int = 20,
                timeout_s: float = RUN_TIMEOUT_S) -> dict[str, Any]:
     """One run of `system` in fresh processes; its figures (see the module docstring)."""
     with tempfile.TemporaryDirectory(prefix="recps-w2v-bench-") as tmp:
@@ -123,7 +129,7 @@ def run_system(system: str, epochs: int, seed: int = 0, corpus: str = "wiki", k_
         wall = time.perf_counter() - start
         if proc.returncode != 0:
             raise RuntimeError(f"word2vec bench {system}: run failed:\n{stdout[-3000:]}\n{stderr[-3000:]}")
-        if system == "geo":
+        if system.startswith("geo"):
             m = json.loads((Path(tmp) / "metrics.json").read_text())
             cpu = m["worker_cpu_seconds"] + m["server_cpu_seconds"]
             figures = dict(words=m["train_examples"], seconds=m["train_seconds"], cpu_seconds=cpu,
@@ -228,7 +234,8 @@ def markdown(results: list[dict[str, Any]], command: str) -> str:
     med = {s: statistics.median(r["words_per_sec"] for r in rs) for s, rs in by.items()}
     cpu_med = {s: statistics.median(r["words_per_cpu_second"] for r in rs) for s, rs in by.items()}
     first = results[0]
-    lines = [f"Command: `{command}`. Corpus: {first['corpus']} ({first.get('tokens') or '?'} tokens x "
+    tokens = next((f"{r['tokens']:,}" for r in results if r.get("tokens")), "?")
+    lines = [f"Command: `{command}`. Corpus: {first['corpus']} ({tokens} tokens x "
              f"{first['epochs']} epochs); settings {SETTINGS}; 1-minute load "
              f"{min(r['load_1min_before'] for r in results):.1f}-{max(r['load_1min_after'] for r in results):.1f}.", "",
              "| system | topology | words/s (runs, median) | / gensim 2 workers | words per CPU-s | "
@@ -244,12 +251,12 @@ def markdown(results: list[dict[str, Any]], command: str) -> str:
                      f"{_fmt([r['spearman'] for r in rs], 3)} | {_fmt([r['analogy'] for r in rs], 3)} | "
                      f"{max(r['peak_rss_mib'] or 0 for r in rs):,.0f} |")
     lines += ["", "Against the issue's reference figures (words/s on this kind of machine; ratio = measured median "
-                  "/ reference):", "", "| reference | words/s | recps GEO 1S+2W | recps local | gensim here |",
+                  "/ reference):", "", "| reference | words/s | recps GEO 1S+2Wx2T | recps local | gensim here |",
               "|---|---|---|---|---|"]
     for name, (low, high) in REFERENCE.items():
         ref = (low + high) / 2
         here = "gensim2" if "2 workers" in name else "gensim1" if "1 worker" in name else None
-        cells = [f"{med[s] / ref:.2f}" if s in med else "-" for s in ("geo", "local")]
+        cells = [f"{med[s] / ref:.2f}" if s in med else "-" for s in ("geo", "local")]  # geo: 2 workers x 2 threads
         gensim_here = f"{med[here] / ref:.2f}" if here in med else "-"
         lines.append(f"| {name} | {low:,}" + (f"-{high:,}" if high != low else "") + f" | {cells[0]} | {cells[1]} | "
                      f"{gensim_here} |")
@@ -262,7 +269,7 @@ def run_suite(preset: str = "full", out_dir: str | os.PathLike | None = None) ->
     epochs = 1 if preset == "smoke" else 5
     corpus = pick_corpus("auto")
     command = f"python -m benchmarks.word2vec_bench --epochs {epochs} --repeat {repeat} --corpus {corpus}"
-    results = run_all(SYSTEMS, epochs, repeat, corpus, k_steps=10, log=lambda line: None)
+    results = run_all(SYSTEMS, epochs, repeat, corpus, k_steps=20, log=lambda line: None)
     out = {"results": results, "markdown": markdown(results, command)}
     if out_dir is not None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
@@ -276,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--corpus", default="auto", choices=("auto", "wiki", "zipf"))
-    parser.add_argument("--k-steps", type=int, default=10, help="GEO: worker steps between delta syncs")
+    parser.add_argument("--k-steps", type=int, default=20, help="GEO: worker steps between delta syncs")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "word2vec.json"))
     parser.add_argument("--gensim-child", help=argparse.SUPPRESS)
     parser.add_argument("--local-child", help=argparse.SUPPRESS)

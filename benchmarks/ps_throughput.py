@@ -29,14 +29,12 @@ import dataclasses
 import json
 import os
 import platform
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.procmon import ProcessTreeMonitor
+from benchmarks.procmon import run_monitored
 
 __all__ = ["Topology", "TOPOLOGIES", "data_overrides", "run_one", "table", "pooling_bench", "local_child", "main"]
 
@@ -129,23 +127,9 @@ def _measure(mode: str, topo: Topology, model: str, batch: int, command: list[st
              k_steps: int, timeout_s: float) -> dict:
     with tempfile.TemporaryDirectory(prefix="recps-ps-bench-") as tmp:
         load_before = os.getloadavg()[0]
-        start = time.perf_counter()
         if metrics_file is not None:
             command = [*command, f"hydra.run.dir={tmp}"]
-        proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)  # its own group: a timeout stops servers and workers too
-        monitor = ProcessTreeMonitor(proc.pid).start()
-        try:
-            stdout, stderr = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            monitor.stop()
-            raise RuntimeError(f"{mode} {topo.name}: no result within {timeout_s:g} s; stopped it") from None
-        processes = monitor.stop()
-        wall = time.perf_counter() - start
-        if proc.returncode != 0:
-            raise RuntimeError(f"{mode} {topo.name}: run failed:\n{stdout[-3000:]}\n{stderr[-3000:]}")
+        stdout, processes, wall = run_monitored(command, ROOT, f"{mode} {topo.name}", timeout_s)
         if metrics_file is None:
             metrics = json.loads(stdout.strip().splitlines()[-1])
         else:

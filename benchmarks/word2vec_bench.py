@@ -40,16 +40,14 @@ import argparse
 import importlib.util
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from benchmarks.procmon import ProcessTreeMonitor
+from benchmarks.procmon import run_monitored
 
 __all__ = ["SYSTEMS", "run_system", "run_suite", "markdown", "main"]
 
@@ -115,21 +113,7 @@ def run_system(system: str, epochs: int, seed: int = 0, corpus: str = "wiki", k_
             command = [sys.executable, "-m", "recps.train", *recps_overrides(system, epochs, seed, corpus, k_steps),
                        f"hydra.run.dir={tmp}"]
         load_before = os.getloadavg()[0]
-        start = time.perf_counter()
-        proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)  # its own group: a timeout stops servers and workers too
-        monitor = ProcessTreeMonitor(proc.pid).start()
-        try:
-            stdout, stderr = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            monitor.stop()
-            raise RuntimeError(f"word2vec bench {system}: no result within {timeout_s:g} s; stopped it") from None
-        processes = monitor.stop()
-        wall = time.perf_counter() - start
-        if proc.returncode != 0:
-            raise RuntimeError(f"word2vec bench {system}: run failed:\n{stdout[-3000:]}\n{stderr[-3000:]}")
+        stdout, processes, wall = run_monitored(command, ROOT, f"word2vec bench {system}", timeout_s)
         if system.startswith("geo"):
             m = json.loads((Path(tmp) / "metrics.json").read_text())
             cpu = m["worker_cpu_seconds"] + m["server_cpu_seconds"]

@@ -9,8 +9,15 @@ Paddle's GEO-SGD semantics over one `PSClient`:
   from the servers (their deterministic initial value, or what other workers made of it).
 - Dense tables. The trainer's own parameters are the replica: a local torch optimizer steps
   them (see recps.ps.worker); `attach_dense` tells this communicator where they are.
-- Every `k_steps` worker steps (`step_end` calls, summed over the worker's threads) the
-  thread that ends the k-th step syncs, while the other threads keep training:
+- Every `k_steps` worker steps (`step_end` calls, summed over the worker's threads) a delta
+  sync runs. With `background_sync` (the default, as Paddle's communicator thread) the k-th
+  `step_end` only hands it to the communicator's sync thread and returns: no training thread
+  waits on the network for a sync. At most one sync is in flight; a sync that falls due while
+  one runs is coalesced into the next (it sends every row touched by then). A failed
+  background sync (a dead server: every wait is bounded by `timeout_s`) is raised, naming the
+  cause, by the next `step_end` or `flush`. Without it, the thread that ends the k-th step
+  syncs itself (the other threads keep training); with one worker, k = 1 and SGD this is
+  exactly local training. Either way a sync is:
 
       delta  = (current - synced) / W        rows touched since the last sync, all dense params
       server: value += delta                 client.push_delta / push_dense_delta (no update rule)
@@ -20,8 +27,10 @@ Paddle's GEO-SGD semantics over one `PSClient`:
 
   Dividing by the W workers (as Paddle's GeoCommunicator does) makes the servers hold the
   average of the workers' models rather than their sum, which overshoots with W > 1
-  (`delta_scale` overrides 1/W). With one worker and k = 1 this is exactly local training
-  (tested to 1e-5).
+  (`delta_scale` overrides 1/W). With one worker, k = 1 and `background_sync=False` this is
+  exactly local training (tested to 1e-5); in the background the replica trains on while a
+  sync is in flight, so the k-th step's values reach the server a little later (GEO's usual
+  staleness, bounded by one sync), and `flush` waits for it and syncs the rest.
 
 Verbs of the Communicator protocol: `pull` / `push` read and train the replica (SGD or
 row-wise Adagrad in torch, for PSEmbeddingCollection); `lookup_bags` is the fused path that
@@ -53,7 +62,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
     SplitTableBatchedEmbeddingBagsCodegen,
 )
 
-from recps.errors import ConfigError, PSError
+from recps.errors import ConfigError, PSError, PSTimeoutError
 from recps.ps.table import KeyIndex
 
 __all__ = ["GeoCommunicator", "GEO_OPTIMIZERS"]
@@ -228,13 +237,16 @@ class GeoCommunicator:
         timeout_s: every wait on the servers (None: the client's).
         delta_scale: factor of the sparse rows' deltas (None: 1 / the client's num_workers).
         dense_delta_scale: factor of the dense deltas (None: 1 / the client's num_workers).
+        background_sync: run the delta syncs on the communicator's sync thread (True) or in the
+            training thread that ends the k-th step (False: exact for one worker with k = 1).
     """
 
     mode = "geo"
 
     def __init__(self, client, k_steps: int = 100, optimizer: Mapping | None = None, dense_lr: float = 0.01,
                  capacity: int = 1 << 16, timeout_s: float | None = None,
-                 delta_scale: float | None = None, dense_delta_scale: float | None = None) -> None:
+                 delta_scale: float | None = None, dense_delta_scale: float | None = None,
+                 background_sync: bool = True) -> None:
         if isinstance(k_steps, bool) or int(k_steps) != k_steps or k_steps < 1:
             raise ConfigError(f"geo: k_steps={k_steps!r}; set ps.k_steps to an integer >= 1")
         opt = dict(optimizer or {"name": "sgd", "lr": 0.01})
@@ -262,6 +274,14 @@ class GeoCommunicator:
         self.syncs = 0
         self._closed = False
         self._local = threading.local()  # per training thread: rows its step in flight trains
+        self.background_sync = bool(background_sync)
+        # Background sync: `_due` (a sync was asked for) and `_in_flight` under `_cv`; the first
+        # error of the sync thread stays in `_error` and is raised by every later step_end / flush.
+        self._cv = threading.Condition()
+        self._due = False
+        self._in_flight = False
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
 
     # -- replicas ------------------------------------------------------------------------------
 
@@ -340,8 +360,9 @@ class GeoCommunicator:
         dense.assign(grads.reshape(-1).to(torch.float32) * -self.dense_lr, add=True)
 
     def step_end(self, thread: int) -> None:
-        """Counts one worker step; the k-th syncs (in this thread; the others keep training).
-        Call it from the thread that trained the step, after its backward pass."""
+        """Counts one worker step; the k-th starts a sync (on the sync thread, or in this thread
+        without `background_sync`). Call it from the thread that trained the step, after its
+        backward pass. Raises the error of a failed background sync."""
         pending = getattr(self._local, "pending", None)
         if pending:
             for replica, generation, slots in pending:
@@ -349,14 +370,21 @@ class GeoCommunicator:
                     with replica.lock:
                         replica.touched[slots] = True
             pending.clear()
+        if self._error is not None:
+            self._raise_background_error()
         with self._lock:
             self._steps += 1
             due = self._steps % self.k_steps == 0
-        if due:
+        if not due:
+            return
+        if self.background_sync:
+            self._request_sync()
+        else:
             self.sync()
 
     def sync(self) -> int:
-        """Push the deltas of every replica, pull merged values back; returns sparse rows synced."""
+        """Push the deltas of every replica, pull merged values back (in the calling thread);
+        returns the sparse rows synced."""
         with self._sync_lock:
             rows = sum(r.sync(self.delta_scale, self.timeout_s) for r in list(self._replicas.values()))
             for dense in list(self._dense.values()):
@@ -364,10 +392,72 @@ class GeoCommunicator:
             self.syncs += 1
             return rows
 
+    # -- background sync -----------------------------------------------------------------------
+
+    def _request_sync(self) -> None:
+        with self._cv:
+            if self._closed:
+                return
+            self._due = True  # coalesces with a request not yet started
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._sync_loop, name="geo-sync", daemon=True)
+                self._thread.start()
+            self._cv.notify_all()
+
+    def _sync_loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._due and not self._closed:
+                    self._cv.wait(timeout=1.0)  # re-checks `_closed` at least once a second
+                if not self._due:
+                    return
+                self._due, self._in_flight = False, True
+            try:
+                self.sync()
+            except BaseException as err:  # noqa: BLE001 - handed to the training threads
+                log.error("geo: background delta sync failed: %s", err)
+                with self._cv:
+                    self._error = err
+                    self._in_flight = False
+                    self._cv.notify_all()
+                return
+            with self._cv:
+                self._in_flight = False
+                self._cv.notify_all()
+
+    def _wait_bound(self) -> float:
+        """Seconds a sync may take: each of its waits is bounded by the timeout (push and pull per
+        sparse table, one per dense table), plus one for the work between them."""
+        timeout = self.timeout_s if self.timeout_s is not None else float(getattr(self.client, "timeout_s", 60.0))
+        return timeout * (2 * len(self._replicas) + len(self._dense) + 1)
+
+    def wait_sync(self, timeout_s: float | None = None) -> None:
+        """Block until no background sync is requested or in flight (at most `timeout_s`; None:
+        the bound of one sync's waits); raises the error of a failed one."""
+        bound = self._wait_bound() if timeout_s is None else float(timeout_s)
+        with self._cv:
+            idle = self._cv.wait_for(lambda: self._error is not None or not (self._due or self._in_flight), bound)
+        if self._error is not None:
+            self._raise_background_error()
+        if not idle:
+            raise PSTimeoutError(f"geo: the background delta sync did not finish within {bound:.0f} s "
+                                 f"(tables {sorted(self._replicas) + sorted(self._dense)}, servers "
+                                 f"{getattr(self.client, 'endpoints', '?')}); check that every server is up "
+                                 "or raise ps.timeout_s")
+
+    def _raise_background_error(self) -> None:
+        err = self._error
+        cls = PSTimeoutError if isinstance(err, TimeoutError) else PSError
+        raise cls(f"geo: the background delta sync failed: {err}") from err
+
     def flush(self, timeout_s: float | None = None) -> None:
-        """The last deltas go to the servers (a final sync)."""
-        if not self._closed:
-            self.sync()
+        """The last deltas go to the servers: waits for a background sync in flight, then syncs
+        (in this thread). Raises the error of a failed background sync."""
+        if self._closed:
+            return
+        if self.background_sync:
+            self.wait_sync(timeout_s)
+        self.sync()
 
     def close(self) -> None:
         if self._closed:
@@ -375,4 +465,6 @@ class GeoCommunicator:
         try:
             self.flush()
         finally:
-            self._closed = True
+            with self._cv:
+                self._closed = True
+                self._cv.notify_all()

@@ -7,7 +7,9 @@ nn.Parameter over every key of the data, F.embedding_bag, torch.optim.SGD.
 from __future__ import annotations
 
 import math
+import re
 import threading
+import time
 
 import pytest
 import torch
@@ -17,7 +19,7 @@ from torchrec.sparse.jagged_tensor import KeyedTensor
 
 from models import CTRDNN
 from recps.data.reader import Examples, TensorBatches
-from recps.errors import ConfigError
+from recps.errors import ConfigError, PSError
 from recps.ps.embedding import PSEmbeddingBagCollection, salted_keys
 from recps.ps.modes.geo import GeoCommunicator
 from recps.ps.worker import GeoDenseUpdater
@@ -80,7 +82,8 @@ def server():
         yield s
 
 
-def geo_worker(endpoint: str, optimizer: dict, k_steps: int, create: bool = True, dense_values=None):
+def geo_worker(endpoint: str, optimizer: dict, k_steps: int, create: bool = True, dense_values=None,
+               background_sync: bool = False):
     client = PSClient([endpoint], token=TOKEN, timeout_s=20.0)
     if create:
         client.create_sparse_table("embedding_d9", dim=DIM, optimizer={"name": "sgd", "lr": 1.0}, initializer=INIT)
@@ -89,7 +92,7 @@ def geo_worker(endpoint: str, optimizer: dict, k_steps: int, create: bool = True
     named = dense_named(model, ebc)
     if create:
         client.create_dense_table("dense", {n: p.detach() for n, p in named.items()})
-    geo = GeoCommunicator(client, k_steps=k_steps, optimizer=optimizer)
+    geo = GeoCommunicator(client, k_steps=k_steps, optimizer=optimizer, background_sync=background_sync)
     ebc.bind(geo)
     geo.attach_dense("dense", named)
     return client, geo, ebc, model, named
@@ -205,7 +208,7 @@ def test_geo_replica_grows_and_keeps_rows(server):
 def test_geo_threads_sync_once_per_k_worker_steps(server):
     client = PSClient([server.endpoint], token=TOKEN)
     client.create_sparse_table("emb", dim=4, initializer={"kind": "zeros"})
-    geo = GeoCommunicator(client, k_steps=10, optimizer={"name": "sgd", "lr": 1.0})
+    geo = GeoCommunicator(client, k_steps=10, optimizer={"name": "sgd", "lr": 1.0}, background_sync=False)
 
     def train(thread: int) -> None:
         for _ in range(25):
@@ -256,7 +259,8 @@ def test_geo_deltas_are_averaged_over_workers(server):
     """With W workers each delta counts 1/W (Paddle's GEO): the servers hold the workers' mean model."""
     clients = [PSClient([server.endpoint], token=TOKEN, worker_index=w, num_workers=2) for w in range(2)]
     clients[0].create_sparse_table("emb", dim=2, initializer={"kind": "zeros"})
-    geos = [GeoCommunicator(c, k_steps=1, optimizer={"name": "sgd", "lr": 1.0}) for c in clients]
+    geos = [GeoCommunicator(c, k_steps=1, optimizer={"name": "sgd", "lr": 1.0}, background_sync=False)
+            for c in clients]
     assert geos[0].delta_scale == 0.5
     keys = torch.tensor([1, 2])
     geos[0].push("emb", keys, torch.tensor([[1.0, 1.0], [2.0, 2.0]]))  # worker 0: rows -> -1, -2
@@ -267,3 +271,73 @@ def test_geo_deltas_are_averaged_over_workers(server):
     torch.testing.assert_close(geos[1].pull("emb", keys[:1]), torch.tensor([[-2.0, -2.0]]))
     for c in clients:
         c.close()
+
+
+def _fit_and_flush(endpoint: str, background_sync: bool, threads: int = 1):
+    """CTR-DNN through recps.trainer on one worker (k = 3); after flush: the servers' rows (keys
+    in sorted order) and dense values, and the communicator."""
+    client, geo, ebc, model, named = geo_worker(endpoint, {"name": "sgd", "lr": 0.2}, k_steps=3,
+                                                background_sync=background_sync)
+    params = list(named.values())
+    updater = GeoDenseUpdater(params, torch.optim.SGD(params, lr=0.05), geo)
+    trainer = Trainer(model, ebc, BinaryTask(), updater, threads=threads)
+    stats = trainer.fit(ExamplesSource(examples(640, vocab=400, seed=5), shuffle=False), 16, progress=False)
+    assert stats.steps == 40
+    geo.flush()
+    replica = geo._replicas["embedding_d9"]
+    keys = torch.sort(replica.slot_keys[: replica.size]).values
+    rows = client.pull("embedding_d9", keys).wait()  # (K, D)
+    torch.testing.assert_close(rows, geo.pull("embedding_d9", keys))  # the replica holds the servers' values
+    dense = client.dense_layout("dense").unflatten(client.pull_dense("dense").wait())
+    for name, p in named.items():
+        torch.testing.assert_close(dense[name], p.detach())  # ... and the dense values
+    client.close()
+    return keys, rows, dense, geo
+
+
+def test_geo_background_sync_after_flush_equals_synchronous_sync(server):
+    """One worker, one thread, SGD: a delta sync on the communicator's thread leaves the servers
+    (after flush) with the values the synchronous path gives, to 1e-5."""
+    with PSServer(token=TOKEN) as other:
+        keys, rows, dense, geo = _fit_and_flush(server.endpoint, background_sync=True)
+        ref_keys, ref_rows, ref_dense, ref_geo = _fit_and_flush(other.endpoint, background_sync=False)
+    assert geo.background_sync and not ref_geo.background_sync
+    assert ref_geo.syncs == 40 // 3 + 1  # every k-th step + the flush
+    assert 2 <= geo.syncs <= ref_geo.syncs  # syncs that fall due while one runs are coalesced
+    torch.testing.assert_close(keys, ref_keys)
+    torch.testing.assert_close(rows, ref_rows, atol=1e-5, rtol=0)
+    for name, value in ref_dense.items():
+        torch.testing.assert_close(dense[name], value, atol=1e-5, rtol=0)
+
+
+def test_geo_background_sync_with_two_threads_servers_hold_the_replica(server):
+    """Two Hogwild threads, background syncs: no autograd error; after flush the servers hold
+    exactly the replica's rows and dense values (checked in _fit_and_flush)."""
+    keys, rows, dense, geo = _fit_and_flush(server.endpoint, background_sync=True, threads=2)
+    assert geo.syncs >= 2 and keys.numel() > 100
+
+
+def test_geo_dead_server_during_background_sync_is_raised_naming_it():
+    """A server that dies under a background sync: the next step_end (or flush) raises a PSError
+    that names the server, within the sync's bounded waits."""
+    server = PSServer(token=TOKEN).start()
+    endpoint = server.endpoint
+    client = PSClient([endpoint], token=TOKEN, timeout_s=1.0)
+    client.create_sparse_table("emb", dim=4, initializer={"kind": "zeros"})
+    geo = GeoCommunicator(client, k_steps=2, optimizer={"name": "sgd", "lr": 1.0}, timeout_s=1.0)
+    keys = torch.tensor([1, 2, 3])
+    geo.push("emb", keys, torch.ones(3, 4))  # pulls the rows while the server is up
+    geo.step_end(0)
+    geo.flush()
+    torch.testing.assert_close(client.pull("emb", keys).wait(), -torch.ones(3, 4))
+    server.stop()
+    start = time.monotonic()
+    with pytest.raises(PSError, match=r"background delta sync failed.*" + re.escape(endpoint.split("//")[-1])):
+        while time.monotonic() - start < 20:
+            geo.push("emb", keys, torch.ones(3, 4))  # replica rows only: no server call
+            geo.step_end(0)
+            time.sleep(0.05)
+    assert time.monotonic() - start < 10  # one sync's waits (1 s each) plus a few steps
+    with pytest.raises(PSError, match="background delta sync failed"):
+        geo.flush()
+    client.close()

@@ -5,8 +5,14 @@ Paddle's GEO-SGD semantics over one `PSClient`:
 - Sparse tables. The worker keeps, per PS table, a replica of the rows it has seen: a
   `KeyIndex` key -> local slot that grows, the rows in an FBGEMM TBE's host buffer trained
   by its fused optimizer (EXACT_SGD, or EXACT_ROWWISE_ADAGRAD) in the backward pass, a copy
-  of each row as last synced, and a "touched" mark. A key seen for the first time is pulled
-  from the servers (their deterministic initial value, or what other workers made of it).
+  of each row as last synced, and a "touched" mark. A key seen for the first time starts
+  from the servers' initial value, a deterministic function of (key, seed) that the worker
+  computes itself (`local_init`, when the table admits every key: no entry policy, float32):
+  no network round trip per step for unseen keys, which with a large vocabulary are most keys
+  of a batch. The row is marked touched, so the next sync brings what other workers made of
+  it (local += merged - current keeps this worker's training; the servers create the row from
+  the same initial value when its first delta arrives). Otherwise (or `local_init=False`)
+  first-seen keys are pulled from the servers.
 - Dense tables. The trainer's own parameters are the replica: a local torch optimizer steps
   them (see recps.ps.worker); `attach_dense` tells this communicator where they are.
 - Every `k_steps` worker steps (`step_end` calls, summed over the worker's threads) a delta
@@ -63,7 +69,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
 )
 
 from recps.errors import ConfigError, PSError, PSTimeoutError
-from recps.ps.table import KeyIndex
+from recps.ps.table import Initializer, KeyIndex
 
 __all__ = ["GeoCommunicator", "GEO_OPTIMIZERS"]
 
@@ -75,8 +81,10 @@ GEO_OPTIMIZERS = {"sgd": EmbOptimType.EXACT_SGD, "rowwise_adagrad": EmbOptimType
 class _Replica:
     """One PS sparse table's local replica (see the module docstring)."""
 
-    def __init__(self, name: str, dim: int, optimizer: str, lr: float, eps: float, capacity: int, client) -> None:
+    def __init__(self, name: str, dim: int, optimizer: str, lr: float, eps: float, capacity: int, client,
+                 initializer: Initializer | None = None, seed: int = 0) -> None:
         self.name, self.dim, self.client = name, dim, client
+        self.initializer, self.seed = initializer, seed  # None: first-seen rows are pulled
         self.width = -(-dim // 4) * 4  # P: TBE rows are multiples of 4 wide; pad columns stay 0
         self.optimizer, self.lr, self.eps = optimizer, lr, eps
         # Row-wise Adagrad's state is mean(g^2) over P columns = (D/P) x the mean over D: rescale
@@ -140,7 +148,10 @@ class _Replica:
         missing = slots < 0
         if bool(missing.any()):
             new_keys = torch.unique(keys[missing])  # (M,)
-            rows = self.client.pull(self.name, new_keys, assume_unique=True).wait(timeout)  # (M, D)
+            if self.initializer is not None:  # the servers' initial value, computed here
+                rows = self.initializer(new_keys, self.dim, self.seed)  # (M, D)
+            else:
+                rows = self.client.pull(self.name, new_keys, assume_unique=True).wait(timeout)  # (M, D)
             m, start = new_keys.numel(), self.size
             if start + m > self.capacity:
                 self._grow(start + m)
@@ -149,6 +160,8 @@ class _Replica:
             self.synced[start:start + m] = rows
             self.slot_keys[start:start + m] = new_keys
             self.index.insert(new_keys, new_slots)
+            if self.initializer is not None:
+                self.touched[start:start + m] = True  # the next sync brings the servers' value
             self.size += m
             slots[missing] = self.index.lookup(keys[missing])
         return slots
@@ -239,6 +252,8 @@ class GeoCommunicator:
         dense_delta_scale: factor of the dense deltas (None: 1 / the client's num_workers).
         background_sync: run the delta syncs on the communicator's sync thread (True) or in the
             training thread that ends the k-th step (False: exact for one worker with k = 1).
+        local_init: first-seen rows of tables without an entry policy start from the initial
+            value computed here (True) rather than pulled from the servers (False).
     """
 
     mode = "geo"
@@ -246,7 +261,7 @@ class GeoCommunicator:
     def __init__(self, client, k_steps: int = 100, optimizer: Mapping | None = None, dense_lr: float = 0.01,
                  capacity: int = 1 << 16, timeout_s: float | None = None,
                  delta_scale: float | None = None, dense_delta_scale: float | None = None,
-                 background_sync: bool = True) -> None:
+                 background_sync: bool = True, local_init: bool = True) -> None:
         if isinstance(k_steps, bool) or int(k_steps) != k_steps or k_steps < 1:
             raise ConfigError(f"geo: k_steps={k_steps!r}; set ps.k_steps to an integer >= 1")
         opt = dict(optimizer or {"name": "sgd", "lr": 0.01})
@@ -275,6 +290,7 @@ class GeoCommunicator:
         self._closed = False
         self._local = threading.local()  # per training thread: rows its step in flight trains
         self.background_sync = bool(background_sync)
+        self.local_init = bool(local_init)
         # Background sync: `_due` (a sync was asked for) and `_in_flight` under `_cv`; the first
         # error of the sync thread stays in `_error` and is raised by every later step_end / flush.
         self._cv = threading.Condition()
@@ -294,8 +310,11 @@ class GeoCommunicator:
                     spec = self.client.table_spec(table)
                     if spec["kind"] != "sparse":
                         raise ConfigError(f"geo: table {table!r} is {spec['kind']}; pull/push take sparse tables")
+                    initializer = None
+                    if self.local_init and spec.get("entry") is None and spec.get("dtype", "float32") == "float32":
+                        initializer = Initializer(**spec["initializer"])
                     replica = _Replica(table, int(spec["dim"]), self._opt_name, self._lr, self._eps,
-                                       self.capacity, self.client)
+                                       self.capacity, self.client, initializer, int(spec.get("seed", 0)))
                     self._replicas[table] = replica
         return replica
 

@@ -83,7 +83,7 @@ def server():
 
 
 def geo_worker(endpoint: str, optimizer: dict, k_steps: int, create: bool = True, dense_values=None,
-               background_sync: bool = False):
+               background_sync: bool = False, local_init: bool = True):
     client = PSClient([endpoint], token=TOKEN, timeout_s=20.0)
     if create:
         client.create_sparse_table("embedding_d9", dim=DIM, optimizer={"name": "sgd", "lr": 1.0}, initializer=INIT)
@@ -92,7 +92,8 @@ def geo_worker(endpoint: str, optimizer: dict, k_steps: int, create: bool = True
     named = dense_named(model, ebc)
     if create:
         client.create_dense_table("dense", {n: p.detach() for n, p in named.items()})
-    geo = GeoCommunicator(client, k_steps=k_steps, optimizer=optimizer, background_sync=background_sync)
+    geo = GeoCommunicator(client, k_steps=k_steps, optimizer=optimizer, background_sync=background_sync,
+                          local_init=local_init)
     ebc.bind(geo)
     geo.attach_dense("dense", named)
     return client, geo, ebc, model, named
@@ -159,11 +160,14 @@ def test_geo_rowwise_adagrad_replica_equals_torch_rowwise_adagrad(server):
     client.close()
 
 
-def test_geo_two_workers_server_adds_both_deltas(server):
+@pytest.mark.parametrize("local_init", [True, False])
+def test_geo_two_workers_server_adds_both_deltas(server, local_init):
     """Deltas of two workers add up on the server; each worker pulls the merged rows back and
-    keeps updates it made while syncing."""
-    c0, g0, *_ = geo_worker(server.endpoint, {"name": "sgd", "lr": 1.0}, k_steps=2)
-    c1, g1, *_ = geo_worker(server.endpoint, {"name": "sgd", "lr": 1.0}, k_steps=2, create=False)
+    keeps updates it made while syncing. First-seen rows: the initial value computed locally
+    (refreshed by the next sync) or pulled (refreshed once trained)."""
+    c0, g0, *_ = geo_worker(server.endpoint, {"name": "sgd", "lr": 1.0}, k_steps=2, local_init=local_init)
+    c1, g1, *_ = geo_worker(server.endpoint, {"name": "sgd", "lr": 1.0}, k_steps=2, create=False,
+                            local_init=local_init)
     keys = torch.tensor([11, 22, 33])
     start = g0.pull("embedding_d9", keys)
     torch.testing.assert_close(start, g1.pull("embedding_d9", keys))
@@ -178,8 +182,9 @@ def test_geo_two_workers_server_adds_both_deltas(server):
     expected = start - torch.tensor([[1.0], [3.0], [2.0]])
     torch.testing.assert_close(c0.pull("embedding_d9", keys).wait(), expected)
     torch.testing.assert_close(g1.pull("embedding_d9", keys[1:]), expected[1:])
-    # Key 11 is in worker 1's replica since its first pull; worker 1 never trained it: still stale.
-    torch.testing.assert_close(g1.pull("embedding_d9", keys[:1]), start[:1])
+    # Key 11 is in worker 1's replica since its first pull; worker 1 never trained it: a pulled
+    # row stays stale, a locally initialized one was marked for the sync and is fresh.
+    torch.testing.assert_close(g1.pull("embedding_d9", keys[:1]), expected[:1] if local_init else start[:1])
     # Worker 0 synced before worker 1 pushed: it sees worker 1's work on key 22 after its next sync.
     torch.testing.assert_close(g0.pull("embedding_d9", keys[:2]), start[:2] - torch.tensor([[1.0], [1.0]]))
     g0.push("embedding_d9", keys[1:2], torch.zeros(1, DIM))  # touch key 22 again
@@ -340,4 +345,28 @@ def test_geo_dead_server_during_background_sync_is_raised_naming_it():
     assert time.monotonic() - start < 10  # one sync's waits (1 s each) plus a few steps
     with pytest.raises(PSError, match="background delta sync failed"):
         geo.flush()
+    client.close()
+
+
+def test_geo_local_init_computes_first_seen_rows_without_the_servers(server):
+    """First-seen keys start from the servers' initial value computed by the worker: no row is
+    created on the server until the sync sends its delta; with an entry policy (the server may
+    refuse a key) or local_init=False, first-seen keys are pulled."""
+    client = PSClient([server.endpoint], token=TOKEN)
+    client.create_sparse_table("emb", dim=5, initializer=INIT, seed=3)
+    client.create_sparse_table("filtered", dim=5, initializer=INIT, entry={"name": "count_filter", "count": 2})
+    keys = torch.tensor([5, 6, 7], dtype=torch.int64)
+    geo = GeoCommunicator(client, k_steps=1, optimizer={"name": "sgd", "lr": 1.0}, background_sync=False)
+    rows = geo.pull("emb", keys)
+    torch.testing.assert_close(rows, Initializer(**INIT)(keys, 5, seed=3))
+    assert not server.sparse("emb").contains(keys).any()
+    geo.push("emb", keys[:1], torch.ones(1, 5))
+    geo.step_end(0)
+    assert server.sparse("emb").contains(keys).all()  # every first-seen row was marked for the sync
+    torch.testing.assert_close(client.pull("emb", keys).wait(), torch.cat([rows[:1] - 1.0, rows[1:]]))
+    geo.pull("filtered", keys)
+    assert server.sparse("filtered").contains(keys).sum() == 0  # pulled once: the filter has not admitted them
+    pulling = GeoCommunicator(client, k_steps=1, optimizer={"name": "sgd", "lr": 1.0}, local_init=False)
+    pulling.pull("filtered", keys)
+    assert server.sparse("filtered").contains(keys).all()  # the second sighting admitted them
     client.close()

@@ -520,8 +520,7 @@ def _apply_dense(table: _Table, shard: DenseTable, flat: torch.Tensor, verb: str
 
 
 def _dense_flat(table: _Table, shard: DenseTable) -> torch.Tensor:
-    values = shard.pull()
-    return torch.cat([values[n].reshape(-1) for n in shard.names])  # (N_s,)
+    return shard.flat()  # (N_s,)
 
 
 def _write_spec(folder: Path, text: str) -> None:

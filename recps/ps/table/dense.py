@@ -1,9 +1,11 @@
 """DenseTable: named dense parameters on a server, with an update rule and a sync buffer.
 
 Each parameter is stored float32 with its own optimizer state. The update rules of
-`optimizers.py` see a parameter as rows: its first dimension, or one row for a 1-D
-parameter or a scalar. Per-element rules (SGD, Adagrad, Adam) are therefore exactly
-torch.optim's per-parameter step; row-wise Adagrad keeps one accumulator per row.
+`optimizers.py` see a parameter as rows. Per-element rules (SGD, Adagrad, Adam:
+`rule.per_element`) get the whole parameter as one row (1, numel), which is exactly
+torch.optim's per-parameter step and lets Adam run torch's fused kernel; row-wise Adagrad
+sees the first dimension as rows (one row for a 1-D parameter or a scalar) and keeps one
+accumulator per row.
 
 Verbs:
     pull(names=None) -> {name: tensor}      copies
@@ -41,9 +43,10 @@ from recps.ps.table.sparse import SAVE_MODES
 __all__ = ["DenseTable"]
 
 
-def _rows_view(t: torch.Tensor) -> torch.Tensor:
-    """A parameter as (rows, cols): first dim by the rest; 0-D and 1-D are one row."""
-    if t.dim() <= 1:
+def _rows_view(t: torch.Tensor, per_element: bool) -> torch.Tensor:
+    """A parameter as (rows, cols): one row for per-element rules, 0-D and 1-D parameters;
+    else the first dim by the rest."""
+    if per_element or t.dim() <= 1:
         return t.reshape(1, -1)
     return t.reshape(t.shape[0], -1)
 
@@ -78,7 +81,7 @@ class DenseTable:
         self._lock = threading.RLock()
 
     def _fresh_state(self, v: torch.Tensor) -> torch.Tensor:
-        rows = _rows_view(v)
+        rows = _rows_view(v, self.rule.per_element)
         return self.rule.init_state(rows.shape[0], rows.shape[1])
 
     @property
@@ -114,9 +117,15 @@ class DenseTable:
                 raise ConfigError(f"DenseTable {self.name}.pull: unknown parameter(s) {missing}; this table has {self.names}")
             return {n: self._values[n].clone() for n in names}
 
+    def flat(self) -> torch.Tensor:
+        """(N,) every parameter's values flattened and concatenated in `names` order (one copy)."""
+        with self._lock:
+            return torch.cat([v.reshape(-1) for v in self._values.values()])
+
     def _update(self, grads: dict[str, torch.Tensor]) -> None:
-        for n, g in grads.items():
-            self.rule.apply(_rows_view(self._values[n]), _rows_view(g), self._state[n])
+        rows = self.rule.per_element
+        self.rule.apply_many([_rows_view(self._values[n], rows) for n in grads], [_rows_view(g, rows) for g in grads.values()],
+                             [self._state[n] for n in grads])
 
     @torch.no_grad()
     def push(self, grads: Mapping[str, torch.Tensor]) -> None:
@@ -224,6 +233,13 @@ class DenseTable:
                     )
                 value = reader.read(f"value.{spec['file']}").reshape(self._values[n].shape)
                 state = reader.read(f"state.{spec['file']}") if keep_state else None
+                expected = self._fresh_state(self._values[n]).shape
+                if state is not None and state.shape != expected:
+                    raise CheckpointError(
+                        f"load {shard_dir}: the optimizer state of {n} has shape {tuple(state.shape)}, table "
+                        f"{self.name} keeps {tuple(expected)} (a checkpoint of an older layout); load its base "
+                        f"export (values only) or save it again with this version"
+                    )
                 found[n] = (value, state)
         missing = [n for n in self._values if n not in found]
         if missing:

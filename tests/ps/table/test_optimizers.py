@@ -178,3 +178,25 @@ def test_rule_config_errors():
     with pytest.raises(ConfigError, match="'adamw' is unknown"):
         make_rule("adamw")
     assert make_rule("rowwise_adagrad", lr=0.3, bounds=[-1, 1]) == RowWiseAdagradRule(lr=0.3, bounds=(-1.0, 1.0))
+
+
+def test_dense_adam_with_bounds_clamps_after_each_fused_step():
+    """The fused one-row Adam path of a dense table clamps as torch Adam + clamp_ would."""
+    g = torch.Generator().manual_seed(1)
+    init = {"w": torch.randn(5, 4, generator=g) * 0.05, "b": torch.zeros(4)}
+    table = DenseTable(init, optimizer=AdamRule(lr=0.03, bounds=(-0.06, 0.06)))
+    params = [torch.nn.Parameter(v.clone()) for v in init.values()]
+    opt = torch.optim.Adam(params, lr=0.03)
+    for _ in range(5):
+        grads = {n: torch.randn(v.shape, generator=g) for n, v in init.items()}
+        table.push(grads)
+        for p, grad in zip(params, grads.values()):
+            p.grad = grad
+        opt.step()
+        with torch.no_grad():
+            for p in params:
+                p.clamp_(-0.06, 0.06)
+    values = table.pull()
+    assert values["w"].abs().max() == pytest.approx(0.06)  # some weights hit the bound
+    for v, p in zip(values.values(), params):
+        torch.testing.assert_close(v, p.detach(), **TOL)

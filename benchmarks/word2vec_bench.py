@@ -1,7 +1,8 @@
 """Word2Vec: recps (GEO 1 server + 2 workers, and local) against gensim on the same corpus.
 
     python -m benchmarks.word2vec_bench [--epochs 5] [--repeat 2] [--systems gensim1,gensim2,local,geo,geo_1t]
-                                        [--corpus wiki|zipf] [--out benchmarks/results/word2vec.json]
+                                        [--corpus wiki|zipf] [--no-equal-spearman]
+                                        [--out benchmarks/results/word2vec.json]
 
 Corpus: the Wikipedia excerpt of ../shared/data/word2vec_text (read by recps.data.text: markup
 stripped, min_count 5; 414k tokens, 8.6k words), or the generated Zipf corpus when the excerpt
@@ -26,7 +27,16 @@ this module). Figures per run:
   to stop). The machine is shared, so this is the steadier figure;
 - WordSim-353 Spearman and analogy accuracy (covered subsets), by recps.tasks.skipgram's
   evaluation for both systems (gensim's vectors are evaluated by the same code);
-- peak RSS of every process (benchmarks.procmon).
+- peak RSS of every process (benchmarks.procmon);
+- at equal Spearman (with gensim2 in the systems): each system against gensim with 2 workers
+  in the same round. The target is the lower of the two runs' final WordSim-353 Spearman; each
+  system's time to target is the training time up to the end of its first pass whose Spearman
+  reaches it. gensim and recps local evaluate after every pass (the evaluation is not timed;
+  gensim by an epoch-end callback, during which its workers are idle); a GEO run evaluates only
+  at its end, so GEO's passes come from runs of 1, 2, ... passes (stopped at the first that
+  reaches the target). "Equal-Spearman words/s" = the raw words gensim 2 workers needed to reach
+  the target / the system's time to reach it (gensim's own rate for gensim), and the ratio of
+  the two times says how much faster than gensim a system gets there.
 Every configuration runs `--repeat` times (round by round); the table shows each run and the
 median. Writes JSON (--out) and prints a Markdown section; `run_suite` is the slot of
 `python -m benchmarks.run --preset full`.
@@ -49,7 +59,7 @@ from typing import Any, Sequence
 
 from benchmarks.procmon import run_monitored
 
-__all__ = ["SYSTEMS", "run_system", "run_suite", "markdown", "main"]
+__all__ = ["SYSTEMS", "run_system", "run_suite", "equal_spearman", "first_reaching", "markdown", "main"]
 
 ROOT = Path(__file__).resolve().parents[1]
 SYSTEMS = ("gensim1", "gensim2", "local", "geo", "geo_1t")
@@ -121,6 +131,8 @@ def run_system(system: str, epochs: int, seed: int = 0, corpus: str = "wiki", k_
                            words_per_sec=m["examples_per_sec"], spearman=m["wordsim353_spearman"],
                            analogy=m["analogy_accuracy"], pairs=m["wordsim353_pairs"],
                            questions=m["analogy_questions"], k_steps=m.get("k_steps"))
+            figures["curve"] = [dict(epoch=epochs, seconds=figures["seconds"], words=figures["words"],
+                                     spearman=figures["spearman"])]  # one evaluation, at the end
         else:
             figures = json.loads(stdout.strip().splitlines()[-1])
     figures["words_per_cpu_second"] = figures["words"] / figures["cpu_seconds"]
@@ -146,6 +158,7 @@ def gensim_child(spec: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
     import torch
     from gensim.models import Word2Vec as GensimWord2Vec
+    from gensim.models.callbacks import CallbackAny2Vec
 
     from recps.tasks.skipgram import SkipGramTask
 
@@ -161,16 +174,36 @@ def gensim_child(spec: dict[str, Any]) -> dict[str, Any]:
                            min_count=1, sg=1, hs=0, workers=int(spec["workers"]), seed=int(spec["seed"]) + 1)
     model.build_vocab(sentences)
     epochs = int(spec["epochs"])
-    cpu, start = time.process_time(), time.perf_counter()
-    model.train(sentences, total_examples=len(sentences), epochs=epochs)
-    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-    vectors = np.stack([model.wv[w] for w in words])  # recps' vocabulary order
-    metrics = SkipGramTask().evaluate_vectors(torch.from_numpy(vectors), data.test)
-    raw = epochs * data.corpus.num_tokens
+    task, tokens = SkipGramTask(), data.corpus.num_tokens
+    clock = {"start": 0.0, "cpu": 0.0, "paused": 0.0, "paused_cpu": 0.0}
+    curve: list[dict[str, Any]] = []
+
+    def evaluate() -> dict[str, Any]:
+        vectors = np.stack([model.wv[w] for w in words])  # recps' vocabulary order
+        return task.evaluate_vectors(torch.from_numpy(vectors), data.test)
+
+    class PassEnd(CallbackAny2Vec):
+        """Evaluates after every pass; its time (gensim's workers are idle) is not training."""
+
+        def on_epoch_end(self, _model) -> None:
+            wall, cpu = time.perf_counter(), time.process_time()
+            seconds = wall - clock["start"] - clock["paused"]
+            m = evaluate()
+            curve.append(dict(epoch=len(curve) + 1, seconds=seconds, words=(len(curve) + 1) * tokens,
+                              spearman=m["wordsim353_spearman"]))
+            clock["paused"] += time.perf_counter() - wall
+            clock["paused_cpu"] += time.process_time() - cpu
+
+    clock["cpu"], clock["start"] = time.process_time(), time.perf_counter()
+    model.train(sentences, total_examples=len(sentences), epochs=epochs, callbacks=[PassEnd()])
+    seconds = time.perf_counter() - clock["start"] - clock["paused"]
+    cpu = time.process_time() - clock["cpu"] - clock["paused_cpu"]
+    metrics = evaluate()
+    raw = epochs * tokens
     return dict(words=raw, seconds=seconds, cpu_seconds=cpu, words_per_sec=raw / seconds,
                 spearman=metrics["wordsim353_spearman"], analogy=metrics["analogy_accuracy"],
                 pairs=metrics["wordsim353_pairs"], questions=metrics["analogy_questions"],
-                vocabulary=len(words), tokens=data.corpus.num_tokens)
+                vocabulary=len(words), tokens=tokens, curve=curve)
 
 
 def local_child(overrides: list[str]) -> dict[str, Any]:
@@ -180,15 +213,19 @@ def local_child(overrides: list[str]) -> dict[str, Any]:
 
     cfg = compose_config(overrides)
     job = build_job(cfg)
-    cpu = time.process_time()
-    stats = job.trainer.fit(job.data.train, int(cfg.trainer.batch_size), epochs=int(cfg.trainer.epochs),
-                            progress=False)
-    cpu = time.process_time() - cpu
-    m = evaluate(job)
-    return dict(words=stats.examples, seconds=stats.seconds, cpu_seconds=cpu, words_per_sec=stats.examples_per_sec,
+    words, seconds, cpu, curve = 0, 0.0, 0.0, []
+    for epoch in range(int(cfg.trainer.epochs)):  # pass by pass, evaluated after each (not timed)
+        start = time.process_time()
+        stats = job.trainer.fit(job.data.train, int(cfg.trainer.batch_size), epochs=1, first_epoch=epoch,
+                                progress=False)
+        cpu += time.process_time() - start
+        words, seconds = words + stats.examples, seconds + stats.seconds
+        m = evaluate(job)
+        curve.append(dict(epoch=epoch + 1, seconds=seconds, words=words, spearman=m["wordsim353_spearman"]))
+    return dict(words=words, seconds=seconds, cpu_seconds=cpu, words_per_sec=words / seconds,
                 spearman=m["wordsim353_spearman"], analogy=m["analogy_accuracy"], pairs=m["wordsim353_pairs"],
                 questions=m["analogy_questions"], vocabulary=len(job.data.vocabulary),
-                tokens=job.data.corpus.num_tokens)
+                tokens=job.data.corpus.num_tokens, curve=curve)
 
 
 # ----------------------------------------------------------------------------------- the suite
@@ -204,6 +241,44 @@ def run_all(systems: Sequence[str], epochs: int, repeat: int, corpus: str, k_ste
             log(json.dumps({k: v for k, v in r.items() if k != "processes"}))
             results.append(r)
     return results
+
+
+def first_reaching(curve: Sequence[dict[str, Any]], target: float) -> dict[str, Any] | None:
+    """The first pass of `curve` (points {epoch, seconds, words, spearman}) whose Spearman
+    reaches `target`; None if none does."""
+    return next((p for p in sorted(curve, key=lambda p: p["epoch"]) if p["spearman"] >= target), None)
+
+
+def equal_spearman(results: list[dict[str, Any]], k_steps: int, run=None, log=print) -> list[dict[str, Any]]:
+    """Adds r["equal_spearman"] to every result of a round that has a gensim2 run (see the
+    module docstring) and returns those rows. A GEO system's earlier passes come from shorter
+    runs (`run`, default run_system), stopped at the first that reaches the target."""
+    run = run_system if run is None else run
+    rows = []
+    for rnd in sorted({r.get("round", 0) for r in results}):
+        in_round = [r for r in results if r.get("round", 0) == rnd]
+        ref = next((r for r in in_round if r["system"] == "gensim2"), None)
+        if ref is None:
+            continue
+        for r in in_round:
+            target = min(ref["spearman"], r["spearman"])
+            curve = list(r["curve"])
+            if r["system"].startswith("geo"):
+                for epochs in range(1, r["epochs"]):
+                    short = run(r["system"], epochs, seed=r["seed"], corpus=r["corpus"], k_steps=k_steps)
+                    log(json.dumps({"system": r["system"], "round": rnd, "ladder_epochs": epochs,
+                                    "seconds": short["seconds"], "spearman": short["spearman"], "target": target}))
+                    curve += short["curve"]
+                    if short["spearman"] >= target:
+                        break
+            point, ref_point = first_reaching(curve, target), first_reaching(ref["curve"], target)
+            row = dict(system=r["system"], round=rnd, target=target, epoch=point["epoch"], seconds=point["seconds"],
+                       spearman=point["spearman"], gensim_epoch=ref_point["epoch"],
+                       gensim_seconds=ref_point["seconds"], words_per_sec=ref_point["words"] / point["seconds"],
+                       ratio=ref_point["seconds"] / point["seconds"], curve=sorted(curve, key=lambda p: p["epoch"]))
+            r["equal_spearman"] = row
+            rows.append(row)
+    return rows
 
 
 def _fmt(values: list[float], digits: int = 0) -> str:
@@ -235,6 +310,22 @@ def markdown(results: list[dict[str, Any]], command: str) -> str:
                      f"{_fmt([r['words_per_cpu_second'] for r in rs])} | {cpu_ratio} | "
                      f"{_fmt([r['spearman'] for r in rs], 3)} | {_fmt([r['analogy'] for r in rs], 3)} | "
                      f"{max(r['peak_rss_mib'] or 0 for r in rs):,.0f} |")
+    equal = {s: [r["equal_spearman"] for r in rs if r.get("equal_spearman")] for s, rs in by.items()}
+    if any(equal.values()):
+        lines += ["", "At equal Spearman: each run against gensim 2 workers' run of the same round; target = the "
+                      "lower of the two final WordSim-353 Spearman; time to target = training time to the end of the "
+                      "first pass that reaches it; equal-Spearman words/s = gensim 2 workers' raw words to the target "
+                      "/ the system's time to it:", "",
+                  "| system | topology | target Spearman | passes to target | seconds to target | "
+                  "gensim 2 workers: passes, seconds | equal-Spearman words/s | / gensim 2 workers (time ratio) |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for system in [s for s in SYSTEMS if equal.get(s)]:
+            es = equal[system]
+            name, topo = LABELS[system]
+            gensim = " / ".join(f"{e['gensim_epoch']}, {e['gensim_seconds']:.1f}" for e in es)
+            lines.append(f"| {name} | {topo} | {_fmt([e['target'] for e in es], 3)} | "
+                         f"{' / '.join(str(e['epoch']) for e in es)} | {_fmt([e['seconds'] for e in es], 1)} | "
+                         f"{gensim} | {_fmt([e['words_per_sec'] for e in es])} | {_fmt([e['ratio'] for e in es], 2)} |")
     lines += ["", "Against the issue's reference figures (words/s on this kind of machine; ratio = measured median "
                   "/ reference):", "", "| reference | words/s | recps GEO 1S+2Wx2T | recps local | gensim here |",
               "|---|---|---|---|---|"]
@@ -265,6 +356,7 @@ def run_suite(preset: str = "full", out_dir: str | os.PathLike | None = None) ->
     command = (f"python -m benchmarks.word2vec_bench --epochs {epochs} --repeat {repeat} --corpus {corpus} "
                f"--systems {','.join(systems)}")
     results = run_all(systems, epochs, repeat, corpus, k_steps=20, log=lambda line: None)
+    equal_spearman(results, k_steps=20, log=lambda line: None)
     text = markdown(results, command) + ("" if have_gensim() else f"\n\nNo gensim figures: {NO_GENSIM}.")
     out = {"results": results, "markdown": text}
     if out_dir is not None:
@@ -280,6 +372,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--corpus", default="auto", choices=("auto", "wiki", "zipf"))
     parser.add_argument("--k-steps", type=int, default=20, help="GEO: worker steps between delta syncs")
+    parser.add_argument("--no-equal-spearman", action="store_true",
+                        help="skip the equal-Spearman comparison (its shorter GEO runs)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "word2vec.json"))
     parser.add_argument("--gensim-child", help=argparse.SUPPRESS)
     parser.add_argument("--local-child", help=argparse.SUPPRESS)
@@ -298,6 +392,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"--systems {args.systems}: {NO_GENSIM} (or leave gensim1,gensim2 out)")
     corpus = pick_corpus(args.corpus)
     results = run_all(systems, args.epochs, args.repeat, corpus, args.k_steps)
+    if not args.no_equal_spearman:
+        equal_spearman(results, args.k_steps)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
     command = "python -m benchmarks.word2vec_bench " + " ".join(argv if argv is not None else sys.argv[1:])

@@ -8,6 +8,7 @@ left as they were.
 
 from __future__ import annotations
 
+import dataclasses
 import doctest
 import json
 import os
@@ -255,3 +256,71 @@ def test_report_scaling_scale_and_word2vec_sections(tmp_path):
     assert "| server1 RSS after the build, GiB (peak) | 2.00 / 2.00 (2.00) (2.50 / 2.50 (2.50)) |" in text
     assert "### Word2Vec against gensim\n\n| words/s | 1 |" in text
     assert "peak RSS" in text and "server0 500" in text
+
+
+# ---------------------------------------------------------------------------------- the time-to-quality world
+
+
+def test_quality_cases_share_one_world_in_every_mode():
+    """Full: CTR-DNN and DeepFM x local / sync / async / GEO on QUALITY_WORLD; quick: both locally on it."""
+    full = [c for c in bench_run.PRESETS["full"].cases if c.kind == "quality"]
+    assert {(c.model, c.mode) for c in full} == {(m, p) for m in ("ctr_dnn", "deepfm")
+                                                 for p in ("local", "sync", "async", "geo")}
+    quick = [c for c in bench_run.PRESETS["quick"].cases if c.kind == "quality"]
+    assert {(c.model, c.mode) for c in quick} == {("ctr_dnn", "local"), ("deepfm", "local")}
+    for c in full + quick:
+        assert {k: getattr(c, k) for k in bench_run.QUALITY_WORLD} == bench_run.QUALITY_WORLD, c.name
+    assert dict(bench_run.QUALITY_WORLD["generate"])["shares"] == "[0.9,0.1,0.0]"  # no planted pairwise term
+
+
+def test_case_overrides_compose_to_the_quality_world(tmp_path):
+    """run_case's overrides after run_one's: the generate keys land (++), ps=local gets the case's
+    table rows (the later override wins over run_one's ps.num_embeddings=vocab), the observer is set;
+    the world they generate plants no pairwise term."""
+    from recps.config import compose_config
+    from recps.data.dataset import ensure_generated
+
+    case = next(c for c in bench_run.PRESETS["full"].cases if c.kind == "quality" and c.mode == "local")
+    run_one_local = [f"model={case.model}", "ps=local", f"ps.num_embeddings={case.vocab}",
+                     *ps_throughput.data_overrides(2000, case.vocab, 0, tmp_path, 1000)]
+    cfg = compose_config(run_one_local + bench_run.case_overrides(case, tmp_path / "curve.jsonl"))
+    assert cfg.ps.num_embeddings == 100_003
+    assert list(cfg.dataset.generate.shares) == [0.9, 0.1, 0.0]
+    assert cfg.trainer.observers[0].every_steps == case.eval_every
+    assert cfg.trainer.observers[0].path == str(tmp_path / "curve.jsonl")
+    info = ensure_generated(cfg.dataset)
+    assert info.scales[2] == 0.0 and info.scales[0] > 0 and info.scales[1] > 0
+    geo = dataclasses.replace(case, mode="geo", topology="1S+1Wx2T")
+    assert not any(o.startswith("ps.num_embeddings") for o in bench_run.case_overrides(geo, None))  # PS tables store every key
+
+
+def test_world_flag_keeps_bracketed_lists_and_names_a_plain_folder(tmp_path):
+    world = bench_run._parse_world("vocab=40,rows=1000,shares=[0.8,0.2,0],num_embeddings=5003")
+    assert world == {"vocab": 40, "rows": 1000, "num_embeddings": 5003, "generate": (("shares", "[0.8,0.2,0]"),)}
+    case = dataclasses.replace(bench_run.PRESETS["smoke"].cases[1], **world)
+    assert bench_run._world_root(case, tmp_path) == tmp_path / "world-shares0.8_0.2_0"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_ctr_dnn_reaches_best_reachable_minus_0_01_on_the_quality_world(tmp_path):
+    """The issue's target is reachable: CTR-DNN (ps=local, 2 threads) on QUALITY_WORLD, one pass,
+    reaches the best reachable AUC - 0.01 on the held-out split (measured: at ~95-130k of 150k rows,
+    ending ~0.005 below)."""
+    from recps.config import compose_config
+    from recps.run import build_job
+
+    case = next(c for c in bench_run.PRESETS["full"].cases if c.kind == "quality" and c.mode == "local"
+                and c.model == "ctr_dnn")
+    curve = tmp_path / "curve.jsonl"
+    cfg = compose_config([f"model={case.model}", "ps=local", "trainer.threads=2", f"trainer.epochs={case.epochs}",
+                          "progress=false", "metrics=off", "checkpoint=false",
+                          *ps_throughput.data_overrides(case.rows, case.vocab, 0, tmp_path, case.test_rows),
+                          *bench_run.case_overrides(case, curve)])
+    job = build_job(cfg)
+    job.trainer.fit(job.data.train, case.batch, epochs=case.epochs, progress=False)
+    records = quality.read_curve(curve)
+    best = records[0]["best_reachable_auc"]
+    reached = time_to_quality(records, best - 0.01)
+    assert reached is not None, [(r["examples"], round(r["auc"] - best, 4)) for r in records]
+    assert records[-1]["auc"] < best + 0.003  # the best reachable AUC bounds a model (up to the split's noise)

@@ -16,7 +16,7 @@ Paddle's GEO-SGD semantics over one `PSClient`:
 - Dense tables. The trainer's own parameters are the replica: a local torch optimizer steps
   them (see recps.ps.worker); `attach_dense` tells this communicator where they are.
 - Every `k_steps` worker steps (`step_end` calls, summed over the worker's threads) a delta
-  sync runs. With `background_sync` (the default, as Paddle's communicator thread) the k-th
+  sync runs. With `background_sync` (the default for k > 1, as Paddle's communicator thread) the k-th
   `step_end` only hands it to the communicator's sync thread and returns: no training thread
   waits on the network for a sync. At most one sync is in flight; a sync that falls due while
   one runs is coalesced into the next (it sends every row touched by then). A failed
@@ -251,7 +251,9 @@ class GeoCommunicator:
         delta_scale: factor of the sparse rows' deltas (None: 1 / the client's num_workers).
         dense_delta_scale: factor of the dense deltas (None: 1 / the client's num_workers).
         background_sync: run the delta syncs on the communicator's sync thread (True) or in the
-            training thread that ends the k-th step (False: exact for one worker with k = 1).
+            training thread that ends the k-th step (False: exact for one worker with k = 1);
+            None: True when k_steps > 1 (k = 1 asks for a sync after every step, so it stays
+            synchronous and exact).
         local_init: first-seen rows of tables without an entry policy start from the initial
             value computed here (True) rather than pulled from the servers (False).
     """
@@ -261,7 +263,7 @@ class GeoCommunicator:
     def __init__(self, client, k_steps: int = 100, optimizer: Mapping | None = None, dense_lr: float = 0.01,
                  capacity: int = 1 << 16, timeout_s: float | None = None,
                  delta_scale: float | None = None, dense_delta_scale: float | None = None,
-                 background_sync: bool = True, local_init: bool = True) -> None:
+                 background_sync: bool | None = None, local_init: bool = True) -> None:
         if isinstance(k_steps, bool) or int(k_steps) != k_steps or k_steps < 1:
             raise ConfigError(f"geo: k_steps={k_steps!r}; set ps.k_steps to an integer >= 1")
         opt = dict(optimizer or {"name": "sgd", "lr": 0.01})
@@ -289,7 +291,7 @@ class GeoCommunicator:
         self.syncs = 0
         self._closed = False
         self._local = threading.local()  # per training thread: rows its step in flight trains
-        self.background_sync = bool(background_sync)
+        self.background_sync = self.k_steps > 1 if background_sync is None else bool(background_sync)
         self.local_init = bool(local_init)
         # Background sync: `_due` (a sync was asked for) and `_in_flight` under `_cv`; the first
         # error of the sync thread stays in `_error` and is raised by every later step_end / flush.

@@ -370,3 +370,13 @@ def test_geo_local_init_computes_first_seen_rows_without_the_servers(server):
     pulling.pull("filtered", keys)
     assert server.sparse("filtered").contains(keys).all()  # the second sighting admitted them
     client.close()
+
+
+def test_geo_background_sync_default_is_on_for_k_above_one(server):
+    """k = 1 asks for a sync after every step: it stays synchronous (and exact) unless asked."""
+    client = PSClient([server.endpoint], token=TOKEN)
+    assert GeoCommunicator(client, k_steps=2).background_sync
+    assert not GeoCommunicator(client, k_steps=1).background_sync
+    assert GeoCommunicator(client, k_steps=1, background_sync=True).background_sync
+    assert not GeoCommunicator(client, k_steps=100, background_sync=False).background_sync
+    client.close()

@@ -17,7 +17,7 @@ workers' examples/s, examples per CPU-second, held-out AUC, and the peak RSS of 
 
 - throughput: one pass over the reference world (vocabulary 10^6 a slot, as issues 2 and 4),
   training metrics off;
-- quality (time to quality): several passes over a learnable world (`--world`), with a held-out
+- quality (time to quality): training on a learnable world (`QUALITY_WORLD`, `--world`), with a held-out
   AUC every N steps (`benchmarks.quality.HeldOutAUC`, hooked in through `trainer.observers`);
   reports training seconds to the best reachable AUC - 0.01 (and - 0.02) and the AUC curve.
 

@@ -227,9 +227,14 @@ def _fleet(cfg: DictConfig, role):
 def _serve(cfg: DictConfig, role, out_dir: Path) -> None:
     import torch
 
-    # Intra-op threads of a server's table ops (null: torch's default). Measured with async,
-    # 1 server + 1 worker x 2 threads on 2 cores: 2 threads 12.5-13.6k examples/s, 1 thread 11.4-12.4k.
+    # Intra-op threads of a server's table ops (null: torch's default, or 1 when this machine's
+    # servers and workers outnumber its cores: idle OpenMP threads spin and take CPU from the
+    # workers). Measured with async on 2 cores: 1 server + 2 workers, 1 thread 13.5k / 12.7k
+    # examples per CPU-s, 2 threads 11.5k; 1 server + 1 worker x 2 threads, 2 threads as good or
+    # better (12.5-13.6k examples/s against 11.4-12.4k).
     threads = cfg.cluster.get("server_torch_threads")
+    if threads is None and _on_this_machine(role) and role.num_servers + role.num_workers > (os.cpu_count() or 1):
+        threads = 1
     if threads is not None:
         torch.set_num_threads(int(threads))
     cpu = time.process_time()

@@ -126,7 +126,8 @@ def run_system(system: str, epochs: int, seed: int = 0, corpus: str = "wiki", k_
         stdout, processes, wall = run_monitored(command, ROOT, f"word2vec bench {system}", timeout_s)
         if system.startswith("geo"):
             m = json.loads((Path(tmp) / "metrics.json").read_text())
-            cpu = m["worker_cpu_seconds"] + m["server_cpu_seconds"]
+            # recps.cluster leaves server_cpu_seconds out when a server's CPU file is missing
+            cpu = m["worker_cpu_seconds"] + m.get("server_cpu_seconds", float("nan"))
             figures = dict(words=m["train_examples"], seconds=m["train_seconds"], cpu_seconds=cpu,
                            words_per_sec=m["examples_per_sec"], spearman=m["wordsim353_spearman"],
                            analogy=m["analogy_accuracy"], pairs=m["wordsim353_pairs"],
@@ -392,10 +393,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"--systems {args.systems}: {NO_GENSIM} (or leave gensim1,gensim2 out)")
     corpus = pick_corpus(args.corpus)
     results = run_all(systems, args.epochs, args.repeat, corpus, args.k_steps)
-    if not args.no_equal_spearman:
-        equal_spearman(results, args.k_steps)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+    if not args.no_equal_spearman:
+        equal_spearman(results, args.k_steps)
+        Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
     command = "python -m benchmarks.word2vec_bench " + " ".join(argv if argv is not None else sys.argv[1:])
     print(markdown(results, command.strip()))
 

@@ -142,12 +142,12 @@ class _Replica:
         return tbe
 
     def slots(self, keys: torch.Tensor, timeout: float | None) -> torch.Tensor:
-        """(N,) keys -> (N,) local slots; keys seen for the first time are pulled from the servers.
-        Call under `lock`."""
+        """(N,) keys -> (N,) local slots; keys seen for the first time get a row (initialized here,
+        or pulled from the servers). Call under `lock`."""
         slots = self.index.lookup(keys)  # (N,)
         missing = slots < 0
         if bool(missing.any()):
-            new_keys = torch.unique(keys[missing])  # (M,)
+            new_keys, inverse = torch.unique(keys[missing], return_inverse=True)  # (M,), (N_missing,)
             if self.initializer is not None:  # the servers' initial value, computed here
                 rows = self.initializer(new_keys, self.dim, self.seed)  # (M, D)
             else:
@@ -163,7 +163,7 @@ class _Replica:
             if self.initializer is not None:
                 self.touched[start:start + m] = True  # the next sync brings the servers' value
             self.size += m
-            slots[missing] = self.index.lookup(keys[missing])
+            slots[missing] = new_slots[inverse]
         return slots
 
     def apply_grads(self, slots: torch.Tensor, grads: torch.Tensor) -> None:

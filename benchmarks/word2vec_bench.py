@@ -13,8 +13,8 @@ min_count=1, so its vocabulary is recps'. Same settings: skip-gram, negative sam
 same epochs; gensim with `workers` = 1 or 2 and its default learning rate (0.025 -> 0.0001),
 recps with its defaults (row-wise Adagrad 0.05, 64 negatives drawn per batch of 4096 tokens
 and shared by its pairs, see recps.tasks.skipgram), local with 2 Hogwild threads, GEO with
-1 server + 2 workers x 2 threads ("geo": while one thread syncs, the other trains) and x 1
-thread ("geo_1t": training stops during each sync), a delta sync every `--k-steps` (20)
+1 server + 2 workers x 2 threads ("geo") and x 1 thread ("geo_1t"; the delta syncs run on
+the GEO communicator's own thread either way), a delta sync every `--k-steps` (20)
 worker steps, the workers' deltas summed (ps.delta_scale=1.0: each worker trains its own
 share of the corpus; averaging them measured worse).
 

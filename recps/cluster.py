@@ -79,6 +79,8 @@ def strategy_from_config(cfg: DictConfig):
         geo_capacity=int(ps.get("geo_capacity", 1 << 16)),
         geo_delta_scale=_optional_float(ps.get("delta_scale")),
         geo_dense_delta_scale=_optional_float(ps.get("dense_delta_scale")),
+        geo_background_sync=None if ps.get("background_sync") is None else bool(ps.background_sync),
+        geo_local_init=bool(ps.get("local_init", True)),
     )
 
 

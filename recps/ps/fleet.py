@@ -93,6 +93,10 @@ class DistributedStrategy:
         geo_capacity: initial replica rows per table (doubles as needed).
         geo_delta_scale, geo_dense_delta_scale: factors of the sparse / dense deltas a GEO worker
             sends (None: 1 / workers, Paddle's averaging).
+        geo_background_sync: run GEO's delta syncs on a background thread (None: when k_steps > 1;
+            k_steps = 1 stays synchronous, exactly local SGD with one worker).
+        geo_local_init: a GEO worker starts a key it has never seen from the servers' initial value,
+            computed locally, instead of pulling it (tables without an admission filter).
     """
 
     mode: str = "async"
@@ -108,6 +112,8 @@ class DistributedStrategy:
     geo_capacity: int = 1 << 16
     geo_delta_scale: float | None = None
     geo_dense_delta_scale: float | None = None
+    geo_background_sync: bool | None = None
+    geo_local_init: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -129,6 +135,7 @@ class DistributedStrategy:
             merge_threshold=self.merge_threshold, dense_refresh_steps=self.dense_refresh_steps,
             geo_capacity=self.geo_capacity, timeout_s=self.timeout_s, embedding_optimizer=self.embedding_optimizer,
             geo_delta_scale=self.geo_delta_scale, geo_dense_delta_scale=self.geo_dense_delta_scale,
+            geo_background_sync=self.geo_background_sync, geo_local_init=self.geo_local_init,
         )
 
 

@@ -206,6 +206,8 @@ class CommunicatorSettings:
     geo_capacity: int = 1 << 16
     geo_delta_scale: float | None = None
     geo_dense_delta_scale: float | None = None
+    geo_background_sync: bool | None = None
+    geo_local_init: bool = True
     timeout_s: float | None = None
     embedding_optimizer: Mapping = field(default_factory=lambda: {"name": "rowwise_adagrad", "lr": 0.05})
 
@@ -230,5 +232,6 @@ def make_communicator(settings: CommunicatorSettings, client):
 
         return GeoCommunicator(client, k_steps=settings.k_steps, optimizer=dict(settings.embedding_optimizer),
                                capacity=settings.geo_capacity, timeout_s=settings.timeout_s,
-                               delta_scale=settings.geo_delta_scale, dense_delta_scale=settings.geo_dense_delta_scale)
+                               delta_scale=settings.geo_delta_scale, dense_delta_scale=settings.geo_dense_delta_scale,
+                               background_sync=settings.geo_background_sync, local_init=settings.geo_local_init)
     raise ConfigError(f"ps mode {mode!r} is not one of {MODES} (ps=local trains without servers)")

@@ -192,3 +192,27 @@ def test_dense_rule_on_the_servers_equals_the_torch_optimizer(make):
         opt.step()
         table.push({"w": grad})
     torch.testing.assert_close(table.pull()["w"], param.detach(), atol=1e-6, rtol=1e-5)
+
+
+def test_geo_sync_settings_travel_from_conf_to_the_communicator():
+    """ps.background_sync / ps.local_init of conf/ps/geo.yaml reach GeoCommunicator."""
+    from recps.cluster import strategy_from_config
+    from recps.config import compose_config
+    from recps.ps.node import PSClient, PSServer
+    from recps.ps.worker import make_communicator
+
+    default = strategy_from_config(compose_config(["ps=geo"]))
+    assert (default.geo_background_sync, default.geo_local_init) == (None, True)
+    strategy = strategy_from_config(compose_config(["ps=geo", "ps.k_steps=50", "ps.background_sync=false",
+                                                    "ps.local_init=false"]))
+    with PSServer(token="t") as server, PSClient([server.endpoint], token="t") as client:
+        comm = make_communicator(strategy.settings(), client)
+        try:
+            assert (comm.k_steps, comm.background_sync, comm.local_init) == (50, False, False)
+        finally:
+            comm.close()
+        comm = make_communicator(default.settings(), client)
+        try:
+            assert (comm.background_sync, comm.local_init) == (True, True)  # k_steps 100 > 1: background
+        finally:
+            comm.close()

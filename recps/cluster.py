@@ -81,6 +81,7 @@ def strategy_from_config(cfg: DictConfig):
         geo_dense_delta_scale=_optional_float(ps.get("dense_delta_scale")),
         geo_background_sync=None if ps.get("background_sync") is None else bool(ps.background_sync),
         geo_local_init=bool(ps.get("local_init", True)),
+        table_capacity=int(ps.get("table_capacity", 0)),
     )
 
 

@@ -65,9 +65,10 @@ def test_two_worker_fleets_in_one_process_train_sync_to_one_model():
                 torch.manual_seed(w)  # different initial values: init_worker makes them equal
                 model = TinyModel(f.embedding_bag_collection(configs))
                 opt = f.distributed_optimizer(torch.optim.SGD(model.linear.parameters(), lr=0.5),
-                                              DistributedStrategy(mode="sync", timeout_s=30,
+                                              DistributedStrategy(mode="sync", timeout_s=30, table_capacity=1000,
                                                                   embedding_optimizer={"name": "sgd", "lr": 0.5}))
                 f.init_worker()
+                assert f.client.table_spec("embedding_d4")["capacity"] == 1000  # rows reserved on the servers
                 initial[w] = [p.detach().clone() for p in model.linear.parameters()]
                 for step in range(5):
                     dense, kjt, labels = tiny_batch(w, step)
@@ -216,3 +217,14 @@ def test_geo_sync_settings_travel_from_conf_to_the_communicator():
             assert (comm.background_sync, comm.local_init) == (True, True)  # k_steps 100 > 1: background
         finally:
             comm.close()
+
+
+def test_table_capacity_from_conf_and_its_errors():
+    """ps.table_capacity reserves the sparse tables' rows up front; a bad value names the fix."""
+    from recps.cluster import strategy_from_config
+    from recps.config import compose_config
+
+    assert strategy_from_config(compose_config(["ps=async"])).table_capacity == 0
+    assert strategy_from_config(compose_config(["ps=sync", "ps.table_capacity=3000000"])).table_capacity == 3_000_000
+    with pytest.raises(ConfigError, match="table_capacity=-1.*expected rows"):
+        DistributedStrategy(mode="async", table_capacity=-1)

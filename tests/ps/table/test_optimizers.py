@@ -150,6 +150,21 @@ def test_fp16_storage_uses_fp32_arithmetic():
     assert torch.equal(t16.pull(KEYS), t16.pull(KEYS).half().float())
 
 
+def push_both(table: DenseTable, params, opt, g: torch.Generator, steps: int, bounds=None) -> None:
+    """`steps` random gradients pushed to the table and stepped by `opt` on `params` (then clamped
+    to `bounds`, as the table's rule does)."""
+    for _ in range(steps):
+        grads = {n: torch.randn(shape, generator=g) for n, shape in table.shapes().items()}
+        table.push(grads)
+        for p, grad in zip(params, grads.values()):
+            p.grad = grad
+        opt.step()
+        if bounds is not None:
+            with torch.no_grad():
+                for p in params:
+                    p.clamp_(*bounds)
+
+
 @pytest.mark.parametrize("rule,make_torch", CASES[::2], ids=lambda c: getattr(c, "name", ""))
 def test_dense_rule_equals_torch_optim(rule, make_torch):
     g = torch.Generator().manual_seed(0)
@@ -158,12 +173,7 @@ def test_dense_rule_equals_torch_optim(rule, make_torch):
     params = [torch.nn.Parameter(v.clone()) for v in init.values()]
     opt = make_torch(params[0])
     opt.add_param_group({"params": params[1:]})
-    for _ in range(4):
-        grads = {n: torch.randn(v.shape, generator=g) for n, v in init.items()}
-        table.push(grads)
-        for p, grad in zip(params, grads.values()):
-            p.grad = grad
-        opt.step()
+    push_both(table, params, opt, g, steps=4)
     for (n, v), p in zip(table.pull().items(), params):
         torch.testing.assert_close(v, p.detach(), **TOL)
 
@@ -187,15 +197,7 @@ def test_dense_adam_with_bounds_clamps_after_each_fused_step():
     table = DenseTable(init, optimizer=AdamRule(lr=0.03, bounds=(-0.06, 0.06)))
     params = [torch.nn.Parameter(v.clone()) for v in init.values()]
     opt = torch.optim.Adam(params, lr=0.03)
-    for _ in range(5):
-        grads = {n: torch.randn(v.shape, generator=g) for n, v in init.items()}
-        table.push(grads)
-        for p, grad in zip(params, grads.values()):
-            p.grad = grad
-        opt.step()
-        with torch.no_grad():
-            for p in params:
-                p.clamp_(-0.06, 0.06)
+    push_both(table, params, opt, g, steps=5, bounds=(-0.06, 0.06))
     values = table.pull()
     assert values["w"].abs().max() == pytest.approx(0.06)  # some weights hit the bound
     for v, p in zip(values.values(), params):

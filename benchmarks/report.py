@@ -39,6 +39,7 @@ PADDLE_WORLD = {"model": "ctr_dnn", "batch": 512, "vocab": 1_000_000}
 GENSIM = {"1 worker": (100_000, 100_000), "2 workers": (140_000, 180_000)}
 
 MODES = ("local", "sync", "async", "geo")
+MODE_COLORS = dict(zip(MODES, ("tab:blue", "tab:orange", "tab:green", "tab:red")))  # the same in every plot
 
 
 def begin_marker(preset: str) -> str:
@@ -387,7 +388,7 @@ def _plot_throughput(plt, groups: dict[str, list[dict]], path: Path) -> Path:
                             ys.append(m)
                             lo.append(m - min(values))
                             hi.append(max(values) - m)
-            ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=mode)
+            ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=mode, color=MODE_COLORS[mode])
         ax.set_xticks(range(len(topologies)), topologies, rotation=20)
         ax.set_ylabel("examples/s (median; whiskers: the 2 runs)")
         ax.set_title(f"{model}, batch {batch}")
@@ -403,7 +404,6 @@ def _plot_auc(plt, groups: dict[str, list[dict]], path: Path) -> Path:
     """Held-out AUC against training seconds, one line per mode (solid: run 1, dashed: run 2)."""
     models = sorted({r[0]["model"] for r in groups.values()})
     fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.2), squeeze=False)
-    colors = dict(zip(MODES, ("tab:blue", "tab:orange", "tab:green", "tab:red")))
     for ax, model in zip(axes[0], models):
         best = None
         for runs in groups.values():
@@ -414,7 +414,7 @@ def _plot_auc(plt, groups: dict[str, list[dict]], path: Path) -> Path:
                 if not curve:
                     continue
                 best = best or r.get("best_reachable_auc")
-                ax.plot([p["train_s"] for p in curve], [p["auc"] for p in curve], color=colors.get(r["mode"]),
+                ax.plot([p["train_s"] for p in curve], [p["auc"] for p in curve], color=MODE_COLORS.get(r["mode"]),
                         linestyle="-" if r["measurement"] == 1 else "--",
                         label=f"{r['mode']} {r['topology']}" if r["measurement"] == 1 else None)
         if best:
@@ -437,7 +437,8 @@ def _plot_scaling(plt, series: dict, path: Path) -> Path:
     for (model, mode, servers, batch), points in sorted(series.items()):
         xs = [p[0] for p in points]
         top = max(top, *xs)
-        ax.plot(xs, [p[1] for p in points], marker="o", label=f"{model} {mode} {servers}S b{batch}")
+        ax.plot(xs, [p[1] for p in points], marker="o", color=MODE_COLORS.get(mode),
+                label=f"{model} {mode} {servers}S b{batch}")
     ax.set_xticks(range(1, top + 1))
     ax.set_xlabel("workers (1 thread each)")
     ax.set_ylabel("examples/s (median of 2)")

@@ -122,15 +122,14 @@ class DistributedStrategy:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ConfigError(f"DistributedStrategy: mode={self.mode!r}; use one of {MODES}")
-        for name in ("k_steps", "max_pending", "merge_threshold", "threads", "geo_capacity"):
+        lowest = {"k_steps": 1, "max_pending": 1, "merge_threshold": 1, "threads": 1, "geo_capacity": 1,
+                  "table_capacity": 0}
+        for name, low in lowest.items():
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"DistributedStrategy: {name}={value!r}; it must be an integer >= 1")
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ConfigError(f"DistributedStrategy: {name}={value!r}; it must be an integer >= {low}")
         if not self.timeout_s > 0:
             raise ConfigError(f"DistributedStrategy: timeout_s={self.timeout_s}; it must be > 0 seconds")
-        if isinstance(self.table_capacity, bool) or not isinstance(self.table_capacity, int) or self.table_capacity < 0:
-            raise ConfigError(f"DistributedStrategy: table_capacity={self.table_capacity!r}; give the expected rows "
-                              "of a sparse table (an integer >= 0; 0 grows as keys come)")
         self.embedding_optimizer = dict(self.embedding_optimizer)
         if self.embedding_optimizer.get("name") == "sgd":
             # conf/ps keeps Adagrad's eps next to the name: `ps.embedding_optimizer.name=sgd` just works.

@@ -80,6 +80,11 @@ class DenseTable:
         self._contributions = 0
         self._lock = threading.RLock()
 
+    def _state_shape(self, v: torch.Tensor) -> tuple[int, int]:
+        """(rows, S) of the optimizer state of parameter `v`."""
+        rows = _rows_view(v, self.rule.per_element)
+        return rows.shape[0], self.rule.state_width(rows.shape[1])
+
     def _fresh_state(self, v: torch.Tensor) -> torch.Tensor:
         rows = _rows_view(v, self.rule.per_element)
         return self.rule.init_state(rows.shape[0], rows.shape[1])
@@ -233,8 +238,8 @@ class DenseTable:
                     )
                 value = reader.read(f"value.{spec['file']}").reshape(self._values[n].shape)
                 state = reader.read(f"state.{spec['file']}") if keep_state else None
-                expected = self._fresh_state(self._values[n]).shape
-                if state is not None and state.shape != expected:
+                expected = self._state_shape(self._values[n])
+                if state is not None and tuple(state.shape) != expected:
                     raise CheckpointError(
                         f"load {shard_dir}: the optimizer state of {n} has shape {tuple(state.shape)}, table "
                         f"{self.name} keeps {tuple(expected)} (a checkpoint of an older layout); load its base "

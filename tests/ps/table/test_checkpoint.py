@@ -283,6 +283,21 @@ def test_dense_table_round_trip_and_reshard_by_name(tmp_path):
         restored.load(tmp_path / "split")
 
 
+def test_dense_state_of_another_layout_is_refused_naming_the_fix(tmp_path):
+    """A checkpoint whose Adam state has the older per-row layout (rows, 2D+1) does not load into
+    the one-row layout of per-element rules; a base export (values only) does."""
+    table = DenseTable({"w": torch.ones(3, 2)}, optimizer=AdamRule(lr=0.1))
+    table._state["w"] = AdamRule().init_state(3, 2)  # (3, 5): what the table kept before per_element
+    table.save(tmp_path / "old", "full")
+    table.save(tmp_path / "base", "base")
+    fresh = DenseTable({"w": torch.zeros(3, 2)}, optimizer=AdamRule(lr=0.1))
+    with pytest.raises(CheckpointError, match=r"state of w has shape \(3, 5\).*keeps \(1, 13\).*base export"):
+        fresh.load(tmp_path / "old")
+    assert torch.equal(fresh.pull()["w"], torch.zeros(3, 2))  # nothing changed on the refusal
+    assert fresh.load(tmp_path / "base") == 1
+    assert torch.equal(fresh.pull()["w"], torch.ones(3, 2))
+
+
 def test_dense_sync_buffer_sums_contributions():
     table = DenseTable({"w": torch.zeros(2)}, optimizer=SGDRule(lr=1.0))
     assert table.apply_accumulated() == 0

@@ -72,7 +72,8 @@ def strategy_from_config(cfg: DictConfig):
     ps = cfg.ps
     return DistributedStrategy(
         mode=str(ps.name), k_steps=int(ps.get("k_steps", 100)), max_pending=int(ps.get("max_pending", 8)),
-        merge_threshold=int(ps.get("merge_threshold", 4)), threads=int(cfg.trainer.threads),
+        merge_threshold=int(ps.get("merge_threshold", 4)), min_merge=int(ps.get("min_merge", 1)),
+        dense_min_merge=None if ps.get("dense_min_merge") is None else int(ps.dense_min_merge), threads=int(cfg.trainer.threads),
         dense_refresh_steps=int(ps.get("dense_refresh_steps", 1)),
         embedding_optimizer=OmegaConf.to_container(ps.embedding_optimizer, resolve=True),
         init_std=float(ps.init_std), seed=int(cfg.seed), timeout_s=float(ps.timeout_s),

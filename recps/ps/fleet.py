@@ -83,6 +83,9 @@ class DistributedStrategy:
         k_steps: geo: worker steps between two delta syncs.
         max_pending: async: most pushes of a worker unapplied at once (the staleness bound).
         merge_threshold: async: most queued pushes merged into one send.
+        min_merge: async: the sender waits until this many pushes are queued and sends them as
+            one (<= max_pending and merge_threshold; 1: every push at once).
+        dense_min_merge: async: the same for dense gradients, summed (None: min_merge).
         threads: training threads per worker that end each step (sync waits for all of them).
         dense_refresh_steps: async: the dense values are pulled in the background every this many steps.
         embedding_optimizer: sparse update rule ({"name", "lr", ...}): on the servers (sync, async)
@@ -107,6 +110,8 @@ class DistributedStrategy:
     k_steps: int = 100
     max_pending: int = 8
     merge_threshold: int = 4
+    min_merge: int = 1
+    dense_min_merge: int | None = None
     threads: int = 1
     dense_refresh_steps: int = 1
     embedding_optimizer: Mapping = field(default_factory=lambda: {"name": "rowwise_adagrad", "lr": 0.05, "eps": 1e-8})
@@ -123,12 +128,20 @@ class DistributedStrategy:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ConfigError(f"DistributedStrategy: mode={self.mode!r}; use one of {MODES}")
-        lowest = {"k_steps": 1, "max_pending": 1, "merge_threshold": 1, "threads": 1, "geo_capacity": 1,
-                  "table_capacity": 0}
+        lowest = {"k_steps": 1, "max_pending": 1, "merge_threshold": 1, "min_merge": 1, "threads": 1,
+                  "geo_capacity": 1, "table_capacity": 0}
         for name, low in lowest.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"DistributedStrategy: {name}={value!r}; it must be an integer >= {low}")
+        if self.dense_min_merge is not None and (isinstance(self.dense_min_merge, bool) or not isinstance(self.dense_min_merge, int)
+                                                 or self.dense_min_merge < 1):
+            raise ConfigError(f"DistributedStrategy: dense_min_merge={self.dense_min_merge!r}; use an integer >= 1 or None (= min_merge)")
+        if self.min_merge > min(self.max_pending, self.merge_threshold):
+            raise ConfigError(
+                f"DistributedStrategy: min_merge={self.min_merge} exceeds max_pending={self.max_pending} or "
+                f"merge_threshold={self.merge_threshold}; lower min_merge or raise both"
+            )
         if not self.timeout_s > 0:
             raise ConfigError(f"DistributedStrategy: timeout_s={self.timeout_s}; it must be > 0 seconds")
         self.embedding_optimizer = dict(self.embedding_optimizer)
@@ -139,7 +152,7 @@ class DistributedStrategy:
     def settings(self) -> CommunicatorSettings:
         return CommunicatorSettings(
             mode=self.mode, threads=self.threads, k_steps=self.k_steps, max_pending=self.max_pending,
-            merge_threshold=self.merge_threshold, dense_refresh_steps=self.dense_refresh_steps,
+            merge_threshold=self.merge_threshold, min_merge=self.min_merge, dense_min_merge=self.dense_min_merge, dense_refresh_steps=self.dense_refresh_steps,
             geo_capacity=self.geo_capacity, timeout_s=self.timeout_s, embedding_optimizer=self.embedding_optimizer,
             geo_delta_scale=self.geo_delta_scale, geo_dense_delta_scale=self.geo_dense_delta_scale,
             geo_background_sync=self.geo_background_sync, geo_local_init=self.geo_local_init,

@@ -202,6 +202,8 @@ class CommunicatorSettings:
     k_steps: int = 100
     max_pending: int = 8
     merge_threshold: int = 4
+    min_merge: int = 1
+    dense_min_merge: int | None = None
     dense_refresh_steps: int = 1
     geo_capacity: int = 1 << 16
     geo_delta_scale: float | None = None
@@ -226,7 +228,8 @@ def make_communicator(settings: CommunicatorSettings, client):
         from recps.ps.modes.asynchronous import AsyncCommunicator
 
         return AsyncCommunicator(client, max_pending=settings.max_pending, merge_threshold=settings.merge_threshold,
-                                 timeout_s=settings.timeout_s, dense_refresh_steps=settings.dense_refresh_steps)
+                                 timeout_s=settings.timeout_s, dense_refresh_steps=settings.dense_refresh_steps,
+                                 min_merge=settings.min_merge, dense_min_merge=settings.dense_min_merge)
     if mode == "geo":
         from recps.ps.modes.geo import GeoCommunicator
 

@@ -228,3 +228,26 @@ def test_table_capacity_from_conf_and_its_errors():
     assert strategy_from_config(compose_config(["ps=sync", "ps.table_capacity=3000000"])).table_capacity == 3_000_000
     with pytest.raises(ConfigError, match="table_capacity=-1; it must be an integer >= 0"):
         DistributedStrategy(mode="async", table_capacity=-1)
+
+
+def test_async_merge_settings_travel_from_conf_to_the_communicator():
+    """ps.min_merge / ps.dense_min_merge of conf/ps/async.yaml reach AsyncCommunicator; bad values name the fix."""
+    from recps.cluster import strategy_from_config
+    from recps.config import compose_config
+    from recps.ps.node import PSClient, PSServer
+    from recps.ps.worker import make_communicator
+
+    default = strategy_from_config(compose_config(["ps=async"]))
+    assert (default.min_merge, default.dense_min_merge) == (1, None)
+    strategy = strategy_from_config(compose_config(["ps=async", "ps.min_merge=3", "ps.dense_min_merge=2"]))
+    with PSServer(token="t") as server, PSClient([server.endpoint], token="t") as client:
+        for s, expected in ((strategy, (3, 2)), (default, (1, 1))):
+            comm = make_communicator(s.settings(), client)
+            try:
+                assert (comm.min_merge, comm.dense_min_merge) == expected
+            finally:
+                comm.close()
+    with pytest.raises(ConfigError, match="min_merge=9 exceeds max_pending=8"):
+        DistributedStrategy(mode="async", min_merge=9, merge_threshold=9)
+    with pytest.raises(ConfigError, match="dense_min_merge=0; use an integer >= 1"):
+        DistributedStrategy(mode="async", dense_min_merge=0)

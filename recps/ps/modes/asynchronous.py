@@ -10,7 +10,11 @@ Shape letters: K keys, D row width, N flat dense size.
 
 - `push` enqueues and returns; the sender takes up to `merge_threshold` queued pushes at a time,
   concatenates them per table and sends one push per table (the client sums duplicate keys),
-  and the servers apply the update rule on arrival.
+  and the servers apply the update rule on arrival. With `min_merge` m > 1 the sender waits
+  until m pushes are queued (or a flush) before it sends: one request and one update of each
+  row where there were m (Paddle's communicator merges up to `max_merge_var_num` batches the
+  same way), for at most m - 1 more steps of staleness; `dense_min_merge` does the same for the
+  dense gradients (fewer Adam steps on the servers: measured, a lower AUC at 4, benchmarks/RESULTS.md).
 - At most `max_pending` pushes are unapplied at any time (queued or in flight): a push beyond that
   blocks until the sender catches up, up to `timeout_s` (then PSTimeoutError). That is the
   staleness bound: a pull never misses more than `max_pending` of this worker's pushes.
@@ -63,6 +67,9 @@ class AsyncCommunicator:
         timeout_s: bound of every wait (default: the client's timeout_s).
         dense_refresh_steps: pull the dense tables in the background every this many steps
             (0: only the values returned by this worker's dense pushes).
+        min_merge: the sender waits for this many queued pushes before it sends them, unless
+            flushing; 1 <= min_merge <= min(merge_threshold, max_pending).
+        dense_min_merge: the same for dense gradients, summed per table (None: min_merge).
     """
 
     mode = "async"
@@ -74,21 +81,36 @@ class AsyncCommunicator:
         merge_threshold: int = 4,
         timeout_s: float | None = None,
         dense_refresh_steps: int = 1,
+        min_merge: int = 1,
+        dense_min_merge: int | None = None,
     ) -> None:
         if max_pending < 1 or merge_threshold < 1 or dense_refresh_steps < 0:
             raise ConfigError(
                 f"AsyncCommunicator: max_pending={max_pending}, merge_threshold={merge_threshold}, "
                 f"dense_refresh_steps={dense_refresh_steps}; the first two must be >= 1, the last >= 0"
             )
+        if not 1 <= min_merge <= min(merge_threshold, max_pending):
+            raise ConfigError(
+                f"AsyncCommunicator: min_merge={min_merge} with merge_threshold={merge_threshold} and "
+                f"max_pending={max_pending}; use 1 <= min_merge <= both (a push beyond max_pending would wait "
+                f"for a send that waits for it)"
+            )
         self.client = client
         self.max_pending = max_pending
         self.merge_threshold = merge_threshold
         self.timeout_s = client.timeout_s if timeout_s is None else float(timeout_s)
         self.dense_refresh_steps = dense_refresh_steps
+        if dense_min_merge is not None and dense_min_merge < 1:
+            raise ConfigError(f"AsyncCommunicator: dense_min_merge={dense_min_merge}; use >= 1 (None: min_merge)")
+        self.min_merge = min_merge
+        self.dense_min_merge = min_merge if dense_min_merge is None else dense_min_merge
         self._cond = threading.Condition()
         self._queue: collections.deque[tuple[str, torch.Tensor, torch.Tensor]] = collections.deque()
         self._unapplied = 0  # pushes queued or in flight
         self._dense_grads: dict[str, torch.Tensor] = {}  # summed, not sent yet
+        self._dense_summed = 0  # most gradients summed into one table's pending sum
+        self._dense_counts: dict[str, int] = {}
+        self._flushing = 0  # callers waiting in flush(): send whatever is queued
         self._dense_inflight = 0
         self._dense_values: dict[str, torch.Tensor] = {}  # latest copy from the servers
         self._dense_tables: set[str] = set()
@@ -153,8 +175,11 @@ class AsyncCommunicator:
             self._check()
             acc = self._dense_grads.get(table)
             self._dense_grads[table] = grads.clone() if acc is None else acc.add_(grads)
+            self._dense_counts[table] = count = self._dense_counts.get(table, 0) + 1
+            self._dense_summed = max(self._dense_summed, count)
             self._dense_tables.add(table)
-            self._cond.notify_all()
+            if count >= self.dense_min_merge:
+                self._cond.notify_all()
 
     def step_end(self, thread: int) -> None:
         """Count a step; every dense_refresh_steps steps the sender refreshes the dense copies."""
@@ -169,15 +194,19 @@ class AsyncCommunicator:
         timeout = self.timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout
         with self._cond:
+            self._flushing += 1
             self._cond.notify_all()
-            while (self._unapplied or self._dense_grads or self._dense_inflight) and self._error is None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise PSTimeoutError(
-                        f"async flush: {self._unapplied} pushes and {len(self._dense_grads) + self._dense_inflight} dense "
-                        f"sums still unapplied after {timeout:g} s"
-                    )
-                self._cond.wait(left)
+            try:
+                while (self._unapplied or self._dense_grads or self._dense_inflight) and self._error is None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise PSTimeoutError(
+                            f"async flush: {self._unapplied} pushes and {len(self._dense_grads) + self._dense_inflight} dense "
+                            f"sums still unapplied after {timeout:g} s"
+                        )
+                    self._cond.wait(left)
+            finally:
+                self._flushing -= 1
             self._check()
 
     def close(self) -> None:
@@ -204,12 +233,17 @@ class AsyncCommunicator:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not (self._queue or self._dense_grads or self._refresh or self._closing):
+                while not self._ready():
                     self._cond.wait()
                 if self._closing and not (self._queue or self._dense_grads):
                     return
-                batch = [self._queue.popleft() for _ in range(min(self.merge_threshold, len(self._queue)))]
-                dense, self._dense_grads = self._dense_grads, {}
+                forced = self._closing or self._flushing
+                take = len(self._queue) if forced or len(self._queue) >= self.min_merge else 0
+                batch = [self._queue.popleft() for _ in range(min(self.merge_threshold, take))]
+                dense = {}
+                if forced or self._dense_summed >= self.dense_min_merge:
+                    dense, self._dense_grads = self._dense_grads, {}
+                    self._dense_counts, self._dense_summed = {}, 0
                 self._dense_inflight += len(dense)
                 refresh = [t for t in self._dense_tables if t not in dense] if self._refresh else []
                 self._refresh = False
@@ -227,6 +261,17 @@ class AsyncCommunicator:
                 self.sent_pushes += len(batch)
                 self.sends += 1
                 self._cond.notify_all()
+
+    def _ready(self) -> bool:
+        """Whether the sender has something to send now (called under the lock)."""
+        if self._closing:
+            return True
+        if self._flushing:
+            return bool(self._queue or self._dense_grads or self._refresh)
+        if len(self._queue) >= self.min_merge or self._dense_summed >= self.dense_min_merge:
+            return True
+        # A refresh alone goes out only when nothing waits to be merged: else it rides along.
+        return self._refresh and not self._queue and not self._dense_grads
 
     def _send(self, batch: list, dense: dict[str, torch.Tensor], refresh: list[str]) -> None:
         by_table: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}

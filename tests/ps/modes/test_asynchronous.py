@@ -97,3 +97,54 @@ def test_push_blocks_when_max_pending_are_unapplied():
             comm.close()
     finally:
         client.close()
+
+
+def _wait_until(condition, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
+def test_min_merge_sends_every_m_pushes_as_one_and_flush_sends_the_rest(cluster):
+    _, client = cluster
+    comm = AsyncCommunicator(client, max_pending=4, merge_threshold=4, min_merge=3)
+    keys = torch.tensor([1, 2])
+    for _ in range(2):
+        comm.push("emb", keys, torch.ones(2, 3))
+        comm.push_dense("dense", torch.ones(5))
+    time.sleep(0.2)  # the sender waits for a third push: nothing reached the server
+    assert comm.sends == 0 and comm.pending == 2
+    assert client.pull("emb", keys).wait().abs().sum().item() == 0.0
+    assert client.pull_dense("dense").wait().tolist() == [0.0] * 5
+    comm.push("emb", keys, torch.ones(2, 3))
+    assert _wait_until(lambda: comm.pending == 0)
+    assert comm.sends == 1 and comm.sent_pushes == 3  # three pushes, one request
+    torch.testing.assert_close(client.pull("emb", keys).wait(), torch.full((2, 3), -3.0))
+    assert client.pull_dense("dense").wait().tolist() == [0.0] * 5  # two dense sums wait for a third
+    comm.push("emb", keys, torch.ones(2, 3))
+    comm.flush()  # sends what is queued, below min_merge
+    assert comm.sent_pushes == 4
+    torch.testing.assert_close(client.pull("emb", keys).wait(), torch.full((2, 3), -4.0))
+    assert client.pull_dense("dense").wait().tolist() == [-2.0] * 5
+    comm.close()
+
+
+def test_dense_min_merge_sends_the_dense_sum_on_its_own_count(cluster):
+    _, client = cluster
+    comm = AsyncCommunicator(client, max_pending=4, merge_threshold=4, min_merge=4, dense_min_merge=2)
+    comm.push_dense("dense", torch.ones(5))
+    time.sleep(0.2)
+    assert client.pull_dense("dense").wait().tolist() == [0.0] * 5
+    comm.push_dense("dense", torch.ones(5))
+    assert _wait_until(lambda: client.pull_dense("dense").wait().tolist() == [-2.0] * 5)
+    assert _wait_until(lambda: comm.pull_dense("dense").tolist() == [-2.0] * 5)  # the copy from the reply
+    comm.close()
+
+
+@pytest.mark.parametrize("kwargs", [{"min_merge": 0}, {"min_merge": 5, "max_pending": 4}, {"min_merge": 3, "merge_threshold": 2}])
+def test_min_merge_out_of_range_is_refused(cluster, kwargs):
+    from recps.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="min_merge"):
+        AsyncCommunicator(cluster[1], **kwargs)

@@ -269,9 +269,13 @@ class Fleet:
                     break
             time.sleep(_REPLY_GRACE_S)  # let the reply to a worker's stop leave before the sockets close
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-            self._stop_server()
+            try:
+                # Under this method's handlers: the launcher's SIGTERM, sent once the workers exit,
+                # only repeats the stop instead of killing the server mid-shutdown.
+                self._stop_server()
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
 
     def _stop_server(self) -> None:
         if self._node is not None:

@@ -224,20 +224,33 @@ def _fleet(cfg: DictConfig, role):
     from recps.ps.fleet import Fleet
 
     c = cfg.cluster
+    # Handler threads of a server (null: 0 when this machine is crowded, see _crowded; else 2).
+    # Measured on 2 cores, quiet (benchmarks/RESULTS.md): serving on the network thread cut the
+    # server's CPU by 7-20% and ran async 1S+2Wx1T, 1S+1Wx2T and GEO/sync 1S+1Wx2T faster.
+    server_threads = c.get("server_threads")
+    if server_threads is None:
+        server_threads = 0 if role.is_server and _crowded(cfg, role) else 2
     return Fleet(role, connect_timeout_s=float(c.connect_timeout_s), dead_after_s=float(c.dead_after_s),
-                 server_threads=int(c.server_threads))
+                 server_threads=int(server_threads))
+
+
+def _crowded(cfg: DictConfig, role) -> bool:
+    """Whether this machine's servers and training threads outnumber its cores (local launches only)."""
+    busy = role.num_servers + role.num_workers * int(cfg.trainer.threads)
+    return _on_this_machine(role) and busy > (os.cpu_count() or 1)
 
 
 def _serve(cfg: DictConfig, role, out_dir: Path) -> None:
     import torch
 
-    # Intra-op threads of a server's table ops (null: torch's default, or 1 when this machine's
-    # servers and workers outnumber its cores: idle OpenMP threads spin and take CPU from the
-    # workers). Measured with async on 2 cores: 1 server + 2 workers, 1 thread 13.5k / 12.7k
-    # examples per CPU-s, 2 threads 11.5k; 1 server + 1 worker x 2 threads, 2 threads as good or
-    # better (12.5-13.6k examples/s against 11.4-12.4k).
+    # Intra-op threads of a server's table ops (null: torch's default, or 1 when this machine is
+    # crowded: idle OpenMP threads spin and take CPU from the workers). Measured with async on 2
+    # cores: 1 server + 2 workers, 1 thread 13.5k / 12.7k examples per CPU-s, 2 threads 11.5k;
+    # 1 server + 1 worker x 2 threads (counted since session 4: the workers' threads are busy too),
+    # 1 thread 21,259 examples/s and 4.6 s of server CPU against 19,754 and 5.6 s, and serving on
+    # the network thread with 2 intra-op threads spun: 13.5 s of server CPU, 14,811 examples/s.
     threads = cfg.cluster.get("server_torch_threads")
-    if threads is None and _on_this_machine(role) and role.num_servers + role.num_workers > (os.cpu_count() or 1):
+    if threads is None and _crowded(cfg, role):
         threads = 1
     if threads is not None:
         torch.set_num_threads(int(threads))

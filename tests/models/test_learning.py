@@ -3,8 +3,9 @@
 The world: Criteo's schema (26 slots, 13 dense), 200,000 training and 50,000 held-out rows, 50 keys
 per slot, the generator's planted logistic truth (first-order 85%, dense 10%, pairwise C1xC2 and
 C3xC4 5% of the logit's variance), whose AUC on the held-out rows is the best reachable. Each
-model trains two passes with its conf/ defaults under ps=local (FBGEMM tables, 2 Hogwild threads)
-and is evaluated on the held-out rows. Measured here: every model ends 0.011-0.012 below the best.
+model trains two passes (xDeepFM and AutoInt one, see EPOCHS_OF) with its conf/ defaults under
+ps=local (FBGEMM tables, 2 Hogwild threads) and is evaluated on the held-out rows. Measured here:
+every model ends 0.011-0.015 below the best (models/README.md). `pytest -s` prints each gap.
 
 What the margin proves: every model learns the first-order and dense terms to the noise level of
 200k rows. It does not prove that the factorised models learn the planted pairwise term: measured,
@@ -23,6 +24,9 @@ LEARNING_WORLD = dict(
     target_ctr=0.25, interactions=[["C1", "C2"], ["C3", "C4"]], interaction_dim=4, shares=[0.85, 0.1, 0.05],
 )
 EPOCHS = 2
+# xDeepFM's CIN and AutoInt's attention cost 5 and 2 minutes of CI for two passes on 2 cores; one
+# pass each ends 0.0141 and 0.0117 below the best (measured, session 4): CI stays near 20 minutes.
+EPOCHS_OF = {"xdeepfm": 1, "autoint": 1}
 MARGIN = 0.02
 RANKING = ("ctr_dnn", "deepfm", "lr", "fm", "wide_deep", "dcn", "dcn_v2", "xdeepfm", "autoint", "dlrm")
 
@@ -37,13 +41,15 @@ def learning_world_dir(tmp_path_factory):
 def test_reaches_best_reachable_auc_minus_margin(model, learning_world_dir, world_config):
     from recps.run import build_job, evaluate
 
-    cfg = world_config([f"model={model}", "ps=local", "trainer.threads=2", f"trainer.epochs={EPOCHS}",
+    epochs = EPOCHS_OF.get(model, EPOCHS)
+    cfg = world_config([f"model={model}", "ps=local", "trainer.threads=2", f"trainer.epochs={epochs}",
                           "progress=false", "metrics.enabled=false"], learning_world_dir, LEARNING_WORLD)
     job = build_job(cfg)
-    stats = job.trainer.fit(job.data.train, int(cfg.trainer.batch_size), epochs=EPOCHS, progress=False)
-    assert stats.examples == EPOCHS * LEARNING_WORLD["train_rows"]
+    stats = job.trainer.fit(job.data.train, int(cfg.trainer.batch_size), epochs=epochs, progress=False)
+    assert stats.examples == epochs * LEARNING_WORLD["train_rows"]
     got = evaluate(job)
     best = job.data.best_auc
+    print(f"learning {model}: {epochs} pass(es), auc {got['auc']:.4f}, best {best:.4f}, gap {best - got['auc']:.4f}")
     assert 0.77 < best < 0.79  # the world above; a generator change shows here first
     assert got["auc"] >= best - MARGIN, (model, got["auc"], best)
 

@@ -152,7 +152,8 @@ class DistributedStrategy:
     def settings(self) -> CommunicatorSettings:
         return CommunicatorSettings(
             mode=self.mode, threads=self.threads, k_steps=self.k_steps, max_pending=self.max_pending,
-            merge_threshold=self.merge_threshold, min_merge=self.min_merge, dense_min_merge=self.dense_min_merge, dense_refresh_steps=self.dense_refresh_steps,
+            merge_threshold=self.merge_threshold, min_merge=self.min_merge, dense_min_merge=self.dense_min_merge,
+            dense_refresh_steps=self.dense_refresh_steps,
             geo_capacity=self.geo_capacity, timeout_s=self.timeout_s, embedding_optimizer=self.embedding_optimizer,
             geo_delta_scale=self.geo_delta_scale, geo_dense_delta_scale=self.geo_dense_delta_scale,
             geo_background_sync=self.geo_background_sync, geo_local_init=self.geo_local_init,

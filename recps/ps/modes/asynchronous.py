@@ -108,8 +108,7 @@ class AsyncCommunicator:
         self._queue: collections.deque[tuple[str, torch.Tensor, torch.Tensor]] = collections.deque()
         self._unapplied = 0  # pushes queued or in flight
         self._dense_grads: dict[str, torch.Tensor] = {}  # summed, not sent yet
-        self._dense_summed = 0  # most gradients summed into one table's pending sum
-        self._dense_counts: dict[str, int] = {}
+        self._dense_counts: dict[str, int] = {}  # gradients summed into each table's pending sum
         self._flushing = 0  # callers waiting in flush(): send whatever is queued
         self._dense_inflight = 0
         self._dense_values: dict[str, torch.Tensor] = {}  # latest copy from the servers
@@ -142,14 +141,12 @@ class AsyncCommunicator:
             raise ConfigError(f"push {table!r}: grads have shape {tuple(grads.shape)} for {keys.numel()} keys; expected (K, D)")
         deadline = time.monotonic() + self.timeout_s
         with self._cond:
-            while self._unapplied >= self.max_pending and self._error is None and not self._closing:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise PSTimeoutError(
-                        f"async push {table!r} ({keys.numel()} keys): {self._unapplied} pushes unapplied "
-                        f"(max_pending={self.max_pending}) for {self.timeout_s:g} s; the servers do not keep up or are gone"
-                    )
-                self._cond.wait(left)
+            self._wait_while(
+                lambda: self._unapplied >= self.max_pending and self._error is None and not self._closing,
+                deadline,
+                lambda: f"async push {table!r} ({keys.numel()} keys): {self._unapplied} pushes unapplied "
+                f"(max_pending={self.max_pending}) for {self.timeout_s:g} s; the servers do not keep up or are gone",
+            )
             self._check()
             self._queue.append((table, keys, grads))
             self._unapplied += 1
@@ -176,7 +173,6 @@ class AsyncCommunicator:
             acc = self._dense_grads.get(table)
             self._dense_grads[table] = grads.clone() if acc is None else acc.add_(grads)
             self._dense_counts[table] = count = self._dense_counts.get(table, 0) + 1
-            self._dense_summed = max(self._dense_summed, count)
             self._dense_tables.add(table)
             if count >= self.dense_min_merge:
                 self._cond.notify_all()
@@ -197,14 +193,12 @@ class AsyncCommunicator:
             self._flushing += 1
             self._cond.notify_all()
             try:
-                while (self._unapplied or self._dense_grads or self._dense_inflight) and self._error is None:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise PSTimeoutError(
-                            f"async flush: {self._unapplied} pushes and {len(self._dense_grads) + self._dense_inflight} dense "
-                            f"sums still unapplied after {timeout:g} s"
-                        )
-                    self._cond.wait(left)
+                self._wait_while(
+                    lambda: bool(self._unapplied or self._dense_grads or self._dense_inflight) and self._error is None,
+                    deadline,
+                    lambda: f"async flush: {self._unapplied} pushes and {len(self._dense_grads) + self._dense_inflight} "
+                    f"dense sums still unapplied after {timeout:g} s",
+                )
             finally:
                 self._flushing -= 1
             self._check()
@@ -226,6 +220,14 @@ class AsyncCommunicator:
 
     # -- the sender thread ---------------------------------------------------------------------
 
+    def _wait_while(self, blocked, deadline: float, timeout_message) -> None:
+        """Wait on the condition (held) while `blocked()`; PSTimeoutError(timeout_message()) at `deadline`."""
+        while blocked():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise PSTimeoutError(timeout_message())
+            self._cond.wait(left)
+
     def _check(self) -> None:
         if self._error is not None:
             raise PSError(f"async communicator: the sender failed: {self._error}") from self._error
@@ -241,9 +243,9 @@ class AsyncCommunicator:
                 take = len(self._queue) if forced or len(self._queue) >= self.min_merge else 0
                 batch = [self._queue.popleft() for _ in range(min(self.merge_threshold, take))]
                 dense = {}
-                if forced or self._dense_summed >= self.dense_min_merge:
+                if forced or self._dense_due():
                     dense, self._dense_grads = self._dense_grads, {}
-                    self._dense_counts, self._dense_summed = {}, 0
+                    self._dense_counts = {}
                 self._dense_inflight += len(dense)
                 refresh = [t for t in self._dense_tables if t not in dense] if self._refresh else []
                 self._refresh = False
@@ -268,10 +270,14 @@ class AsyncCommunicator:
             return True
         if self._flushing:
             return bool(self._queue or self._dense_grads or self._refresh)
-        if len(self._queue) >= self.min_merge or self._dense_summed >= self.dense_min_merge:
+        if len(self._queue) >= self.min_merge or self._dense_due():
             return True
         # A refresh alone goes out only when nothing waits to be merged: else it rides along.
         return self._refresh and not self._queue and not self._dense_grads
+
+    def _dense_due(self) -> bool:
+        """Whether some table's pending dense sum holds dense_min_merge gradients (under the lock)."""
+        return max(self._dense_counts.values(), default=0) >= self.dense_min_merge
 
     def _send(self, batch: list, dense: dict[str, torch.Tensor], refresh: list[str]) -> None:
         by_table: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}

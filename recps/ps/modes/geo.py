@@ -69,7 +69,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
 )
 
 from recps.errors import ConfigError, PSError, PSTimeoutError
-from recps.ps.table import Initializer, KeyIndex
+from recps.ps.table import Initializer, KeyIndex, warm_up_kernels
 
 __all__ = ["GeoCommunicator", "GEO_OPTIMIZERS"]
 
@@ -85,6 +85,8 @@ class _Replica:
                  initializer: Initializer | None = None, seed: int = 0) -> None:
         self.name, self.dim, self.client = name, dim, client
         self.initializer, self.seed = initializer, seed  # None: first-seen rows are pulled
+        if initializer is not None:
+            warm_up_kernels()  # the initializer's compiled loop, before the first batch needs it
         self.width = -(-dim // 4) * 4  # P: TBE rows are multiples of 4 wide; pad columns stay 0
         self.optimizer, self.lr, self.eps = optimizer, lr, eps
         # Row-wise Adagrad's state is mean(g^2) over P columns = (D/P) x the mean over D: rescale

@@ -52,6 +52,9 @@ __all__ = ["PSClient", "PSHandle", "unique_inverse"]
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+# Sent with push / push_delta: their keys are distinct (summed above), so a server may update
+# each row in one compiled pass (SparseTable.push(unique=True)).
+_UNIQUE = {"unique": True}
 
 
 def unique_inverse(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -378,13 +381,13 @@ class PSClient:
         """Gradients (K, D) of (K,) keys; each server applies its update rule on arrival.
         shows/clicks (K,) feed the table's CTR accessor (default 1 show, 0 clicks per key)."""
         keys, grads, extras = self._merged(f"push {table!r}", table, keys, grads, assume_unique, (shows, clicks))
-        return PSHandle(self._send_rows("push", table, keys, grads, extras, None, False), _none, self.timeout_s)
+        return PSHandle(self._send_rows("push", table, keys, grads, extras, _UNIQUE, False), _none, self.timeout_s)
 
     def push_delta(self, table: str, keys: torch.Tensor, deltas: torch.Tensor, *, shows=None, clicks=None,
                    assume_unique: bool = False) -> PSHandle[None]:
         """GEO: value += delta for (K,) keys, no update rule (duplicates summed)."""
         keys, deltas, extras = self._merged(f"push_delta {table!r}", table, keys, deltas, assume_unique, (shows, clicks))
-        return PSHandle(self._send_rows("push_delta", table, keys, deltas, extras, None, False), _none, self.timeout_s)
+        return PSHandle(self._send_rows("push_delta", table, keys, deltas, extras, _UNIQUE, False), _none, self.timeout_s)
 
     def push_sync(self, table: str, keys: torch.Tensor, grads: torch.Tensor, step: int, *,
                   assume_unique: bool = False, timeout_s: float | None = None) -> PSHandle[None]:

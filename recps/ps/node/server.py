@@ -69,7 +69,7 @@ from recps.ps.node.specs import (
     spec_difference,
     spec_json,
 )
-from recps.ps.table import SAVE_MODES, DenseTable, SparseTable
+from recps.ps.table import SAVE_MODES, DenseTable, SparseTable, warm_up_kernels
 from recps.ps.transport import TransportServer
 
 __all__ = ["PSServer", "TABLE_NAME_RE", "SPEC_FILE"]
@@ -171,6 +171,7 @@ class PSServer:
         return self._transport.endpoint
 
     def start(self) -> "PSServer":
+        warm_up_kernels()  # before the first request: loading the tables' compiled loops takes ~1 s
         self._transport.start()
         self._sweeper = threading.Thread(target=self._sweep, name=f"recps-ps{self.index}-sweeper", daemon=True)
         self._sweeper.start()
@@ -295,13 +296,13 @@ class PSServer:
     def _push(self, name, tensors, meta):
         shard: SparseTable = self._get(name, "sparse").shard
         shows, clicks = (tensors[2], tensors[3]) if len(tensors) == 4 else (None, None)
-        shard.push(tensors[0], tensors[1], shows=shows, clicks=clicks)
+        shard.push(tensors[0], tensors[1], shows=shows, clicks=clicks, unique=bool(meta.get("unique")))
         return []
 
     def _push_delta(self, name, tensors, meta):
         shard: SparseTable = self._get(name, "sparse").shard
         shows, clicks = (tensors[2], tensors[3]) if len(tensors) == 4 else (None, None)
-        shard.push_delta(tensors[0], tensors[1], shows=shows, clicks=clicks)
+        shard.push_delta(tensors[0], tensors[1], shows=shows, clicks=clicks, unique=bool(meta.get("unique")))
         return []
 
     def _arrive(self, kind: str, name: str, meta: dict, add) -> tuple[_SyncStep, Future, bool]:

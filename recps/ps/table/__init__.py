@@ -6,6 +6,7 @@ that re-shard by `partition`. DenseTable holds named dense parameters. Nothing h
 imports the transport.
 """
 
+from recps.ps.table._kernels import warm_up_kernels
 from recps.ps.table.accessor import CountFilterEntry, CtrAccessor, ProbabilityEntry
 from recps.ps.table.checkpoint import CheckpointError
 from recps.ps.table.dense import DenseTable
@@ -32,4 +33,5 @@ __all__ = [
     "ProbabilityEntry",
     "CheckpointError",
     "SAVE_MODES",
+    "warm_up_kernels",
 ]

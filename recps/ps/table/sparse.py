@@ -49,6 +49,7 @@ import torch.nn.functional as F
 
 from recps.errors import ConfigError
 from recps.ps.table._memory import alloc
+from recps.ps.table._kernels import DELTA, RULE_CODES, apply_rule
 from recps.ps.table.accessor import (
     CountFilterEntry,
     CtrAccessor,
@@ -246,6 +247,7 @@ class SparseTable:
         self._mcol = self._scol + self._state_width  # first meta column
         self._width = self._mcol + len(self.meta_columns)
         self._col = {c: self._mcol + i for i, c in enumerate(self.meta_columns)}
+        self._rule_code = RULE_CODES.get(optimizer.name)  # None: no compiled update for this rule
         self._lock = threading.RLock()
         self._save_lock = threading.Lock()
         self._generator = torch.Generator().manual_seed(self.seed)
@@ -465,7 +467,7 @@ class SparseTable:
         rows[:, self._col["unseen_days"]] = 0.0
         rows[:, self._col["delta_score"]] += self.accessor.score(shows, clicks)
 
-    def _apply(self, keys, x, shows, clicks, where: str, delta: bool) -> int:
+    def _apply(self, keys, x, shows, clicks, where: str, delta: bool, unique: bool = False) -> int:
         keys = _as_keys(keys, where)
         k = keys.numel()
         x = _as_rows(x, k, self.dim, "deltas" if delta else "grads", where)
@@ -474,6 +476,8 @@ class SparseTable:
         shows = _as_counts(shows, k, "shows", where)
         clicks = _as_counts(clicks, k, "clicks", where)
         with self._lock:
+            if unique and (delta or self._rule_code is not None) and self.accessor is None and self._fused_values:
+                return self._apply_compiled(keys, x, delta)
             grouped = self._group(keys)
             if grouped is None:
                 return 0
@@ -491,8 +495,19 @@ class SparseTable:
                 self._half.index_copy_(0, slots, w.to(torch.float16))
             return slots.numel()
 
+    def _apply_compiled(self, keys: torch.Tensor, x: torch.Tensor, delta: bool) -> int:
+        """push / push_delta of (K,) unique keys in one compiled pass over their rows (under the lock)."""
+        slots = self._index.lookup(keys) if self.entry is not None else self._slots(keys, create=True)  # (K,)
+        rule = self.rule
+        low, high = rule.bounds if rule.bounds is not None else (0.0, 0.0)
+        # Python floats and ints only: another argument type would compile another variant.
+        apply_rule(self._rows.numpy(), slots.numpy(), x.numpy(), DELTA if delta else self._rule_code, self.dim,
+                   self._scol, self._col["dirty"], float(rule.lr), float(getattr(rule, "eps", 0.0)), float(rule.l2),
+                   float(low), float(high), rule.bounds is not None)
+        return int((slots >= 0).sum())
+
     @torch.no_grad()
-    def push(self, keys: torch.Tensor, grads: torch.Tensor, shows=None, clicks=None) -> int:
+    def push(self, keys: torch.Tensor, grads: torch.Tensor, shows=None, clicks=None, unique: bool = False) -> int:
         """Apply the update rule with (K, D) gradients of (K,) keys; returns rows updated.
 
         Gradients of duplicate keys are summed first. A key without a row gets one
@@ -502,14 +517,18 @@ class SparseTable:
 
         Several workers' gradients become one step (sync mode) by concatenating their keys
         and gradients into one push: duplicates are summed before the rule runs.
+
+        `unique=True` promises distinct keys (a PSClient's pushes are): SGD, Adagrad and
+        row-wise Adagrad on a float32 table without accessor then run as one compiled pass
+        (recps.ps.table._kernels); a duplicate key would be updated once per occurrence.
         """
-        return self._apply(keys, grads, shows, clicks, f"SparseTable {self.name}.push", delta=False)
+        return self._apply(keys, grads, shows, clicks, f"SparseTable {self.name}.push", delta=False, unique=unique)
 
     @torch.no_grad()
-    def push_delta(self, keys: torch.Tensor, deltas: torch.Tensor, shows=None, clicks=None) -> int:
+    def push_delta(self, keys: torch.Tensor, deltas: torch.Tensor, shows=None, clicks=None, unique: bool = False) -> int:
         """GEO: add (K, D) deltas to the values of (K,) keys (duplicates summed); optimizer
-        state is untouched. Rows are created as in `push`. Returns rows updated."""
-        return self._apply(keys, deltas, shows, clicks, f"SparseTable {self.name}.push_delta", delta=True)
+        state is untouched. Rows are created as in `push`; `unique` as in `push`. Returns rows updated."""
+        return self._apply(keys, deltas, shows, clicks, f"SparseTable {self.name}.push_delta", delta=True, unique=unique)
 
     # ------------------------------------------------------------------ inspection
 

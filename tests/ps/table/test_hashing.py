@@ -53,6 +53,26 @@ def test_initializer_is_a_function_of_key_and_seed_only():
     assert (full[:, 0] != full[:, 1]).all()
 
 
+def test_uniform_initializer_is_splitmix64_per_key_and_column_bit_for_bit():
+    # The compiled loop against the definition in torch ops: hash h = splitmix64(base + (c+1)
+    # gamma) of base = splitmix64(key + mix(seed ^ salt)); its top 23 bits are u in [0, 1).
+    from recps.ps.table.hashing import _GAMMA, _INIT_SALT, _splitmix64_int, _srl
+
+    keys = torch.tensor(EDGE_KEYS + list(range(-50, 50)), dtype=torch.int64)
+    dim, seed, low, high = 5, 11, -0.3, 0.7
+    base = splitmix64(keys, _splitmix64_int(seed ^ _INIT_SALT))  # (K,)
+    cols = torch.arange(1, dim + 1, dtype=torch.int64) * _GAMMA  # (D,)
+    h = splitmix64(base[:, None], cols)  # (K, D)
+    u = _srl(h, 41).to(torch.float32) / float(1 << 23)  # exact: 23-bit integers
+    expect = u * torch.tensor(high - low, dtype=torch.float32) + torch.tensor(low, dtype=torch.float32)
+    got = Initializer("uniform", low=low, high=high)(keys, dim, seed=seed)
+    assert torch.equal(got, expect)
+    # Written into a strided block (a table's value columns) the same.
+    block = torch.full((keys.numel(), dim + 3), 9.0)
+    Initializer("uniform", low=low, high=high)(keys, dim, seed=seed, out=block[:, :dim])
+    assert torch.equal(block[:, :dim], expect) and block[:, dim:].eq(9.0).all()
+
+
 def test_initializer_distributions():
     keys = torch.arange(100_000, dtype=torch.int64)
     u = Initializer("uniform", low=1.0, high=3.0)(keys, 4, seed=0)

@@ -6,6 +6,7 @@ import torch
 from recps.errors import ConfigError
 from recps.ps.table import (
     AdagradRule,
+    CountFilterEntry,
     AdamRule,
     DenseTable,
     Initializer,
@@ -66,6 +67,48 @@ def test_sparse_rule_equals_torch_optim(rule, make_torch):
         torch.testing.assert_close(state[:, :D], opt.state[param]["exp_avg"], **TOL)
         torch.testing.assert_close(state[:, D : 2 * D], opt.state[param]["exp_avg_sq"], **TOL)
         assert state[:, 2 * D].eq(6).all()
+
+
+COMPILED = [
+    SGDRule(lr=0.1),
+    SGDRule(lr=0.1, l2=0.01, bounds=(-0.4, 0.4)),
+    AdagradRule(lr=0.1, initial_accumulator_value=0.1),
+    AdagradRule(lr=0.05, l2=0.02, eps=1e-6),
+    RowWiseAdagradRule(lr=0.1),
+    RowWiseAdagradRule(lr=0.2, l2=0.05, eps=1e-6, initial_accumulator_value=0.5, bounds=(-0.3, 0.3)),
+]
+
+
+@pytest.mark.parametrize("rule", COMPILED, ids=lambda r: f"{r.name}-l2{r.l2}-{r.bounds}")
+def test_compiled_push_of_unique_keys_equals_the_torch_rule(rule):
+    """push(unique=True) (one compiled pass) == push() (group, rule in torch ops) on values and state,
+    including keys first seen in the push and GEO deltas."""
+    tables = [SparseTable(D, optimizer=rule, initializer=Initializer("normal", std=0.5), seed=3) for _ in range(2)]
+    g = torch.Generator().manual_seed(4)
+    seen = KEYS[:4]
+    for t in tables:
+        t.pull(seen)
+    for step in range(6):
+        keys = KEYS[torch.randperm(KEYS.numel(), generator=g)[:5]]  # distinct; some never pulled
+        grads = torch.randn(keys.numel(), D, generator=g)
+        assert tables[0].push(keys, grads, unique=True) == tables[1].push(keys, grads) == 5
+        if step % 2:
+            deltas = torch.randn(keys.numel(), D, generator=g)
+            assert tables[0].push_delta(keys, deltas, unique=True) == tables[1].push_delta(keys, deltas) == 5
+    torch.testing.assert_close(tables[0].pull(KEYS), tables[1].pull(KEYS), **TOL)
+    torch.testing.assert_close(tables[0].state(KEYS), tables[1].state(KEYS), **TOL)
+    assert len(tables[0]) == len(tables[1]) == KEYS.numel()
+
+
+def test_compiled_push_skips_keys_the_entry_policy_did_not_admit():
+    table = SparseTable(D, optimizer=RowWiseAdagradRule(lr=0.1), initializer=Initializer("zeros"),
+                        entry=CountFilterEntry(count=2))
+    table.pull(KEYS[:2])
+    table.pull(KEYS[:1])  # KEYS[0] seen twice: admitted; KEYS[1] once: not yet
+    assert table.push(KEYS[:3], torch.ones(3, D), unique=True) == 1
+    rows = table.pull(KEYS[:3], create=False)
+    torch.testing.assert_close(rows[0], torch.full((D,), -0.1))  # lr / sqrt(mean g^2 = 1)
+    assert rows[1:].eq(0).all() and len(table) == 1
 
 
 def test_adam_step_count_is_per_row():

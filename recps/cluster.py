@@ -83,6 +83,7 @@ def strategy_from_config(cfg: DictConfig):
         geo_background_sync=None if ps.get("background_sync") is None else bool(ps.background_sync),
         geo_local_init=bool(ps.get("local_init", True)),
         table_capacity=int(ps.get("table_capacity", 0)),
+        prefetch=bool(ps.get("prefetch", False)),
     )
 
 
@@ -320,6 +321,7 @@ def _work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence =
         dist = fleet.distributed_optimizer(job.optimizer, strategy)
         fleet.init_worker()
         job.trainer.updater = dist.updater
+        job.trainer.prefetch = strategy.prefetch
         fleet.client.create_dense_table(STATS_TABLE, 4)
         job.trainer.on_step = _Progress(batch_size, threads) if role.index == 0 else None
         # Global metrics (merged over every worker and thread through the servers; worker 0

@@ -136,11 +136,14 @@ class Trainer:
         threads: Hogwild training threads in this process.
         on_step: called as on_step(thread, step, loss) after every step.
         observers: `TrainObserver`s (metrics reporter, debug dump); none costs nothing.
+        prefetch: each thread hands its next batch's sparse features to `collection.prefetch`
+            between the current batch's forward and backward passes (a PS collection in async
+            mode starts the pulls then: recps.ps.embedding).
     """
 
     def __init__(self, model: nn.Module, collection: nn.Module, task, updater: DenseUpdater,
                  threads: int = 1, on_step: Callable[[int, int, float], None] | None = None,
-                 observers: Sequence[TrainObserver] = ()) -> None:
+                 observers: Sequence[TrainObserver] = (), prefetch: bool = False) -> None:
         if threads < 1:
             raise ConfigError(f"trainer.threads={threads}; set it to 1 or more")
         self.model = model
@@ -150,6 +153,7 @@ class Trainer:
         self.threads = threads
         self.on_step = on_step
         self.observers = list(observers)
+        self.prefetch = prefetch
         self._replicas = [thread_replica(model, collection) for _ in range(threads)]
 
     def fit(self, source: BatchSource, batch_size: int, epochs: int = 1, max_steps: int = -1,
@@ -167,19 +171,24 @@ class Trainer:
         for obs in observers:
             obs.on_fit_start([replica for replica, _ in self._replicas])
 
+        prefetch = getattr(self.collection, "prefetch", None) if self.prefetch else None
+
         def run(thread: int) -> None:
             replica, params = self._replicas[thread]
             try:
                 for obs in observers:
                     obs.on_thread_start(thread)
                 for epoch in range(first_epoch, first_epoch + epochs):
-                    for taken, batch in enumerate(source.batches(batch_size, thread, self.threads, epoch)):
+                    batches = source.batches(batch_size, thread, self.threads, epoch)
+                    for taken, (batch, following) in enumerate(_with_next(batches)):
                         if stop.is_set():
                             return
                         if 0 < thread_steps_per_epoch <= taken:
                             break
                         logits = self.task.forward(replica, batch)  # (B,) or the task's output
                         loss = self.task.loss(logits, batch)
+                        if prefetch is not None and following is not None and not 0 < thread_steps_per_epoch <= taken + 1:
+                            prefetch(following.sparse)  # its pulls travel while this batch's backward runs
                         loss.backward()
                         for obs in observers:
                             obs.after_backward(thread)
@@ -211,6 +220,12 @@ class Trainer:
             except BaseException as exc:  # surfaced in the caller's thread below
                 errors.append(exc)
                 stop.set()
+            finally:
+                if prefetch is not None and not errors:
+                    try:
+                        self.collection.drop_prefetch()  # a batch prefetched but never trained (max_steps)
+                    except BaseException as exc:  # noqa: BLE001 - as above
+                        errors.append(exc)
 
         intra = max(1, torch.get_num_threads() // self.threads) if self.threads > 1 else None
         previous = torch.get_num_threads()
@@ -253,6 +268,16 @@ class Trainer:
         if not probs:
             raise ConfigError("the evaluation split is empty; give dataset.test files or a test_fraction > 0")
         return torch.cat(probs), torch.cat(targets)
+
+
+def _with_next(batches) -> Iterator[tuple[Batch, Batch | None]]:
+    """(batch, the batch after it or None) for each batch."""
+    it = iter(batches)
+    current = next(it, None)
+    while current is not None:
+        following = next(it, None)
+        yield current, following
+        current = following
 
 
 def _progress_bar(enabled: bool):

@@ -27,6 +27,12 @@ runs on the shared 2-core machine, load 7-8): FBGEMM 2.2-4.5 ms (D=9) / 1.8-5.0 
 F.embedding_bag + transpose 8.4-16.2 / 10.0-16.7 ms (3-4x slower), rows[inverse] gather
 2.8-5.4 / 3.3-7.3 ms (faster once of six, and it only pools bags of one key).
 
+Prefetch (async): `prefetch(kjt)` salts, de-duplicates and sends the pulls of a batch the calling
+thread will pass to forward() next; forward() of that same KJT then only waits for the replies.
+The trainer calls it with batch t+1 between batch t's forward and backward passes (`ps.prefetch`),
+so the round trip overlaps the backward; rows of keys shared with batch t then miss batch t's push. A forward of
+any other KJT drops the prefetch (its replies are awaited and discarded) and pulls as usual.
+
 GEO: a communicator that trains a local replica itself (`FusedBagLookup`, see
 recps.ps.modes.geo) gets the ids and offsets and returns the pooled output; its TBE's
 fused optimizer updates the replica in the backward pass.
@@ -54,9 +60,11 @@ Example (an in-process communicator over one SparseTable, no servers):
 from __future__ import annotations
 
 import hashlib
+import logging
+import threading
 import warnings
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
 import fbgemm_gpu  # noqa: F401  (registers torch.ops.fbgemm)
 import torch
@@ -78,6 +86,8 @@ __all__ = [
     "pool_sum",
     "unique_with_inverse",
 ]
+
+logger = logging.getLogger(__name__)
 
 # The op builds its own autograd node on CPU (checked against F.embedding_bag in
 # tests/ps/test_embedding.py); torch warns because no kernel sits on the Autograd key.
@@ -219,6 +229,16 @@ def _group_tables(configs: Sequence[EmbeddingBagConfig | EmbeddingConfig], prefi
             for dim, (features, salts) in by_dim.items()]
 
 
+@dataclass
+class _Prefetch:
+    """A batch's pulls in flight: its KJT, the `_split` result, and per PS table (uniq, inverse, rows())."""
+
+    features: KeyedJaggedTensor
+    parts: list
+    batch: int
+    pulls: list[tuple[torch.Tensor, torch.Tensor, Callable[[], torch.Tensor]]]
+
+
 class _PSCollectionBase(nn.Module):
     """What both collections share: tables, the communicator binding, key salting per batch."""
 
@@ -228,6 +248,45 @@ class _PSCollectionBase(nn.Module):
         self.ps_tables = _group_tables(configs, prefix, where)
         self.feature_names = [f for t in self.ps_tables for f in t.features]  # group order
         self.communicator = communicator
+        self._prefetched: dict[int, _Prefetch] = {}  # by thread: the collection is shared by the trainer's threads
+        self._prefetch_off = False  # set when the model passed forward() other features than prefetched
+
+    def prefetch(self, features: KeyedJaggedTensor) -> None:
+        """Send the pulls of `features`, the KJT this thread passes to forward() next (see the module
+        docstring). A no-op with a communicator that cannot start a pull (sync, GEO)."""
+        communicator = self._communicator()
+        start = getattr(communicator, "pull_start", None)
+        if start is None or isinstance(communicator, FusedBagLookup) or self._prefetch_off:
+            return
+        self.drop_prefetch()
+        parts, batch = self._split(features)
+        pulls = []
+        for table, keys, _ in parts:
+            uniq, inverse = unique_with_inverse(keys)  # (U,), (N,)
+            pulls.append((uniq, inverse, start(table.name, uniq)))
+        self._prefetched[threading.get_ident()] = _Prefetch(features, parts, batch, pulls)
+
+    def drop_prefetch(self) -> None:
+        """Forget this thread's prefetch, if any; its replies are awaited (a dead server still fails)."""
+        pending = self._prefetched.pop(threading.get_ident(), None)
+        if pending is not None:
+            for _, _, rows in pending.pulls:
+                rows()
+
+    def _take_prefetch(self, features: KeyedJaggedTensor) -> _Prefetch | None:
+        """This thread's prefetch if it was made for exactly `features`; any other is dropped."""
+        pending = self._prefetched.get(threading.get_ident())
+        if pending is None:
+            return None
+        if pending.features is not features:
+            # The model builds its own KJT (e.g. skip-gram windows): prefetching would double the pulls.
+            logger.warning("%s: forward() got other features than the prefetched batch's; prefetch is off "
+                           "for this collection", self._where)
+            self._prefetch_off = True
+            self.drop_prefetch()
+            return None
+        del self._prefetched[threading.get_ident()]
+        return pending
 
     def bind(self, communicator) -> None:
         """Sets (or replaces) the communicator: Fleet binds it in init_worker; evaluation may bind a
@@ -268,11 +327,24 @@ class _PSCollectionBase(nn.Module):
             start_v += n
         return out, batch
 
-    def _rows(self, table: PSTable, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Pulled unique rows (U, D), differentiable into a push when training, and the inverse (N,)."""
+    def _parts(self, features: KeyedJaggedTensor):
+        """(_split's parts, batch, per part its prefetched (uniq, inverse, rows()) or None)."""
+        pending = self._take_prefetch(features)
+        if pending is not None:
+            return pending.parts, pending.batch, pending.pulls
+        parts, batch = self._split(features)
+        return parts, batch, [None] * len(parts)
+
+    def _rows(self, table: PSTable, keys: torch.Tensor, pulled=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pulled unique rows (U, D), differentiable into a push when training, and the inverse (N,).
+        pulled: a prefetch's (uniq, inverse, rows()) for these keys."""
         communicator = self._communicator()
-        uniq, inverse = unique_with_inverse(keys)  # (U,), (N,)
-        rows = communicator.pull(table.name, uniq)  # (U, D)
+        if pulled is None:
+            uniq, inverse = unique_with_inverse(keys)  # (U,), (N,)
+            rows = communicator.pull(table.name, uniq)  # (U, D)
+        else:
+            uniq, inverse, wait = pulled
+            rows = wait()  # (U, D)
         if rows.shape != (uniq.numel(), table.dim):
             raise PSError(f"{self._where}: pull of table {table.name} returned {tuple(rows.shape)} for "
                           f"{uniq.numel()} keys of dim {table.dim}; the servers' table has another width")
@@ -321,16 +393,16 @@ class PSEmbeddingBagCollection(_PSCollectionBase):
         return list(self._configs)
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
-        parts, batch = self._split(features)
+        parts, batch, pulled = self._parts(features)
         communicator = self._communicator()
         fused = self.training and torch.is_grad_enabled() and isinstance(communicator, FusedBagLookup)
         pooled = []
-        for table, keys, lengths in parts:
+        for (table, keys, lengths), pull in zip(parts, pulled):
             offsets = _offsets(lengths)  # (Fg*B+1,)
             if fused:
                 pooled.append(communicator.lookup_bags(table.name, keys, offsets, len(table.features)))
                 continue
-            rows, inverse = self._rows(table, keys)
+            rows, inverse = self._rows(table, keys, pull)
             pooled.append(pool_sum(rows, inverse, offsets, len(table.features)))  # (B, Fg*D)
         values = pooled[0] if len(pooled) == 1 else torch.cat(pooled, dim=1)  # (B, F*D) group order
         if self._columns is not None:
@@ -353,10 +425,10 @@ class PSEmbeddingCollection(_PSCollectionBase):
         return list(self._configs)
 
     def forward(self, features: KeyedJaggedTensor) -> dict[str, JaggedTensor]:
-        parts, batch = self._split(features)
+        parts, batch, pulled = self._parts(features)
         out: dict[str, JaggedTensor] = {}
-        for table, keys, lengths in parts:
-            rows, inverse = self._rows(table, keys)
+        for (table, keys, lengths), pull in zip(parts, pulled):
+            rows, inverse = self._rows(table, keys, pull)
             looked = rows.index_select(0, inverse)  # (N, D); backward scatters into (U, D)
             per_feature = lengths.view(len(table.features), batch)  # (Fg, B)
             sizes = per_feature.sum(1).tolist()

@@ -104,6 +104,9 @@ class DistributedStrategy:
             k_steps = 1 stays synchronous, exactly local SGD with one worker).
         geo_local_init: a GEO worker starts a key it has never seen from the servers' initial value,
             computed locally, instead of pulling it (tables without an admission filter).
+        prefetch: async: each training thread sends the pull of its next batch between the current
+            batch's forward and backward (recps.trainer.Trainer with a PS collection's `prefetch`), so
+            the pull travels while the backward runs; those rows may miss the current batch's push.
     """
 
     mode: str = "async"
@@ -124,6 +127,7 @@ class DistributedStrategy:
     geo_background_sync: bool | None = None
     geo_local_init: bool = True
     table_capacity: int = 0
+    prefetch: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -144,6 +148,10 @@ class DistributedStrategy:
             )
         if not self.timeout_s > 0:
             raise ConfigError(f"DistributedStrategy: timeout_s={self.timeout_s}; it must be > 0 seconds")
+        if self.prefetch and self.mode != "async":
+            raise ConfigError(f"DistributedStrategy: prefetch=True with mode={self.mode!r}; prefetching pulls is "
+                              "async's (sync must pull after the step's update, GEO trains a local replica); "
+                              "set prefetch=False")
         self.embedding_optimizer = dict(self.embedding_optimizer)
         if self.embedding_optimizer.get("name") == "sgd":
             # conf/ps keeps Adagrad's eps next to the name: `ps.embedding_optimizer.name=sgd` just works.

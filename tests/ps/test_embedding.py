@@ -5,6 +5,8 @@ References are plain torch: F.embedding_bag / indexing over the rows the servers
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -228,3 +230,88 @@ def test_errors_name_the_problem(cluster):
     with pytest.raises(PSError, match="read-only"):
         reader = PSEmbeddingBagCollection.from_features(["x"], 8, ServerReader(client))
         reader(random_kjt(["x"], 2, 0)).values().sum().backward()
+
+
+class CountingAsync(AsyncCommunicator):
+    """The real async communicator, counting the pulls it starts."""
+
+    def __init__(self, client, **kwargs) -> None:
+        super().__init__(client, **kwargs)
+        self.started = 0
+
+    def pull_start(self, table, keys):
+        self.started += 1
+        return super().pull_start(table, keys)
+
+
+def test_prefetched_forward_equals_a_plain_one_and_pulls_once(cluster):
+    client, _ = cluster
+    comm = CountingAsync(client, max_pending=4)
+    ebc = PSEmbeddingBagCollection(CONFIGS, comm)
+    kjt = random_kjt(["c", "b", "a2", "a1"], batch=6, seed=1)
+    ebc.prefetch(kjt)
+    assert comm.started == 2  # one pull per PS table (widths 8 and 12), sent before forward()
+    out = ebc(kjt)
+    assert comm.started == 2  # forward() only waited for them
+    expected, _ = reference_pooled(client, kjt, ["a1", "a2", "b", "c"])
+    torch.testing.assert_close(out.values(), expected.detach(), atol=1e-6, rtol=0)
+    out.values().sum().backward()  # the prefetched rows push their gradients as pulled ones do
+    comm.flush()
+    assert comm.sent_pushes == 2
+    assert not ebc._prefetched
+    comm.close()
+
+
+def test_prefetch_of_other_features_is_dropped_and_turned_off(cluster, caplog):
+    client, _ = cluster
+    comm = CountingAsync(client, max_pending=4)
+    ebc = PSEmbeddingBagCollection.from_features(["x"], 8, comm)
+    first, second = random_kjt(["x"], batch=4, seed=3), random_kjt(["x"], batch=4, seed=4)
+    ebc.prefetch(first)
+    with caplog.at_level("WARNING", logger="recps.ps.embedding"):
+        out = ebc(second).values().detach()  # another KJT: its own pull; the prefetch is awaited and dropped
+    assert "prefetch is off" in caplog.text
+    assert comm.started == 2 and not ebc._prefetched
+    keys = salted_keys(second.values(), "t_x")
+    rows = client.pull("embedding_d8", keys, create=False).wait()  # (N, D), one key per bag or none
+    expected = torch.zeros(4, 8).index_add_(0, torch.repeat_interleave(torch.arange(4), second.lengths()), rows)
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=0)
+    ebc.prefetch(first)  # off from now on: no pull
+    assert comm.started == 2
+    comm.close()
+
+
+def test_trainer_prefetches_each_next_batch(cluster):
+    """recps.trainer with prefetch=True: every batch is pulled exactly once, all but the first by a
+    prefetch issued during the previous step (before its backward), and nothing is left in flight."""
+    from models import CTRDNN
+    from recps.data.dataset import ExamplesSource
+    from recps.data.reader import Examples
+    from recps.tasks import BinaryTask
+    from recps.trainer import LocalDenseUpdater, Trainer
+
+    client, _ = cluster
+    comm = CountingAsync(client, max_pending=4)
+    features = ["f0", "f1", "f2"]
+    ebc = PSEmbeddingBagCollection.from_features(features, 8, comm)
+    model = CTRDNN(ebc, dense_in_features=2, hidden=(8,))
+    used = []
+    forward = ebc.forward
+
+    def spy(kjt):  # records whether forward() found its batch prefetched
+        used.append(kjt is ebc._prefetched.get(threading.get_ident(), None).features
+                    if ebc._prefetched else False)
+        return forward(kjt)
+
+    ebc.forward = spy
+    g = torch.Generator().manual_seed(0)
+    data = Examples(tuple(features), torch.randn(96, 2, generator=g), torch.randint(0, 30, (96, 3), generator=g),
+                    torch.randint(0, 2, (96, 1), generator=g).float())
+    params = [p for n, p in model.named_parameters() if not n.startswith("sparse_arch")]
+    trainer = Trainer(model, ebc, BinaryTask(), LocalDenseUpdater(params, torch.optim.SGD(params, lr=0.1)),
+                      prefetch=True)
+    stats = trainer.fit(ExamplesSource(data, shuffle=False), 16, progress=False)
+    assert stats.steps == 6 and comm.started == 6  # one PS table (width 8): one pull per batch
+    assert used == [False] + [True] * 5
+    assert not ebc._prefetched
+    comm.close()

@@ -251,3 +251,15 @@ def test_async_merge_settings_travel_from_conf_to_the_communicator():
         DistributedStrategy(mode="async", min_merge=9, merge_threshold=9)
     with pytest.raises(ConfigError, match="dense_min_merge=0; use an integer >= 1"):
         DistributedStrategy(mode="async", dense_min_merge=0)
+
+
+def test_prefetch_is_async_only_and_on_by_default_there():
+    from recps.cluster import strategy_from_config
+    from recps.config import compose_config
+
+    assert strategy_from_config(compose_config(["ps=async"])).prefetch
+    assert not strategy_from_config(compose_config(["ps=async", "ps.prefetch=false"])).prefetch
+    assert not strategy_from_config(compose_config(["ps=sync"])).prefetch
+    for mode in ("sync", "geo"):
+        with pytest.raises(ConfigError, match=f"prefetch=True with mode='{mode}'.*set prefetch=False"):
+            DistributedStrategy(mode=mode, prefetch=True)

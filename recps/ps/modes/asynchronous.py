@@ -43,9 +43,11 @@ Shape letters: K keys, D row width, N flat dense size.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import threading
 import time
+from typing import Callable
 
 import torch
 
@@ -132,7 +134,12 @@ class AsyncCommunicator:
 
     def pull(self, table: str, keys: torch.Tensor) -> torch.Tensor:
         """(K,) unique keys -> (K, D) rows, straight from the servers."""
-        return self.client.pull(table, keys, assume_unique=True).wait(self.timeout_s)
+        return self.pull_start(table, keys)()
+
+    def pull_start(self, table: str, keys: torch.Tensor) -> Callable[[], torch.Tensor]:
+        """Send the pull of (K,) unique keys now; the returned function waits for its (K, D) rows
+        (up to timeout_s). A prefetch (recps.ps.embedding) overlaps the round trip with compute."""
+        return functools.partial(self.client.pull(table, keys, assume_unique=True).wait, self.timeout_s)
 
     def push(self, table: str, keys: torch.Tensor, grads: torch.Tensor) -> None:
         """Queue (K, D) gradients of (K,) keys; blocks while max_pending pushes are unapplied.

@@ -138,7 +138,8 @@ class Trainer:
         observers: `TrainObserver`s (metrics reporter, debug dump); none costs nothing.
         prefetch: each thread hands its next batch's sparse features to `collection.prefetch`
             between the current batch's forward and backward passes (a PS collection in async
-            mode starts the pulls then: recps.ps.embedding).
+            mode starts the pulls then: recps.ps.embedding), if the task's forward passes
+            batch.sparse to the model as it is (`task.passes_batch_sparse`).
     """
 
     def __init__(self, model: nn.Module, collection: nn.Module, task, updater: DenseUpdater,
@@ -171,7 +172,9 @@ class Trainer:
         for obs in observers:
             obs.on_fit_start([replica for replica, _ in self._replicas])
 
-        prefetch = getattr(self.collection, "prefetch", None) if self.prefetch else None
+        # Only a task that hands batch.sparse to the model as it is can have it prefetched.
+        wanted = self.prefetch and getattr(self.task, "passes_batch_sparse", False)
+        prefetch = getattr(self.collection, "prefetch", None) if wanted else None
 
         def run(thread: int) -> None:
             replica, params = self._replicas[thread]

@@ -35,6 +35,9 @@ class TaskBase:
     """Default forward: `model(batch.dense, batch.sparse)`, the zoo's ranking signature."""
 
     metrics: tuple[str, ...] = ()
+    # forward() hands batch.sparse to the model as it is: a PS collection may prefetch its rows
+    # (recps.trainer.Trainer(prefetch=True)). A task whose forward builds other features says False.
+    passes_batch_sparse = True
 
     def forward(self, model: nn.Module, batch: Batch) -> Any:
         return model(batch.dense, batch.sparse)

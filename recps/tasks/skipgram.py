@@ -184,6 +184,8 @@ class SkipGramTask(TaskBase):
     features "input" and "output" (recps.data.text.SKIPGRAM_FEATURES).
     """
 
+    passes_batch_sparse = False  # the model gets the sampled pairs' features (recps.tasks.base)
+
     def __init__(self, window: int = 5, negatives: int = 5, shared_negatives: int = 64, subsample: float = 1e-3,
                  power: float = 0.75, shrink_window: bool = True,
                  metrics: Sequence[str] = ("wordsim353_spearman", "analogy_accuracy"), analogy_rows: int = 1024) -> None:

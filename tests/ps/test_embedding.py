@@ -314,4 +314,12 @@ def test_trainer_prefetches_each_next_batch(cluster):
     assert stats.steps == 6 and comm.started == 6  # one PS table (width 8): one pull per batch
     assert used == [False] + [True] * 5
     assert not ebc._prefetched
+
+    class OwnFeatures(BinaryTask):  # a task whose model gets other features than batch.sparse
+        passes_batch_sparse = False
+
+    used.clear()
+    trainer.task = OwnFeatures()
+    trainer.fit(ExamplesSource(data, shuffle=False), 16, progress=False)
+    assert used == [False] * 6 and comm.started == 12 and not ebc._prefetch_off  # no prefetch tried
     comm.close()

@@ -13,7 +13,7 @@ same arithmetic in one pass.
 Every function takes numpy views of the table's torch tensors (no copy) and is compiled once
 per machine: `cache=True` keeps the machine code next to this file (or in NUMBA_CACHE_DIR).
 Loading it still costs a process ~1 CPU-second at the first call (numba's own start-up), so
-servers and GEO workers call `warm_up_kernels()` before they serve or train, not at their first batch.
+servers and GEO workers call `warm_up_kernels()` before they serve or train, not at a first batch.
 
 Shapes: K keys, D embedding dim, C row capacity, W row width.
 """
@@ -51,7 +51,7 @@ def _mix(z):
 
 @_jit
 def _unit(bits):
-    """23 bits -> float32 in [0, 1), exactly (as hashing._unit_float)."""
+    """The low 23 bits m -> m / 2^23, a float32 in [0, 1), exactly."""
     return np.float32(bits & np.uint64(0x7FFFFF)) * _ULP23
 
 

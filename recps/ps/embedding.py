@@ -259,6 +259,9 @@ class _PSCollectionBase(nn.Module):
         if start is None or isinstance(communicator, FusedBagLookup) or self._prefetch_off:
             return
         self.drop_prefetch()
+        if not set(self.feature_names) <= set(features.keys()):
+            self._turn_prefetch_off()  # these are not the features forward() will get
+            return
         parts, batch = self._split(features)
         pulls = []
         for table, keys, _ in parts:
@@ -273,16 +276,20 @@ class _PSCollectionBase(nn.Module):
             for _, _, rows in pending.pulls:
                 rows()
 
+    def _turn_prefetch_off(self) -> None:
+        # The model builds its own KJT from the batch (e.g. skip-gram pairs): prefetching the batch's
+        # features would double the pulls, or pull keys nobody trains.
+        logger.warning("%s: the model does not pass the batch's features to this collection as they are; "
+                       "prefetch is off for it", self._where)
+        self._prefetch_off = True
+
     def _take_prefetch(self, features: KeyedJaggedTensor) -> _Prefetch | None:
         """This thread's prefetch if it was made for exactly `features`; any other is dropped."""
         pending = self._prefetched.get(threading.get_ident())
         if pending is None:
             return None
         if pending.features is not features:
-            # The model builds its own KJT (e.g. skip-gram windows): prefetching would double the pulls.
-            logger.warning("%s: forward() got other features than the prefetched batch's; prefetch is off "
-                           "for this collection", self._where)
-            self._prefetch_off = True
+            self._turn_prefetch_off()
             self.drop_prefetch()
             return None
         del self._prefetched[threading.get_ident()]

@@ -278,6 +278,10 @@ def test_prefetch_of_other_features_is_dropped_and_turned_off(cluster, caplog):
     torch.testing.assert_close(out, expected, atol=1e-6, rtol=0)
     ebc.prefetch(first)  # off from now on: no pull
     assert comm.started == 2
+    # A batch without the collection's features (the model builds its own KJT): off, nothing sent.
+    other = PSEmbeddingBagCollection.from_features(["y"], 8, comm)
+    other.prefetch(first)
+    assert other._prefetch_off and comm.started == 2 and not other._prefetched
     comm.close()
 
 

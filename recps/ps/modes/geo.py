@@ -85,8 +85,6 @@ class _Replica:
                  initializer: Initializer | None = None, seed: int = 0) -> None:
         self.name, self.dim, self.client = name, dim, client
         self.initializer, self.seed = initializer, seed  # None: first-seen rows are pulled
-        if initializer is not None:
-            warm_up_kernels()  # the initializer's compiled loop, before the first batch needs it
         self.width = -(-dim // 4) * 4  # P: TBE rows are multiples of 4 wide; pad columns stay 0
         self.optimizer, self.lr, self.eps = optimizer, lr, eps
         # Row-wise Adagrad's state is mean(g^2) over P columns = (D/P) x the mean over D: rescale
@@ -295,6 +293,9 @@ class GeoCommunicator:
         self._local = threading.local()  # per training thread: rows its step in flight trains
         self.background_sync = self.k_steps > 1 if background_sync is None else bool(background_sync)
         self.local_init = bool(local_init)
+        if self.local_init:
+            # The initializer's compiled loop (~1 CPU-s to load), now: replicas are made at the first batch.
+            warm_up_kernels()
         # Background sync: `_due` (a sync was asked for) and `_in_flight` under `_cv`; the first
         # error of the sync thread stays in `_error` and is raised by every later step_end / flush.
         self._cv = threading.Condition()

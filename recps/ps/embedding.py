@@ -259,7 +259,7 @@ class _PSCollectionBase(nn.Module):
         if start is None or isinstance(communicator, FusedBagLookup) or self._prefetch_off:
             return
         self.drop_prefetch()
-        if not set(self.feature_names) <= set(features.keys()):
+        if self._missing(features):
             self._turn_prefetch_off()  # these are not the features forward() will get
             return
         parts, batch = self._split(features)
@@ -310,10 +310,15 @@ class _PSCollectionBase(nn.Module):
                           "before the first forward pass")
         return self.communicator
 
+    def _missing(self, features: KeyedJaggedTensor) -> list[str]:
+        """This collection's features that the KJT lacks."""
+        keys = features.keys()
+        return [f for f in self.feature_names if f not in keys]
+
     def _split(self, features: KeyedJaggedTensor):
         """Per PS table: (table, salted keys (N,), lengths (Fg*B,)) in table order."""
         keys = features.keys()
-        missing = [f for f in self.feature_names if f not in keys]
+        missing = self._missing(features)
         if missing:
             raise ConfigError(f"{self._where}: the batch has no sparse features {missing}; batch features are "
                               f"{keys}; align dataset.schema and the model's tables")

@@ -135,5 +135,4 @@ def warm_up_kernels() -> None:
         for out in (rows[:1, :2], np.zeros((1, 2), np.float32)):  # a row block's view, a fresh array
             init_rows(keys, np.uint64(0), UNIFORM, np.float32(0.0), np.float32(1.0), out)
         apply_rule(rows, np.zeros(1, np.int64), np.zeros((1, 2), np.float32), SGD, 2, 2, 3, 0.1, 0.0, 0.0, 0.0, 0.0, False)
-        rows.fill(0.0)
         _warmed = True

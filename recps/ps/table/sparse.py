@@ -420,13 +420,17 @@ class SparseTable:
             out[absent] = 0.0
             return out
 
+    def _push_slots(self, keys: torch.Tensor) -> torch.Tensor:
+        """(K,) slots a push updates: rows are created for new keys only without an entry policy."""
+        return self._index.lookup(keys) if self.entry is not None else self._slots(keys, create=True)
+
     def _group(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """Group (K,) keys by row, creating rows only when every key is admitted.
 
         Returns (U,) sorted distinct slots, perm (K',) positions of the kept keys in slot
         order, offsets (U + 1,) segment bounds into perm; None if no key has a row.
         """
-        slots = self._index.lookup(keys) if self.entry is not None else self._slots(keys, create=True)  # (K,)
+        slots = self._push_slots(keys)  # (K,)
         # Slots fit int32 below 2^31 rows; the int32 sort was 1.7x faster here.
         ordered, perm = torch.sort(slots.to(torch.int32) if self.capacity < 2**31 else slots)  # absent (-1) first
         first = int(torch.searchsorted(ordered, 0))
@@ -497,7 +501,7 @@ class SparseTable:
 
     def _apply_compiled(self, keys: torch.Tensor, x: torch.Tensor, delta: bool) -> int:
         """push / push_delta of (K,) unique keys in one compiled pass over their rows (under the lock)."""
-        slots = self._index.lookup(keys) if self.entry is not None else self._slots(keys, create=True)  # (K,)
+        slots = self._push_slots(keys)  # (K,)
         rule = self.rule
         low, high = rule.bounds if rule.bounds is not None else (0.0, 0.0)
         # Python floats and ints only: another argument type would compile another variant.

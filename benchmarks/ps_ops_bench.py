@@ -16,7 +16,8 @@ Reported, median over --steps after --warmup (ms); --optimizer picks the server'
     table_cpu                 CPU ms of the same pull + push on the in-process table
     pull_dense / push_dense   CTR-DNN's MLP as one dense table (~420k floats, Adam), push returning values
     communicators_2threads    Async / SyncCommunicator, 2 threads: per-step pull, pull_dense, push +
-                              step_end, and steps/s (the PS part of a training step, no model compute)
+                              step_end, and steps/s (the PS part of a training step, no model compute),
+                              each on tables of its mode (the servers apply a push by its table's mode)
 
     python benchmarks/ps_ops_bench.py                  # 1 server, prints a JSON line and a Markdown row
     python benchmarks/ps_ops_bench.py --servers 2      # keys split over 2 server processes
@@ -41,10 +42,11 @@ SLOTS, BATCH, DIM = 26, 512, 9
 def _serve(index: int, num_servers: int, threads: int, ready, stop) -> None:
     import torch
 
+    from recps.ps.modes import server_halves
     from recps.ps.node import PSServer
 
     torch.set_num_threads(1)
-    with PSServer(index, num_servers, token=TOKEN, num_threads=threads) as server:
+    with PSServer(index, num_servers, token=TOKEN, num_threads=threads, halves=server_halves()) as server:
         ready.put((index, server.endpoint))
         stop.wait(900)
 
@@ -89,7 +91,7 @@ def main() -> None:
     torch.set_num_threads(1)
     endpoints = [e for _, e in sorted(ready.get(timeout=120) for _ in procs)]  # server order
     client = PSClient(endpoints, token=TOKEN, timeout_s=30)
-    client.create_sparse_table("ctr", dim=DIM, optimizer={"name": args.optimizer, "lr": 0.05})
+    client.create_sparse_table("ctr", dim=DIM, optimizer={"name": args.optimizer, "lr": 0.05}, mode="async")
 
     batches = [torch.from_numpy(b) for b in _batches(args.warmup + args.steps)]
     uniq = [unique_inverse(b)[0] for b in batches]
@@ -156,7 +158,7 @@ def main() -> None:
     # Dense: CTR-DNN's MLP (26*9 + 13 -> 400 -> 400 -> 400 -> 1, ~420k floats) with Adam.
     shapes = {"l0.w": (400, SLOTS * DIM + 13), "l0.b": (400,), "l1.w": (400, 400), "l1.b": (400,),
               "l2.w": (400, 400), "l2.b": (400,), "out.w": (1, 400), "out.b": (1,)}
-    client.create_dense_table("dense", shapes, optimizer={"name": "adam", "lr": 1e-3})
+    client.create_dense_table("dense", shapes, optimizer={"name": "adam", "lr": 1e-3}, mode="async")
     n_dense = client.dense_layout("dense").size
     dense_grads = torch.randn(n_dense) * 1e-3
     td = {"pull_dense": [], "push_dense": []}
@@ -171,18 +173,23 @@ def main() -> None:
             td["push_dense"].append(t2 - t1)
 
     # Communicators: what a training thread waits for per step (no model compute here).
-    from recps.ps.modes import AsyncCommunicator, SyncCommunicator
+    # Each mode trains tables of its own: a table's mode says what the servers do with its pushes.
+    from recps.ps.modes import AsyncMode, SyncMode
 
-    def comm_steps(comm, thread: int, n: int, out: dict) -> None:
+    client.create_sparse_table("ctr_sync", dim=DIM, optimizer={"name": args.optimizer, "lr": 0.05}, mode="sync")
+    client.create_dense_table("dense_sync", shapes, optimizer={"name": "adam", "lr": 1e-3}, mode="sync")
+
+    def comm_steps(comm, tables: tuple[str, str], thread: int, n: int, out: dict) -> None:
+        sparse, dense = tables
         for i in range(n):
             u = uniq[(2 * i + thread) % len(uniq)]
             t0 = time.perf_counter()
-            rows = comm.pull("ctr", u)  # (U, D)
+            rows = comm.pull(sparse, u)  # (U, D)
             t1 = time.perf_counter()
-            comm.pull_dense("dense")
+            comm.pull_dense(dense)
             t2 = time.perf_counter()
-            comm.push("ctr", u, rows * 0.01)
-            comm.push_dense("dense", dense_grads)
+            comm.push(sparse, u, rows * 0.01)
+            comm.push_dense(dense, dense_grads)
             comm.step_end(thread)
             t3 = time.perf_counter()
             if i >= args.warmup // 2:
@@ -192,12 +199,13 @@ def main() -> None:
                 out.setdefault("step", []).append(t3 - t0)
 
     comm_results = {}
-    for name, make in (("async", lambda: AsyncCommunicator(client, max_pending=8, merge_threshold=4)),
-                       ("sync", lambda: SyncCommunicator(client, num_threads=2))):
-        comm = make()
+    for mode, tables in ((AsyncMode(max_pending=8, merge_threshold=4, timeout_s=30.0), ("ctr", "dense")),
+                         (SyncMode(timeout_s=30.0), ("ctr_sync", "dense_sync"))):
+        name = mode.name
+        comm = mode.communicator(client, threads=2)
         outs = [{}, {}]
         n = args.warmup // 2 + args.steps // 2
-        threads = [threading.Thread(target=comm_steps, args=(comm, k, n, outs[k])) for k in range(2)]
+        threads = [threading.Thread(target=comm_steps, args=(comm, tables, k, n, outs[k])) for k in range(2)]
         t0 = time.perf_counter()
         for t in threads:
             t.start()

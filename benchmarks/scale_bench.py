@@ -38,9 +38,10 @@ _TOKEN = "scale-bench"
 
 
 def _serve(index: int, num_servers: int, ready, stop) -> None:
+    from recps.ps.modes import server_halves
     from recps.ps.node import PSServer
 
-    with PSServer(index, num_servers, token=_TOKEN) as server:
+    with PSServer(index, num_servers, token=_TOKEN, halves=server_halves()) as server:
         ready.put((index, server.endpoint))
         stop.wait(24 * 3600)
 
@@ -106,7 +107,7 @@ def run(keys: int, dim: int = 8, servers: int = 2, workers: int = 2, batch: int 
         with PSClient(endpoints, token=_TOKEN, timeout_s=timeout_s) as client:
             base = _memory([p.pid for p in procs])  # before the table: the servers' own footprint
             client.create_sparse_table(TABLE, dim=dim, optimizer={"name": "rowwise_adagrad", "lr": 0.05},
-                                       capacity=keys)
+                                       capacity=keys, mode="async")  # pushes: the rule on arrival
             barrier = ctx.Barrier(workers)
             worker_procs = [ctx.Process(target=_work, args=(w, workers, endpoints, cfg, barrier, results), daemon=True)
                         for w in range(workers)]

@@ -1,7 +1,8 @@
 """Pull latency of the recps transport on one machine (loopback TCP or IPC).
 
 A server process answers "pull" with a slice of a preallocated table (K, D) fp32, so the figure
-is the transport's cost: request of K int64 keys out, K x D fp32 rows back. Reported per
+is the transport's cost: request of K int64 keys out (named "keys", as recps.ps.node.PSClient
+sends them), K x D fp32 rows back. Reported per
 configuration: median and 10th percentile of the wall-clock latency, and the CPU time one call
 costs the client process and the server process (all their threads, ZeroMQ's I/O threads included).
 The configurations take turns (--rounds x --runs calls each), and a bare pyzmq server/client pair
@@ -42,8 +43,8 @@ def _serve(bind: str, num_threads: int, ready: mp.Queue, stop: mp.Event) -> None
     torch.set_num_threads(1)
     tables = {f"d{d}": torch.randn(k, d) for k, d in SIZES}  # (K, D) preallocated rows
 
-    def pull(verb, table, tensors, meta):
-        return [tables[table][: tensors[0].shape[0]]]  # (K, D) a contiguous slice, sent without a copy
+    def pull(verb, table, fields, meta):
+        return [tables[table][: fields["keys"].shape[0]]]  # (K, D) a contiguous slice, sent without a copy
 
     with TransportServer(pull, token=TOKEN, bind=bind, num_threads=num_threads) as server:
         ready.put(server.endpoint)
@@ -202,7 +203,7 @@ def bench_latency(configs: list[tuple[str, int]], runs: int, warmup: int, rounds
             closers.append(close)
             keys = torch.randint(0, 1 << 40, (k,))  # (K,) int64
             for i, (transport, threads) in enumerate(configs):
-                callers[(f"recps, {transport}", threads, k, d)] = lambda i=i, d=d, keys=keys: client.call(i, "pull", f"d{d}", [keys])
+                callers[(f"recps, {transport}", threads, k, d)] = lambda i=i, d=d, keys=keys: client.call(i, "pull", f"d{d}", {"keys": keys})
                 pids[(f"recps, {transport}", threads, k, d)] = procs[i].pid
         for key, call in callers.items():
             got = call()
@@ -241,8 +242,8 @@ def bench_fanout(runs: int, warmup: int, rounds: int, num_threads: int) -> list[
     direct = TransportClient(endpoints, token=TOKEN, timeout_s=30)
     io = IOThreadClient(endpoints, TOKEN)
     designs = {
-        "per-thread sockets": lambda: wait_all([direct.request(s, "pull", f"d{d}", [halves[s]]) for s in range(2)]),
-        "one I/O thread": lambda: [f.result(30) for f in [io.request(s, "pull", f"d{d}", [halves[s]]) for s in range(2)]],
+        "per-thread sockets": lambda: wait_all([direct.request(s, "pull", f"d{d}", {"keys": halves[s]}) for s in range(2)]),
+        "one I/O thread": lambda: [f.result(30) for f in [io.request(s, "pull", f"d{d}", {"keys": halves[s]}) for s in range(2)]],
     }
     samples: dict[tuple, list[float]] = {(name, n): [] for name in designs for n in (1, 2)}
 

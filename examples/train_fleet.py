@@ -19,6 +19,8 @@ from recps.config import PROJECT_ROOT
 from recps.data.dataset import prepare_data
 from recps.metrics import MetricCollection
 from recps.ps import fleet
+from recps.ps.modes import AsyncMode, GeoMode, SyncMode
+from recps.ps.node import TableConfig
 
 DIM, HIDDEN, BATCH = 9, [64, 32], 256
 
@@ -68,7 +70,9 @@ def main(argv=None) -> dict[str, float] | None:
         ebc = f.embedding_bag_collection([EmbeddingBagConfig(name=f"t_{name}", embedding_dim=DIM, num_embeddings=args.vocab,
                                                              feature_names=[name]) for name in data.schema.feature_names])
         model = CTRDNN(ebc, dense_in_features=data.schema.num_dense, hidden=HIDDEN)
-        strategy = fleet.DistributedStrategy(mode=args.mode, k_steps=20, init_std=0.01)
+        table = TableConfig(init_std=0.01)  # the sparse tables' rule and initial values (defaults otherwise)
+        mode = {"sync": SyncMode(table=table), "async": AsyncMode(table=table), "geo": GeoMode(k_steps=20, table=table)}
+        strategy = fleet.DistributedStrategy(mode[args.mode])
         optimizer = f.distributed_optimizer(torch.optim.Adam(dense_params(model), lr=1e-3), strategy)
         f.init_worker()
         train(model, optimizer, data, args.epochs, shard=f.worker_index(), shards=f.worker_num())

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 from recps.errors import ConfigError
 
 if TYPE_CHECKING:
-    from recps.run import Job
+    from recps.job import Job
 
 __all__ = ["save_checkpoint", "load_checkpoint", "checkpoint_file", "FORMAT_VERSION"]
 

@@ -42,12 +42,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from recps.errors import ConfigError, RecpsError
 
-__all__ = ["run_distributed", "run_role", "environment_role", "strategy_from_config", "child_command", "PS_MODES"]
+__all__ = ["run_distributed", "run_role", "environment_role", "ps_mode", "child_command", "PS_MODES"]
 
 log = logging.getLogger("recps.cluster")
 
 PS_MODES = ("sync", "async", "geo")
-STATS_TABLE = "recps_stats"  # [examples, examples/s, seconds, CPU seconds] summed over workers (push_dense_delta)
+STATS_TABLE = "recps_stats"  # [examples, examples/s, seconds, CPU seconds] summed over workers (a GEO-mode table: pushes add)
 _PROGRESS_EVERY_S = 5.0
 
 
@@ -65,30 +65,26 @@ def environment_role(cfg: DictConfig, environ: Mapping[str, str] | None = None):
     return detect_role_maker(env, num_servers=int(cfg.cluster.servers)).role()
 
 
-def strategy_from_config(cfg: DictConfig):
-    """The Fleet strategy that conf/ps/<mode>.yaml and trainer.threads describe."""
-    from recps.ps.fleet import DistributedStrategy
+def ps_mode(cfg: DictConfig):
+    """The mode object conf/ps/<mode>.yaml builds (its `_target_`, recps.ps.modes): SyncMode,
+    AsyncMode or GeoMode with their knobs and `table:` settings. Raises ConfigError naming a bad key."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
 
-    ps = cfg.ps
-    return DistributedStrategy(
-        mode=str(ps.name), k_steps=int(ps.get("k_steps", 100)), max_pending=int(ps.get("max_pending", 8)),
-        merge_threshold=int(ps.get("merge_threshold", 4)), min_merge=int(ps.get("min_merge", 1)),
-        dense_min_merge=None if ps.get("dense_min_merge") is None else int(ps.dense_min_merge), threads=int(cfg.trainer.threads),
-        dense_refresh_steps=int(ps.get("dense_refresh_steps", 1)),
-        embedding_optimizer=OmegaConf.to_container(ps.embedding_optimizer, resolve=True),
-        init_std=float(ps.init_std), seed=int(cfg.seed), timeout_s=float(ps.timeout_s),
-        geo_capacity=int(ps.get("geo_capacity", 1 << 16)),
-        geo_delta_scale=_optional_float(ps.get("delta_scale")),
-        geo_dense_delta_scale=_optional_float(ps.get("dense_delta_scale")),
-        geo_background_sync=None if ps.get("background_sync") is None else bool(ps.background_sync),
-        geo_local_init=bool(ps.get("local_init", True)),
-        table_capacity=int(ps.get("table_capacity", 0)),
-        prefetch=bool(ps.get("prefetch", False)),
-    )
+    from recps.config import check_target_args
 
-
-def _optional_float(value) -> float | None:
-    return None if value is None else float(value)
+    check_target_args(cfg.ps, "ps", engine_keys=("name",))
+    if cfg.ps.get("table") is not None:
+        check_target_args(cfg.ps.table, "ps.table")
+    node = OmegaConf.to_container(cfg.ps, resolve=True)
+    node.pop("name", None)
+    try:
+        return instantiate(node, _convert_="all")
+    except InstantiationException as e:
+        cause = e.__cause__
+        if isinstance(cause, ConfigError):
+            raise cause from None
+        raise ConfigError(f"ps={cfg.ps.name}: {e}") from e
 
 
 def _check(cfg: DictConfig) -> None:
@@ -116,6 +112,7 @@ def _check(cfg: DictConfig) -> None:
 def run_distributed(cfg: DictConfig, out_dir: Path, overrides: Sequence[str] = ()) -> dict[str, Any] | None:
     """Launch a local cluster, or act as this process's role; see the module docstring."""
     _check(cfg)
+    ps_mode(cfg)  # a bad mode knob fails here, before any process starts
     role = environment_role(cfg)
     if role is None:
         return _launch_local(cfg, Path(out_dir), overrides)
@@ -255,12 +252,9 @@ def _serve(cfg: DictConfig, role, out_dir: Path) -> None:
         threads = 1
     if threads is not None:
         torch.set_num_threads(int(threads))
-    from recps.ps.table import warm_up_kernels
-
-    warm_up_kernels()  # start-up work, like the imports: before the CPU clock starts
-    cpu = time.process_time()
     with _fleet(cfg, role) as fleet:
-        fleet.init_server()
+        fleet.init_server()  # start-up work (loads the tables' compiled loops), like the imports:
+        cpu = time.process_time()  # before the CPU clock starts
         fleet.run_server()
     if _on_this_machine(role):  # the launcher adds it to metrics.json (benchmarks: examples per CPU-second)
         (out_dir / f"{role.name}.cpu.json").write_text(json.dumps({"cpu_seconds": time.process_time() - cpu}))
@@ -298,19 +292,20 @@ class _Progress:
 def _work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence = ()) -> dict[str, Any] | None:
     import torch
 
-    from recps.ps.worker import DENSE_TABLE, ServerReader, WorkerShards, assign_flat
+    from recps.data.sharding import WorkerShards
+    from recps.ps.fleet import DENSE_TABLE, DistributedStrategy
     from recps.run import build_job, evaluate, training_observers
 
     job = build_job(cfg, data)  # the same data, model, task and trainer as ps=local, over a PS-backed collection
     job.trainer.observers = [*job.trainer.observers, *observers]
-    strategy = strategy_from_config(cfg)
+    strategy = DistributedStrategy(ps_mode(cfg), threads=int(cfg.trainer.threads))
     threads, batch_size = int(cfg.trainer.threads), int(cfg.trainer.batch_size)
     epochs, max_steps = int(cfg.trainer.epochs), int(cfg.trainer.max_steps)
     source = WorkerShards(job.data.train, role.index, role.num_workers)
     if _on_this_machine(role):  # W workers share this machine's cores: no oversubscribed OpenMP pools
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // role.num_workers))
     per_thread = -1
-    if strategy.mode == "sync":
+    if strategy.mode.name == "sync":
         # Every thread of every worker takes the same number of steps (each step waits for all).
         per_thread = min(source.shard_batches(batch_size, threads))
         if max_steps > 0:
@@ -321,8 +316,8 @@ def _work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence =
         dist = fleet.distributed_optimizer(job.optimizer, strategy)
         fleet.init_worker()
         job.trainer.updater = dist.updater
-        job.trainer.prefetch = strategy.prefetch
-        fleet.client.create_dense_table(STATS_TABLE, 4)
+        job.trainer.prefetch = strategy.mode.prefetches
+        fleet.client.create_dense_table(STATS_TABLE, 4, mode="geo")  # GEO's server half adds what arrives
         job.trainer.on_step = _Progress(batch_size, threads) if role.index == 0 else None
         # Global metrics (merged over every worker and thread through the servers; worker 0
         # logs and writes them) and the debug dump (each worker's threads write their own files).
@@ -333,8 +328,8 @@ def _work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence =
             cpu = time.process_time() - cpu
         # Everything is sent (geo: the last deltas) and nothing more will be: worker 0 below
         # overwrites its dense params with the servers' values, which must not count as a delta.
-        fleet.communicator.close()
-        fleet.client.push_dense_delta(STATS_TABLE, torch.tensor(
+        fleet.close_communicators()
+        fleet.client.push_dense(STATS_TABLE, torch.tensor(
             [float(stats.examples), stats.examples_per_sec, stats.seconds, cpu])).wait()
         log.info("%s trained: %d steps, %d examples, %.0f examples/s", role.name, stats.steps, stats.examples,
                  stats.examples_per_sec)
@@ -342,8 +337,7 @@ def _work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence =
         if role.index != 0:
             return None
         # Worker 0: evaluate what the servers hold (every worker's pushes / deltas are in).
-        job.collection.bind(ServerReader(fleet.client))
-        assign_flat(dist.params, fleet.client.pull_dense(DENSE_TABLE).wait())
+        fleet.read_servers()
         metrics: dict[str, Any] = evaluate(job)
         total_examples, total_rate, _, total_cpu = fleet.client.pull_dense(STATS_TABLE).wait().tolist()
         metrics.update(
@@ -355,8 +349,8 @@ def _work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence =
         )
         if reporter is not None:
             metrics["train_metrics"] = reporter.reports
-        if strategy.mode == "geo":
-            metrics["k_steps"] = strategy.k_steps
+        if strategy.mode.name == "geo":
+            metrics["k_steps"] = strategy.mode.k_steps
         if best := getattr(job.data, "best_auc", None):
             metrics["best_reachable_auc"] = best
         if best_per_label := getattr(job.data, "best_aucs", None):  # multi-label generators: one per label

@@ -20,8 +20,9 @@ from omegaconf import DictConfig, OmegaConf
 from recps.checkpoint import load_checkpoint, save_checkpoint
 from recps.config import check_target_args
 from recps.data.dataset import PreparedData, prepare_data
-from recps.errors import ConfigError
 from recps.debug.dump import build_dump, check_debug_config
+from recps.errors import ConfigError
+from recps.job import Job  # re-exported: recps.run.Job
 from recps.metrics import MetricCollection
 from recps.metrics.reporter import MetricsReporter, build_reporter, check_metrics_config
 from recps.nn import LocalEmbeddingBagCollection, LocalEmbeddingCollection
@@ -44,22 +45,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-class Job:
-    """Everything one training run holds: data, collection, model, task, optimizer, trainer."""
-
-    def __init__(self, cfg: DictConfig, data: PreparedData, collection, model, task,
-                 optimizer, trainer: Trainer) -> None:
-        self.cfg = cfg
-        self.data = data
-        self.collection = collection
-        self.model = model
-        self.task = task
-        self.optimizer = optimizer
-        self.trainer = trainer
-        self.epochs_done = 0
-        self.steps_done = 0
-
-
 def build_collection(cfg: DictConfig, feature_names: list[str], embedding_dim: int, sequence: bool = False,
                      num_embeddings: int | None = None):
     """The embedding collection that `ps=` selects: local, FBGEMM fused TBE; sync / async / geo,
@@ -79,11 +64,11 @@ def build_collection(cfg: DictConfig, feature_names: list[str], embedding_dim: i
         return PSEmbeddingBagCollection.from_features(feature_names, embedding_dim)
     if ps.name != "local":
         raise ConfigError(f"ps={ps.name!r} is not one of local, sync, async, geo; pick one of them")
-    opt = ps.embedding_optimizer
+    opt = ps.table.optimizer
     local = LocalEmbeddingCollection if sequence else LocalEmbeddingBagCollection
     return local(
         feature_names, embedding_dim, int(num_embeddings or ps.num_embeddings), optimizer=opt.name,
-        lr=float(opt.lr), eps=float(opt.get("eps", 1e-8)), init_std=float(ps.init_std),
+        lr=float(opt.lr), eps=float(opt.get("eps", 1e-8)), init_std=float(ps.table.init_std),
         device=cfg.device,
     )
 

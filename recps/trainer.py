@@ -8,7 +8,7 @@ communicator) updates it inside the backward pass. Dense gradients are applied b
 threads at once. After each step every thread calls `updater.step_end(thread)`: a no-op
 locally; with a parameter server it ends the step on the communicator (sync: the step's
 barrier; geo: counts towards k) and refreshes the shared dense parameters
-(recps.ps.worker).
+(recps.ps.modes.dense).
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from torch import nn
 
 from recps.data.batch import Batch
 from recps.errors import ConfigError
+from recps.observer import TrainObserver  # re-exported: recps.trainer.TrainObserver
+from recps.ps.modes.dense import LocalDenseUpdater  # re-exported: recps.trainer.LocalDenseUpdater (ps=local)
 
 __all__ = ["BatchSource", "DenseUpdater", "LocalDenseUpdater", "TrainObserver", "TrainStats", "Trainer"]
 
@@ -46,26 +48,6 @@ class DenseUpdater(Protocol):
     def apply(self, grads: Sequence[torch.Tensor | None]) -> None: ...
 
     def step_end(self, thread: int) -> None: ...
-
-
-class LocalDenseUpdater:
-    """A torch optimizer over the shared dense parameters, stepped under a lock."""
-
-    def __init__(self, params: Sequence[nn.Parameter], optimizer: torch.optim.Optimizer) -> None:
-        self.params = list(params)
-        self.optimizer = optimizer
-        self._lock = threading.Lock()
-
-    def apply(self, grads: Sequence[torch.Tensor | None]) -> None:
-        with self._lock:
-            for param, grad in zip(self.params, grads):
-                param.grad = grad
-            self.optimizer.step()
-            for param in self.params:
-                param.grad = None
-
-    def step_end(self, thread: int) -> None:
-        """Nothing to do locally."""
 
 
 @dataclass
@@ -95,34 +77,6 @@ def thread_replica(model: nn.Module, collection: nn.Module) -> tuple[nn.Module, 
     for own, src in zip(mine, shared):
         own.data = src.data  # same storage, separate .grad
     return replica, mine
-
-
-class TrainObserver:
-    """Hooks the trainer calls around every step (metrics, debug dumps); all are no-ops here.
-
-    Called from the training threads (`thread` is the index, `step` the fit's step count over
-    all threads, `epoch` the pass); an observer keeps per-thread state and locks what it
-    shares. `on_fit_start` and `on_fit_end` run in the caller's thread.
-    """
-
-    def on_fit_start(self, replicas: Sequence[nn.Module]) -> None:
-        """Before any thread starts; replicas[t] is thread t's model (shares the collection)."""
-
-    def on_thread_start(self, thread: int) -> None:
-        """First thing in training thread `thread`."""
-
-    def after_backward(self, thread: int) -> None:
-        """Gradients of the thread's replica are in `.grad`, not yet applied."""
-
-    def on_batch(self, thread: int, step: int, epoch: int, batch: Batch, logits: torch.Tensor,
-                 loss: float) -> None:
-        """After the update of `step`; logits (B,) still carry the graph: detach them."""
-
-    def on_epoch_end(self, thread: int, epoch: int) -> None:
-        """Thread `thread` has no more batches in `epoch` (not called when stopped early)."""
-
-    def on_fit_end(self, failed: bool) -> None:
-        """After every thread joined; `failed`: a thread raised (skip collectives then)."""
 
 
 class Trainer:

@@ -38,6 +38,26 @@ def test_every_group_option_composes(path: Path):
         check_target_args(cfg.model, "model", injected=MODEL_INJECTED, engine_keys=MODEL_ENGINE_KEYS)
     if group in ("optimizer", "task"):
         check_target_args(node, group, injected=("params",))
+    if group == "ps" and path.stem != "local":  # a PS mode: one constructor, its table node another
+        check_target_args(node, "ps", engine_keys=("name",))
+        check_target_args(node.table, "ps.table")
+        from recps.cluster import ps_mode
+
+        mode = ps_mode(cfg)  # builds: every value passes the constructor's own checks
+        assert mode.name == path.stem == node.name
+
+
+def test_each_ps_knob_has_one_default_the_constructors():
+    """conf/ps/<mode>.yaml writes no knob's default: they come from the constructor's signature."""
+    import dataclasses
+
+    from recps.ps.modes import MODES
+
+    for name, mode in MODES.items():
+        written = OmegaConf.load(CONF / "ps" / f"{name}.yaml")
+        knobs = {f.name for f in dataclasses.fields(mode)} - {"table"}
+        assert not knobs & set(written), (name, knobs & set(written))
+        assert set(written.table) <= {"optimizer", "seed"} and set(written.table.optimizer) == {"lr"}
 
 
 def test_unknown_model_argument_is_named():

@@ -122,7 +122,7 @@ def shrink(cfg: DictConfig, overrides: dict) -> DictConfig:
 def passes_for(data) -> int:
     """Whole passes over `data`'s training split that make about STEPS steps (sync: each
     thread takes its smallest shard's batches per pass, as recps.cluster runs it)."""
-    from recps.ps.worker import WorkerShards
+    from recps.data.sharding import WorkerShards
 
     per_pass = sum(WorkerShards(data.train, 0, 1).shard_batches(BATCH, THREADS))
     return max(1, round(STEPS / per_pass))

@@ -33,7 +33,7 @@ pytestmark = pytest.mark.slow
 MODELS = {"shared_bottom": "multitask", "mmoe": "multitask", "ple": "multitask", "esmm": "multitask_esmm"}
 # The one setting the proofs change from conf/: FBGEMM's row-wise Adagrad rate for the embedding
 # rows (0.05 by default) so that one pass reaches the tail keys; the same for the LR baseline.
-GENERATED_OVERRIDES = ("ps.embedding_optimizer.lr=0.2",)
+GENERATED_OVERRIDES = ("ps.table.optimizer.lr=0.2",)
 TOLERANCE = 0.03  # issue 5: both AUCs within 0.03 of the best reachable
 CVR_TOLERANCE = 0.06  # ESMM's post-click CVR: learnt only through the product, on the clicked quarter
 SHARED = PROJECT_ROOT.parent / "shared" / "data" / "multitask"

@@ -31,9 +31,9 @@ if not (TRAIN.is_file() and TEST.is_file()):
 # The commands of models/README.md (plus output folders): two passes, 128 lanes / sessions per batch.
 COMMANDS = {
     "gru4rec": ["model=gru4rec", "ps=local", "trainer.batch_size=128", "trainer.epochs=2", "optimizer.lr=0.003",
-                "ps.embedding_optimizer.lr=0.1"],
+                "ps.table.optimizer.lr=0.1"],
     "sasrec": ["model=sasrec", "ps=local", "trainer.batch_size=128", "trainer.epochs=2",
-               "ps.embedding_optimizer.lr=0.1"],
+               "ps.table.optimizer.lr=0.1"],
 }
 
 

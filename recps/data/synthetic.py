@@ -86,9 +86,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
+import torch
 
 from recps.data.schema import CRITEO_DENSE, CRITEO_SPARSE, Schema
 from recps.errors import ConfigError, DataError
+from recps.metrics import group_auc, histogram_auc
+from recps.splitmix import splitmix64_numpy
 
 __all__ = [
     "BLOCK_ROWS",
@@ -145,21 +148,12 @@ _P_HEX, _P_WEIGHT, _P_PAIR, _P_DENSE, _P_IMPORTANCE = 1, 2, 3, 4, 5
 # --------------------------------------------------------------------------- hashing
 
 
-def _splitmix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64 finaliser: a bijection of uint64 with good avalanche; wraps mod 2**64."""
-    with np.errstate(over="ignore"):
-        z = np.asarray(x, dtype=np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return z ^ (z >> np.uint64(31))
-
-
 def _family(seed: int, purpose: int, index: np.ndarray) -> np.ndarray:
     """One uint64 key per index (slot, column or slot*K+component) of a purpose."""
     index = np.atleast_1d(np.asarray(index, dtype=np.uint64))
     with np.errstate(over="ignore"):
-        base = _splitmix64(np.array([seed], dtype=np.uint64) ^ np.uint64(purpose << 56))
-        return _splitmix64(base ^ (index << np.uint64(32)))
+        base = splitmix64_numpy(np.array([seed], dtype=np.uint64) ^ np.uint64(purpose << 56))
+        return splitmix64_numpy(base ^ (index << np.uint64(32)))
 
 
 @functools.lru_cache(maxsize=1)
@@ -597,24 +591,18 @@ class _AucAccumulator:
             logits = np.concatenate(self.logits) if self.logits else np.zeros(0)
             labels = np.concatenate(self.labels) if self.labels else np.zeros(0, dtype=np.int8)
             return _exact_auc(_sigmoid(logits), labels)
-        neg, pos = self.hist.astype(np.float64)
-        n_neg, n_pos = neg.sum(), pos.sum()
-        if n_neg == 0 or n_pos == 0:
-            return float("nan")
-        below = np.cumsum(neg) - neg  # negatives in lower bins
-        return float((pos * (below + 0.5 * neg)).sum() / (n_pos * n_neg))
+        neg, pos = torch.from_numpy(self.hist.astype(np.float64))  # (bins,) each, ascending logits
+        return histogram_auc(pos, neg)
 
 
 def _exact_auc(scores: np.ndarray, labels: np.ndarray) -> float:
-    """Mann-Whitney AUC with average ranks for ties (what sklearn's roc_auc_score gives)."""
-    n_pos = int(np.count_nonzero(labels))
-    n_neg = len(labels) - n_pos
-    if n_pos == 0 or n_neg == 0:
+    """AUC of scores (N,) against 0/1 labels (N,), ties counted 1/2 (as sklearn's
+    roc_auc_score); NaN with one class. recps.metrics' exact `group_auc`, all rows one group."""
+    if len(labels) == 0:
         return float("nan")
-    _, inverse, counts = np.unique(scores, return_inverse=True, return_counts=True)
-    avg_rank = np.cumsum(counts) - (counts - 1) / 2.0  # 1-based average rank per distinct score
-    rank_sum = avg_rank[inverse][labels.astype(bool)].sum()
-    return float((rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+    preds = torch.from_numpy(np.array(scores, dtype=np.float64))  # (N,)
+    y = torch.from_numpy(np.array(labels, dtype=np.float64))  # (N,)
+    return float(group_auc(torch.zeros(len(y), dtype=torch.int64), preds, y)["auc"][0])
 
 
 # ------------------------------------------------------------------------ the files
@@ -743,12 +731,18 @@ def _wait_write(pending: Future | None, path: str) -> None:
         ) from None
 
 
-def _write_json_atomic(path: str, obj: Any) -> None:
+def write_json_atomic(path: str, obj: Any) -> None:
+    """`obj` as JSON at `path`, written to a temporary and renamed into place (removed on failure)."""
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-        f.write("\n")
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=1)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
 
 
 def generate(
@@ -833,7 +827,7 @@ def generate(
         scales=truth.scales, best_auc=auc.value(), ctr=clicks / rows,
         best_auc_method=auc.method, seconds=time.perf_counter() - t0, schema=_schema_dict(fmt),
     )
-    _write_json_atomic(info.meta_path, info.to_json())
+    write_json_atomic(info.meta_path, info.to_json())
     log.info(
         "synthetic %s: %d rows, ctr %.4f, best reachable AUC %.4f, %.0f rows/s",
         path, rows, info.ctr, info.best_auc, rows / max(info.seconds, 1e-9),
@@ -884,18 +878,24 @@ def ensure_split(
     Concurrent callers are safe (files are renamed into place; both write the same bytes).
     """
     config = SyntheticConfig(seed=seed, **world)
+    cached = cached_split(_split_paths(directory, fmt), (train_rows, test_rows), load_info,
+                          lambda info, rows, stream: (info.config, info.rows, info.stream, info.fmt) == (config, rows, stream, fmt))
+    return cached or generate_split(directory, train_rows, test_rows, seed=seed, fmt=fmt, **world)
+
+
+def cached_split(paths: Sequence[str], rows: Sequence[int], load, matches) -> tuple | None:
+    """The (train, test) infos of a split on disk whose metadata `matches(info, rows, stream)`
+    (both files present); None when a file or its metadata is missing or different."""
     infos = []
-    for path, rows, stream in zip(_split_paths(directory, fmt), (train_rows, test_rows), (0, 1)):
+    for path, n, stream in zip(paths, rows, (0, 1)):
         try:
-            info = load_info(path)
+            info = load(path)
         except DataError:
-            break
-        if (info.config, info.rows, info.stream, info.fmt) != (config, rows, stream, fmt) or not os.path.exists(path):
-            break
+            return None
+        if not matches(info, n, stream) or not os.path.exists(path):
+            return None
         infos.append(info)
-    if len(infos) == 2:
-        return infos[0], infos[1]
-    return generate_split(directory, train_rows, test_rows, seed=seed, fmt=fmt, **world)
+    return infos[0], infos[1]
 
 
 # ------------------------------------------------------------------- the true model

@@ -66,6 +66,7 @@ from recps.data import synthetic
 from recps.data.hashing import hash_strings
 from recps.data.schema import CRITEO_DENSE, CRITEO_SPARSE
 from recps.errors import ConfigError, DataError
+from recps.splitmix import splitmix64_numpy
 
 __all__ = [
     "LABELS",
@@ -207,17 +208,8 @@ def _schema_dict() -> dict[str, Any]:
 # ----------------------------------------------------------------------------- hashing
 
 
-def _splitmix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser, a bijection of uint64 (wraps mod 2**64)."""
-    with np.errstate(over="ignore"):
-        z = np.asarray(x, dtype=np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return z ^ (z >> np.uint64(31))
-
-
 def _base(seed: int, purpose: int, sub: int = 0) -> np.uint64:
-    return _splitmix64(_splitmix64(np.uint64(seed) ^ np.uint64(purpose << 56)) ^ np.uint64(sub))
+    return splitmix64_numpy(splitmix64_numpy(np.uint64(seed) ^ np.uint64(purpose << 56)) ^ np.uint64(sub))
 
 
 def _unit(h: np.ndarray) -> np.ndarray:
@@ -227,35 +219,23 @@ def _unit(h: np.ndarray) -> np.ndarray:
 
 def _own_weights(seed: int, keys: np.ndarray) -> np.ndarray:
     """w'(k) ~ N(0, 1) for int64 keys (N, S), by Box-Muller on two hashed uniforms."""
-    h = _splitmix64(_base(seed, _P_WEIGHT) ^ keys.view(np.uint64))  # (N, S)
-    u1, u2 = _unit(h), _unit(_splitmix64(h))  # (N, S) each
+    h = splitmix64_numpy(_base(seed, _P_WEIGHT) ^ keys.view(np.uint64))  # (N, S)
+    u1, u2 = _unit(h), _unit(splitmix64_numpy(h))  # (N, S) each
     return np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
 
 
 def _own_importance(seed: int) -> np.ndarray:
-    return 0.3 + 0.7 * _unit(_splitmix64(_base(seed, _P_IMPORTANCE) ^ np.arange(_S, dtype=np.uint64)))  # (S,)
+    return 0.3 + 0.7 * _unit(splitmix64_numpy(_base(seed, _P_IMPORTANCE) ^ np.arange(_S, dtype=np.uint64)))  # (S,)
 
 
 def _row_uniforms(seed: int, stream: int, start: int, n: int) -> np.ndarray:
     """u' (n,) for rows start..start+n of a stream: a pure function of (seed, stream, row)."""
     rows = np.arange(start, start + n, dtype=np.uint64)
-    return _unit(_splitmix64(_base(seed, _P_ROW, stream) ^ rows))
+    return _unit(splitmix64_numpy(_base(seed, _P_ROW, stream) ^ rows))
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * x))
-
-
-def _exact_auc(scores: np.ndarray, labels: np.ndarray) -> float:
-    """Mann-Whitney AUC with average ranks for ties (sklearn's roc_auc_score); NaN for one class."""
-    labels = labels.astype(bool)
-    n_pos = int(labels.sum())
-    n_neg = labels.size - n_pos
-    if n_pos == 0 or n_neg == 0:
-        return float("nan")
-    _, inverse, counts = np.unique(scores, return_inverse=True, return_counts=True)
-    avg_rank = np.cumsum(counts) - (counts - 1) / 2.0  # 1-based average rank per distinct score
-    return float((avg_rank[inverse][labels].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
 
 
 # ------------------------------------------------------------------------ the logits
@@ -329,14 +309,6 @@ _ARROW_SCHEMA = pa.schema([pa.field("click", pa.int32(), nullable=False), pa.fie
                          + [pa.field(c, pa.int64()) for c in CRITEO_DENSE] + [pa.field(c, pa.string()) for c in CRITEO_SPARSE])
 
 
-def _write_json_atomic(path: str, obj: Any) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-        f.write("\n")
-    os.replace(tmp, path)
-
-
 def generate(path: str | os.PathLike, rows: int, *, world: synthetic.SyntheticConfig,
              second: MultitaskConfig = MultitaskConfig(), stream: int = 0) -> MultitaskInfo:
     """Writes `rows` two-label rows of (world, second) to `path` and its `.meta.json` sidecar.
@@ -381,16 +353,16 @@ def generate(path: str | os.PathLike, rows: int, *, world: synthetic.SyntheticCo
             if os.path.exists(leftover):
                 os.remove(leftover)
     cat = {name: np.concatenate(parts) for name, parts in held.items()}
-    best = {"click": click_info.best_auc, "conversion": _exact_auc(cat["p_conv"], cat["conv"])}
+    best = {"click": click_info.best_auc, "conversion": synthetic._exact_auc(cat["p_conv"], cat["conv"])}
     rates = {"click": float(cat["click"].mean()), "conversion": float(cat["conv"].mean())}
     if second.structure == "after_click":
         clicked = cat["click"] == 1
-        best["cvr"] = _exact_auc(cat["p_cvr"][clicked], cat["conv"][clicked])
+        best["cvr"] = synthetic._exact_auc(cat["p_cvr"][clicked], cat["conv"][clicked])
         rates["cvr"] = float(cat["conv"][clicked].mean()) if clicked.any() else float("nan")
     click = _click_info(path, rows, stream, world, click_info.bias, click_info.scales, click_info.best_auc, rates["click"])
     info = MultitaskInfo(path=path, rows=int(rows), stream=stream, world=world, second=second, click=click,
                          calibration=cal, best_aucs=best, rates=rates, seconds=time.perf_counter() - t0)
-    _write_json_atomic(info.meta_path, info.to_json())
+    synthetic.write_json_atomic(info.meta_path, info.to_json())
     log.info("synthetic_multitask %s: %d rows, rates %s, best reachable AUCs %s", path, rows,
              {k: round(v, 4) for k, v in rates.items()}, {k: round(v, 4) for k, v in best.items()})
     return info
@@ -469,18 +441,10 @@ def ensure_split(directory: str | os.PathLike, train_rows: int, test_rows: int, 
     if fmt != "parquet":
         raise ConfigError(f"synthetic_multitask fmt={fmt!r}: only 'parquet' is written; set fmt: parquet or drop it")
     world, second = _configs(seed, options)
-    infos = []
-    for path, rows, stream in zip(_split_paths(directory), (train_rows, test_rows), (0, 1)):
-        try:
-            info = load_info(path)
-        except DataError:
-            break
-        if (info.world, info.second, info.rows, info.stream) != (world, second, rows, stream) or not os.path.exists(path):
-            break
-        infos.append(info)
-    if len(infos) == 2:
-        return infos[0], infos[1]
-    return generate_split(directory, train_rows, test_rows, seed=seed, **options)
+    cached = synthetic.cached_split(_split_paths(directory), (train_rows, test_rows), load_info,
+                                    lambda info, rows, stream: (info.world, info.second, info.rows, info.stream)
+                                    == (world, second, rows, stream))
+    return cached or generate_split(directory, train_rows, test_rows, seed=seed, **options)
 
 
 def true_logits(columns: Any, info: MultitaskInfo) -> np.ndarray:

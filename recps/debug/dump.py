@@ -43,7 +43,7 @@ from torch import nn
 
 from recps.debug.format import DumpWriter
 from recps.errors import ConfigError, DataError
-from recps.trainer import TrainObserver
+from recps.observer import TrainObserver
 
 __all__ = ["DebugDump", "FIELDS", "build_dump", "check_debug_config"]
 

@@ -8,14 +8,15 @@ and the readers add in float64.
 
 One round (``all_min`` or ``merge``; every worker makes the same rounds in the same order):
 
-    worker w:  push_dense_delta  <prefix>.<kind>.w<w>.b<u%2>  += [hi | lo]   (the table is 0:
+    worker w:  push_dense        <prefix>.<kind>.w<w>.b<u%2>  += [hi | lo]   (the table is 0:
                                                                               0 + x is exact)
                barrier <prefix>.<round>                  every worker wrote round u
                pull_dense the W tables of round u, decode, reduce (min or sum) in float64
-               push_dense_delta -[hi | lo] of round u-1  zero the other buffer again (x - x is
+               push_dense       -[hi | lo] of round u-1  zero the other buffer again (x - x is
                                                          exact); everyone has read it: they
                                                          passed this barrier after that round
 
+The tables are GEO-mode tables: their server half adds what arrives (recps.ps.modes.geo).
 Two buffers per kind, used in turn, so a worker may write round u+1 while a slower one
 still reads round u. Tables: 2 kinds x 2 buffers per worker, 2 x (S + 4) float32 values
 each for a collection of S state values (about 16 MiB per buffer with the default AUC).
@@ -106,17 +107,17 @@ class PSMerger:
         mine = self._table(kind, self.rank, use % 2)
         other = self._table(kind, self.rank, (use + 1) % 2)
         if use < 2:
-            self.client.create_dense_table(mine, size)  # zeros; idempotent
+            self.client.create_dense_table(mine, size, mode="geo")  # zeros; idempotent; pushes add
         pending = self._zeroing.pop(mine, None)
         if pending is not None:
             pending.wait()  # the table is back to exact zeros before we add to it
         payload = split_float64(values)  # (2n,)
-        self.client.push_dense_delta(mine, payload).wait()
+        self.client.push_dense(mine, payload).wait()
         self._stored[mine] = payload
         self.client.barrier(f"{self.prefix}.{self._round}", timeout=self.timeout_s)
         self._round += 1
         handles = [self.client.pull_dense(self._table(kind, w, use % 2)) for w in range(self.world_size)]
         rows = torch.stack([join_float64(h.wait()) for h in handles])  # (W, n)
         if other in self._stored:  # every worker passed this barrier, so none reads it any more
-            self._zeroing[other] = self.client.push_dense_delta(other, -self._stored.pop(other))
+            self._zeroing[other] = self.client.push_dense(other, -self._stored.pop(other))
         return rows

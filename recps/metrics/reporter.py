@@ -55,7 +55,7 @@ from torch import Tensor
 from recps.errors import ConfigError, DataError
 from recps.metrics.base import Metric, State, prepare_pointwise
 from recps.metrics.collection import MetricCollection, build_metric
-from recps.trainer import TrainObserver
+from recps.observer import TrainObserver
 
 __all__ = [
     "ExampleCount",

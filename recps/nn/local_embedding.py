@@ -60,7 +60,7 @@ class LocalEmbeddingBagCollection(nn.Module):
         super().__init__()
         if optimizer not in EMBEDDING_OPTIMIZERS:
             raise ConfigError(
-                f"ps.embedding_optimizer.name={optimizer!r}: FBGEMM's fused optimizers here are "
+                f"ps.table.optimizer.name={optimizer!r}: FBGEMM's fused optimizers here are "
                 f"{sorted(EMBEDDING_OPTIMIZERS)}; pick one of them"
             )
         if num_embeddings < 1 or embedding_dim < 1:

@@ -8,7 +8,8 @@
                                                        else:
     ebc = LocalEmbeddingBagCollection(...)             ebc = f.embedding_bag_collection(configs)
     model = CTRDNN(ebc, 13)                            model = CTRDNN(ebc, 13)
-    opt = torch.optim.Adam(dense params)               opt = f.distributed_optimizer(torch.optim.Adam(...), strategy)
+    opt = torch.optim.Adam(dense params)               opt = f.distributed_optimizer(torch.optim.Adam(...),
+                                                                                 DistributedStrategy(GeoMode(k_steps=100)))
                                                            f.init_worker()
     for batch in data:                                     for batch in data (this worker's shard):
         loss.backward(); opt.step()                            loss.backward(); opt.step()
@@ -21,15 +22,19 @@ What each call does:
 - `init_server()` starts this process's PSServer (server 0 also hosts the coordinator);
   `run_server()` serves until a worker sends stop (or SIGTERM / SIGINT), then returns.
 - `embedding_bag_collection(configs)` / `embedding_collection(configs)`: PS-backed drop-ins for
-  torchrec's collections, bound to the communicator by `init_worker()`.
+  torchrec's collections, bound to the communicator by `init_worker()`. `mode=` gives a
+  collection its own PS mode (another mode object than the strategy's): its tables are tagged
+  with that mode on the servers and trained by that mode's communicator, so one job may train
+  a sync table and a GEO table side by side against the same servers.
 - `distributed_optimizer(optimizer, strategy)`: wraps a torch optimizer over the dense
   parameters; its `step()` pushes their gradients (sync / async: the servers apply the
   matching rule, see `torch_optimizer_rule`) or steps it locally (geo), then ends the step.
 - `init_worker()`: connects (waits for every server), creates the sparse tables of the
   collections and the dense table (the first worker's initial values win), waits for every
-  worker, copies the servers' dense values into the model, binds the communicator.
+  worker, copies the servers' dense values into the model, binds one communicator per mode.
 - `stop_worker()`: sends what is queued, waits for every worker, and worker 0 stops the servers.
 - `barrier(name)`: sends what is queued, every worker waits for all, dense values refreshed.
+- `read_servers()`: the model reads what the servers hold (evaluation after training).
 """
 
 from __future__ import annotations
@@ -38,40 +43,27 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from recps.errors import ConfigError, PSError
 from recps.ps.embedding import PSEmbeddingBagCollection, PSEmbeddingCollection
+from recps.ps.modes import MODES, AsyncMode, Mode, ServerReader, server_halves
+from recps.ps.modes.dense import assign_flat
 from recps.ps.node import ServerNode, connect
 from recps.ps.node.coordinator import DEFAULT_DEAD_AFTER_S
 from recps.ps.roles import Role, detect_role_maker
-from recps.ps.worker import (
-    DENSE_TABLE,
-    MODES,
-    CommunicatorSettings,
-    GeoDenseUpdater,
-    PSDenseUpdater,
-    assign_flat,
-    make_communicator,
-    torch_optimizer_rule,
-)
 
-__all__ = ["Fleet", "DistributedStrategy", "DistributedOptimizer", "init"]
+__all__ = ["Fleet", "DistributedStrategy", "DistributedOptimizer", "DENSE_TABLE", "init"]
 
 log = logging.getLogger(__name__)
 
+DENSE_TABLE = "dense"  # the dense parameters' table
 _STOP_WAIT_S = 10.0  # how long worker 0 waits for the others to leave before it stops the servers
 _STOP_REPLY_S = 5.0  # a server answers stop at once; it may close before the reply is read
 _REPLY_GRACE_S = 0.2
-
-
-def _uniform(init_std: float) -> dict:
-    bound = init_std * 3**0.5  # U(-b, b) has std b/sqrt(3): the same rows as ps=local's init_std
-    return {"kind": "uniform", "low": -bound, "high": bound}
 
 
 @dataclass
@@ -79,93 +71,25 @@ class DistributedStrategy:
     """How the workers train against the servers.
 
     Args:
-        mode: "async" | "sync" | "geo".
-        k_steps: geo: worker steps between two delta syncs.
-        max_pending: async: most pushes of a worker unapplied at once (the staleness bound).
-        merge_threshold: async: most queued pushes merged into one send.
-        min_merge: async: the sender waits until this many pushes are queued and sends them as
-            one (<= max_pending and merge_threshold; 1: every push at once).
-        dense_min_merge: async: the same for dense gradients, summed (None: min_merge).
+        mode: a mode object, SyncMode(), AsyncMode(...) or GeoMode(k_steps=20, ...)
+            (recps.ps.modes; conf/ps/<mode>.yaml builds the same), with its tables' settings
+            (`table=TableConfig(...)`) and its timeout; a name ("sync") takes its defaults.
         threads: training threads per worker that end each step (sync waits for all of them).
-        dense_refresh_steps: async: the dense values are pulled in the background every this many steps.
-        embedding_optimizer: sparse update rule ({"name", "lr", ...}): on the servers (sync, async)
-            or on the worker's replica (geo: "sgd" or "rowwise_adagrad").
-        init_std: sparse rows start uniform with this std (deterministic per key on the servers).
-        seed: of the servers' initializer.
-        timeout_s: bound of every wait on a server or a barrier.
-        geo_capacity: initial replica rows per table (doubles as needed).
-        geo_delta_scale, geo_dense_delta_scale: factors of the sparse / dense deltas a GEO worker
-            sends (None: 1 / workers, Paddle's averaging).
-        table_capacity: expected rows of each sparse table over all servers (0: grow as keys come).
-            Reserving them up front spares the growth (re-hashing every key each time the index
-            grows): in-process, a pull that creates 7,000 rows costs ~4 ms instead of ~7 ms; no
-            difference measured on the CTR-DNN benchmark, whose tables grow a few times at most.
-        geo_background_sync: run GEO's delta syncs on a background thread (None: when k_steps > 1;
-            k_steps = 1 stays synchronous, exactly local SGD with one worker).
-        geo_local_init: a GEO worker starts a key it has never seen from the servers' initial value,
-            computed locally, instead of pulling it (tables without an admission filter).
-        prefetch: async: each training thread sends the pull of its next batch between the current
-            batch's forward and backward (recps.trainer.Trainer with a PS collection's `prefetch`), so
-            the pull travels while the backward runs; those rows may miss the current batch's push.
     """
 
-    mode: str = "async"
-    k_steps: int = 100
-    max_pending: int = 8
-    merge_threshold: int = 4
-    min_merge: int = 1
-    dense_min_merge: int | None = None
+    mode: Mode = field(default_factory=AsyncMode)
     threads: int = 1
-    dense_refresh_steps: int = 1
-    embedding_optimizer: Mapping = field(default_factory=lambda: {"name": "rowwise_adagrad", "lr": 0.05, "eps": 1e-8})
-    init_std: float = 0.01
-    seed: int = 0
-    timeout_s: float = 60.0
-    geo_capacity: int = 1 << 16
-    geo_delta_scale: float | None = None
-    geo_dense_delta_scale: float | None = None
-    geo_background_sync: bool | None = None
-    geo_local_init: bool = True
-    table_capacity: int = 0
-    prefetch: bool = False
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ConfigError(f"DistributedStrategy: mode={self.mode!r}; use one of {MODES}")
-        lowest = {"k_steps": 1, "max_pending": 1, "merge_threshold": 1, "min_merge": 1, "threads": 1,
-                  "geo_capacity": 1, "table_capacity": 0}
-        for name, low in lowest.items():
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ConfigError(f"DistributedStrategy: {name}={value!r}; it must be an integer >= {low}")
-        if self.dense_min_merge is not None and (isinstance(self.dense_min_merge, bool) or not isinstance(self.dense_min_merge, int)
-                                                 or self.dense_min_merge < 1):
-            raise ConfigError(f"DistributedStrategy: dense_min_merge={self.dense_min_merge!r}; use an integer >= 1 or None (= min_merge)")
-        if self.min_merge > min(self.max_pending, self.merge_threshold):
-            raise ConfigError(
-                f"DistributedStrategy: min_merge={self.min_merge} exceeds max_pending={self.max_pending} or "
-                f"merge_threshold={self.merge_threshold}; lower min_merge or raise both"
-            )
-        if not self.timeout_s > 0:
-            raise ConfigError(f"DistributedStrategy: timeout_s={self.timeout_s}; it must be > 0 seconds")
-        if self.prefetch and self.mode != "async":
-            raise ConfigError(f"DistributedStrategy: prefetch=True with mode={self.mode!r}; prefetching pulls is "
-                              "async's (sync must pull after the step's update, GEO trains a local replica); "
-                              "set prefetch=False")
-        self.embedding_optimizer = dict(self.embedding_optimizer)
-        if self.embedding_optimizer.get("name") == "sgd":
-            # conf/ps keeps Adagrad's eps next to the name: `ps.embedding_optimizer.name=sgd` just works.
-            self.embedding_optimizer.pop("eps", None)
-
-    def settings(self) -> CommunicatorSettings:
-        return CommunicatorSettings(
-            mode=self.mode, threads=self.threads, k_steps=self.k_steps, max_pending=self.max_pending,
-            merge_threshold=self.merge_threshold, min_merge=self.min_merge, dense_min_merge=self.dense_min_merge,
-            dense_refresh_steps=self.dense_refresh_steps,
-            geo_capacity=self.geo_capacity, timeout_s=self.timeout_s, embedding_optimizer=self.embedding_optimizer,
-            geo_delta_scale=self.geo_delta_scale, geo_dense_delta_scale=self.geo_dense_delta_scale,
-            geo_background_sync=self.geo_background_sync, geo_local_init=self.geo_local_init,
-        )
+        if isinstance(self.mode, str):
+            if self.mode not in MODES:
+                raise ConfigError(f"DistributedStrategy: mode={self.mode!r}; use one of {sorted(MODES)} "
+                                  "or a mode object (recps.ps.modes.SyncMode(), AsyncMode(...), GeoMode(...))")
+            self.mode = MODES[self.mode]()
+        if not isinstance(self.mode, Mode):
+            raise ConfigError(f"DistributedStrategy: mode={self.mode!r}; give SyncMode(), AsyncMode(...) or GeoMode(...)")
+        if isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1:
+            raise ConfigError(f"DistributedStrategy: threads={self.threads!r}; it must be an integer >= 1")
 
 
 class DistributedOptimizer:
@@ -182,7 +106,7 @@ class DistributedOptimizer:
         self.params: list[nn.Parameter] = [p for g in optimizer.param_groups for p in g["params"]]
         if not self.params:
             raise ConfigError("distributed_optimizer: the optimizer has no parameters; give it the model's dense ones")
-        self.rule = torch_optimizer_rule(optimizer) if strategy.mode != "geo" else None
+        self.rule = strategy.mode.dense_rule(optimizer)  # the servers' rule (validated here, before connecting)
         self.updater = None  # set by Fleet.init_worker
 
     @property
@@ -221,9 +145,10 @@ class Fleet:
         self.server_threads = server_threads
         self.strategy: DistributedStrategy | None = None
         self.client = None
-        self.communicator = None
+        self.communicator = None  # the strategy mode's (the dense table's)
+        self.communicators: list = []  # one per mode object in use, the strategy's first
         self._node: ServerNode | None = None
-        self._collections: list[PSEmbeddingBagCollection | PSEmbeddingCollection] = []
+        self._collections: list[tuple[PSEmbeddingBagCollection | PSEmbeddingCollection, Mode | None]] = []
         self._optimizer: DistributedOptimizer | None = None
         self._stopped = False
 
@@ -253,7 +178,7 @@ class Fleet:
         """Start this process's server (and, on server 0, the coordinator)."""
         self._require("server", "init_server")
         self._node = ServerNode(self.role, num_threads=self.server_threads, dead_after_s=self.dead_after_s,
-                                timeout_s=self.connect_timeout_s).start()
+                                timeout_s=self.connect_timeout_s, halves=server_halves()).start()
         log.info("%s serving on %s", self.role.name, self._node.endpoint)
 
     def run_server(self) -> None:
@@ -267,7 +192,7 @@ class Fleet:
         if threading.current_thread() is threading.main_thread():
             def on_signal(signum, frame) -> None:
                 log.info("%s: signal %d, stopping", self.role.name, signum)
-                node.server._stop_requested.set()
+                node.request_stop()
 
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, on_signal)
@@ -293,21 +218,25 @@ class Fleet:
 
     # -- worker side ---------------------------------------------------------------------------
 
-    def embedding_bag_collection(self, tables, prefix: str = "embedding") -> PSEmbeddingBagCollection:
-        """A PS-backed EmbeddingBagCollection of torchrec `EmbeddingBagConfig`s, bound by init_worker."""
+    def embedding_bag_collection(self, tables, prefix: str = "embedding", mode: Mode | None = None) -> PSEmbeddingBagCollection:
+        """A PS-backed EmbeddingBagCollection of torchrec `EmbeddingBagConfig`s, bound by init_worker;
+        `mode`: its own PS mode (default: the strategy's)."""
         collection = PSEmbeddingBagCollection(tables, prefix=prefix)
-        self._collections.append(collection)
+        self.add_collection(collection, mode)
         return collection
 
-    def embedding_collection(self, tables, prefix: str = "sequence") -> PSEmbeddingCollection:
-        """A PS-backed EmbeddingCollection of torchrec `EmbeddingConfig`s, bound by init_worker."""
+    def embedding_collection(self, tables, prefix: str = "sequence", mode: Mode | None = None) -> PSEmbeddingCollection:
+        """A PS-backed EmbeddingCollection of torchrec `EmbeddingConfig`s, bound by init_worker;
+        `mode`: its own PS mode (default: the strategy's)."""
         collection = PSEmbeddingCollection(tables, prefix=prefix)
-        self._collections.append(collection)
+        self.add_collection(collection, mode)
         return collection
 
-    def add_collection(self, collection: PSEmbeddingBagCollection | PSEmbeddingCollection) -> None:
-        """Register a collection built elsewhere (recps.train builds its own)."""
-        self._collections.append(collection)
+    def add_collection(self, collection: PSEmbeddingBagCollection | PSEmbeddingCollection, mode: Mode | None = None) -> None:
+        """Register a collection built elsewhere (recps.train builds its own); `mode` as above."""
+        if mode is not None and not isinstance(mode, Mode):
+            raise ConfigError(f"add_collection: mode={mode!r}; give SyncMode(), AsyncMode(...) or GeoMode(...)")
+        self._collections.append((collection, mode))
 
     def distributed_optimizer(self, optimizer: torch.optim.Optimizer,
                               strategy: DistributedStrategy | None = None) -> DistributedOptimizer:
@@ -317,38 +246,45 @@ class Fleet:
         return self._optimizer
 
     def init_worker(self, strategy: DistributedStrategy | None = None) -> None:
-        """Connect, create the tables, start from the servers' dense values, bind the communicator."""
+        """Connect, create the tables, start from the servers' dense values, bind the communicators."""
         self._require("worker", "init_worker")
         if self.client is not None:
             raise PSError(f"{self.role.name}: init_worker was called twice")
         self.strategy = strategy or self.strategy or DistributedStrategy()
         s = self.strategy
-        self.client = connect(self.role, timeout_s=self.connect_timeout_s, request_timeout_s=s.timeout_s)
-        for collection in self._collections:
+        modes = [s.mode]  # distinct mode objects, the strategy's first
+        for _, mode in self._collections:
+            if mode is not None and all(mode is not m for m in modes):
+                modes.append(mode)
+        self.client = connect(self.role, timeout_s=self.connect_timeout_s,
+                              request_timeout_s=max(m.timeout_s for m in modes))
+        tables: dict[str, str] = {}
+        for collection, mode in self._collections:
+            mode = mode or s.mode
             for table, dim in collection.table_dims().items():
-                # geo: the servers only add deltas; their rule is unused, the replica has its own.
-                self.client.create_sparse_table(table, dim, optimizer=s.embedding_optimizer,
-                                                initializer=_uniform(s.init_std), seed=s.seed,
-                                                capacity=s.table_capacity)
+                if tables.setdefault(table, mode.name) != mode.name:
+                    raise ConfigError(f"table {table!r} is trained by two modes ({tables[table]}, {mode.name}); "
+                                      "give the collections different prefixes")
+                # geo: the servers only add deltas; the rule is the replica's.
+                t = mode.table
+                self.client.create_sparse_table(table, dim, optimizer=t.optimizer, initializer=t.initializer(),
+                                                seed=t.seed, capacity=t.capacity, mode=mode.name)
         opt = self._optimizer
         if opt is not None:
-            rule = opt.rule or {"name": "sgd", "lr": 0.01}
             self.client.create_dense_table(DENSE_TABLE, {n: p.detach() for n, p in opt.named_params().items()},
-                                           optimizer=rule)
+                                           optimizer=opt.rule, mode=s.mode.name)
         self.client.barrier("recps.init_worker", timeout=self.connect_timeout_s)  # tables exist everywhere
         if opt is not None:
             assign_flat(opt.params, self.client.pull_dense(DENSE_TABLE).wait())  # every worker starts equal
-        self.communicator = make_communicator(s.settings(), self.client)
-        for collection in self._collections:
-            collection.bind(self.communicator)
+        self.communicators = [m.communicator(self.client, s.threads) for m in modes]
+        self.communicator = self.communicators[0]
+        for collection, mode in self._collections:
+            collection.bind(self.communicators[next(i for i, m in enumerate(modes) if m is (mode or s.mode))])
         if opt is not None:
-            if s.mode == "geo":
-                self.communicator.attach_dense(DENSE_TABLE, opt.named_params())
-                opt.updater = GeoDenseUpdater(opt.params, opt.optimizer, self.communicator)
-            else:
-                opt.updater = PSDenseUpdater(opt.params, self.communicator)
-        log.info("%s: %s mode, %d server(s), %d worker(s), %d thread(s)", self.role.name, s.mode,
-                 self.role.num_servers, self.role.num_workers, s.threads)
+            updater = s.mode.dense_updater(opt.params, opt.optimizer, self.communicator, DENSE_TABLE)
+            opt.updater = updater if len(modes) == 1 else _EveryMode(updater, self.communicators[1:])
+        log.info("%s: %s mode%s, %d server(s), %d worker(s), %d thread(s)", self.role.name, s.mode.name,
+                 "".join(f" + {m.name}" for m in modes[1:]), self.role.num_servers, self.role.num_workers, s.threads)
 
     def barrier(self, name: str = "fleet.barrier", timeout: float | None = None) -> None:
         """Send what this worker queued, wait until every worker arrived (PSTimeoutError / PSError
@@ -359,13 +295,31 @@ class Fleet:
             raise PSError("barrier: call init_worker() first")
         self.flush()
         self.client.barrier(name, timeout=timeout)
-        if self._optimizer is not None and self.strategy.mode != "geo":
+        if self._optimizer is not None and self.strategy.mode.name != "geo":
             assign_flat(self._optimizer.params, self.client.pull_dense(DENSE_TABLE).wait())
 
     def flush(self) -> None:
         """Everything this worker pushed is applied on the servers (geo: the last deltas sent)."""
-        if self.communicator is not None:
-            self.communicator.flush()
+        for communicator in self.communicators:
+            communicator.flush()
+
+    def close_communicators(self) -> None:
+        """Send what is queued (geo: the last deltas) and stop the communicators' threads; the
+        client stays open (barriers, evaluation, saves). Idempotent."""
+        for communicator in self.communicators:
+            communicator.close()
+
+    def read_servers(self) -> None:
+        """The model reads what the servers hold: every collection pulls through a read-only view
+        (nothing is created or pushed) and the dense parameters take the servers' values. Call
+        after close_communicators and a barrier: every worker's updates are in."""
+        if self.client is None:
+            raise PSError("read_servers: call init_worker() first")
+        reader = ServerReader(self.client)
+        for collection, _ in self._collections:
+            collection.bind(reader)
+        if self._optimizer is not None:
+            assign_flat(self._optimizer.params, self.client.pull_dense(DENSE_TABLE).wait())
 
     def save(self, path: str, mode: str = "full") -> dict[str, int]:
         """The servers write their shards of every table under `path` (call from one worker, after a barrier)."""
@@ -381,10 +335,9 @@ class Fleet:
         self._stopped = True
         client = self.client
         try:
-            if self.communicator is not None:
-                self.communicator.close()
+            self.close_communicators()
             # Worker 0 may still be evaluating or saving: wait longer than for a training step.
-            client.barrier("recps.stop_worker", timeout=max(self.strategy.timeout_s, self.connect_timeout_s))
+            client.barrier("recps.stop_worker", timeout=max(self.strategy.mode.timeout_s, self.connect_timeout_s))
             if self.role.index == 0:
                 self._wait_others_left(client)
                 try:
@@ -425,6 +378,22 @@ class Fleet:
             self.stop_worker()
         else:
             self._close_on_error()
+
+
+class _EveryMode:
+    """The dense updater of a worker whose collections use several modes: a step ends on every
+    communicator (the other modes' first, then the dense table's)."""
+
+    def __init__(self, updater, others) -> None:
+        self.updater, self.others = updater, list(others)
+
+    def apply(self, grads) -> None:
+        self.updater.apply(grads)
+
+    def step_end(self, thread: int) -> None:
+        for communicator in self.others:
+            communicator.step_end(thread)
+        self.updater.step_end(thread)
 
 
 def init(role_maker=None, **kwargs) -> Fleet:

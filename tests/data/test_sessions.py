@@ -164,7 +164,7 @@ def test_session_parallel_shards_partition_sessions_and_shuffle_per_epoch():
 
 def test_session_parallel_steps_match_the_worker_shard_count():
     """Sync mode runs every thread for min(WorkerShards.shard_batches) steps: each shard has that many."""
-    from recps.ps.worker import WorkerShards
+    from recps.data.sharding import WorkerShards
 
     source = SessionParallelSource(sessions_of(SESSIONS), shuffle=True)
     for workers, threads, batch in [(1, 1, 3), (1, 2, 2), (2, 2, 1), (3, 1, 4)]:

@@ -28,7 +28,7 @@ from recps.data.text import (
     tokenize,
 )
 from recps.errors import ConfigError, DataError
-from recps.ps.worker import WorkerShards
+from recps.data.sharding import WorkerShards
 
 WIKI_PAGE = """<page>
     <title>{title}</title>
@@ -156,7 +156,7 @@ def test_shards_partition_the_corpus_in_batches_of_consecutive_tokens(shards, ba
                 start += length
             assert len({doc_of[v] for v in values}) == batch.sparse.lengths().numel()
     assert seen == list(range(22))  # every token once, in order
-    # The same number of batches per shard as the sync mode's count (recps.ps.worker.WorkerShards).
+    # The same number of batches per shard as the sync mode's count (recps.data.sharding.WorkerShards).
     assert counts == WorkerShards(source, 0, 1).shard_batches(batch_size, shards)
 
 

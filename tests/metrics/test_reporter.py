@@ -302,6 +302,7 @@ def test_gloo_two_workers_two_threads_uneven_steps(tmp_path, monkeypatch):
 def test_parameter_server_two_workers_uneven_steps():
     from recps.launch import free_port
     from recps.metrics.ps_merger import PSMerger
+    from recps.ps.modes import server_halves
     from recps.ps.node import ServerNode, connect
     from recps.ps.roles import UserDefinedRoleMaker
 
@@ -320,7 +321,7 @@ def test_parameter_server_two_workers_uneven_steps():
         except BaseException as exc:  # surfaced below
             errors.append(exc)
 
-    with ServerNode(role("server", 0)).start():
+    with ServerNode(role("server", 0), halves=server_halves()).start():
         workers = [threading.Thread(target=work, args=(r,), daemon=True) for r in range(2)]
         for w in workers:
             w.start()

@@ -1,5 +1,6 @@
-"""Shared by the model tests: tiny tables and batches built in memory (fixture `tiny`), a tiny
-generated world and the first losses of a real local run (fixture `first_losses`)."""
+"""Shared by the model tests: tiny tables and batches built in memory (fixtures `tiny`, and
+`tiny_mt` for the multitask models, `tiny_seq` for the session models), a tiny generated world
+and the first losses of a real local run (fixtures `first_losses`, `repeatable_losses`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Callable, NamedTuple, Sequence
 import pytest
 import torch
 from omegaconf import OmegaConf, open_dict
-from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingCollection, EmbeddingConfig, KeyedJaggedTensor
 
 from recps.config import compose_config as recps_compose_config
 
@@ -59,6 +60,18 @@ def first_losses(tiny_world_dir) -> Callable[..., list[float]]:
             torch.set_num_threads(intra_op)
         assert stats.steps == GOLDEN_STEPS
         return stats.first_losses
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def repeatable_losses(first_losses) -> Callable[..., list[float]]:
+    """repeatable_losses(model_name, *overrides) -> `first_losses`, asserted bitwise equal over two runs."""
+
+    def run(*args: str) -> list[float]:
+        losses = first_losses(*args)
+        assert losses == first_losses(*args)  # bitwise: one thread, same seed
+        return losses
 
     return run
 
@@ -118,7 +131,90 @@ class Tiny:
             after = model(batch.dense, batch.sparse)
         return before, after
 
+    @staticmethod
+    def refuses_dense_width(model: torch.nn.Module, who: str, width: int, built: int = 13) -> None:
+        """A batch with `width` dense columns fails with the message that names both widths."""
+        batch = Tiny.batch(dense=width)
+        with pytest.raises(ValueError, match=rf"{who}: dense input has shape \(4, {width}\) but the model was "
+                                             rf"built with dense_in_features={built}"):
+            model(batch.dense, batch.sparse)
+
 
 @pytest.fixture(scope="session")
 def tiny() -> type[Tiny]:
     return Tiny
+
+
+class TinyMultitask:
+    """The multitask models' inputs (MMoE, PLE, SharedBottom, ESMM): three 8-wide tables of 50
+    rows, `dense` = 5 dense features, B = 16 examples; `Tiny`'s builders with these sizes."""
+
+    dense = 5
+
+    @staticmethod
+    def collection(dims: Sequence[int] = (8, 8, 8)) -> EmbeddingBagCollection:
+        return Tiny.collection(dims=dims)
+
+    @staticmethod
+    def batch(b: int = 16) -> tuple[torch.Tensor, KeyedJaggedTensor]:
+        """(dense (B, 5), KJT with one id per example and feature)."""
+        batch = Tiny.batch(b=b, dense=TinyMultitask.dense)
+        return batch.dense, batch.sparse
+
+
+@pytest.fixture(scope="session")
+def tiny_mt() -> type[TinyMultitask]:
+    return TinyMultitask
+
+
+class TinySessions:
+    """Builders for the session models (GRU4Rec, SASRec): one item table of `items` = 30 rows of
+    `dim` = 8, KJT rows of sessions, session files and the engine's config over them."""
+
+    items, dim = 30, 8
+
+    @staticmethod
+    def collection(dim: int = dim, items: int = items, names: Sequence[str] = ("item",)) -> EmbeddingCollection:
+        """Weights drawn after torch.manual_seed(0)."""
+        torch.manual_seed(0)
+        return EmbeddingCollection(tables=[EmbeddingConfig(name=f"t_{n}", embedding_dim=dim, num_embeddings=items,
+                                                           feature_names=[n]) for n in names])
+
+    @staticmethod
+    def model(cls: type[torch.nn.Module], **kwargs) -> torch.nn.Module:
+        """cls over `collection()`, its own layers drawn after torch.manual_seed(1), in eval mode."""
+        ec = TinySessions.collection()
+        torch.manual_seed(1)
+        return cls(ec, **kwargs).eval()
+
+    @staticmethod
+    def rows(*sessions: list[int]) -> KeyedJaggedTensor:
+        """One KJT row (feature "item") per session."""
+        return KeyedJaggedTensor.from_lengths_sync(["item"], torch.tensor([i for s in sessions for i in s]),
+                                                   torch.tensor([len(s) for s in sessions]))
+
+    @staticmethod
+    def write(path: Path, sessions: list[list[int]], first_id: int = 0) -> Path:
+        """A SessionId/ItemId/Time TSV of the sessions, ids from first_id, time = position."""
+        lines = ["SessionId\tItemId\tTime"]
+        for s, items in enumerate(sessions):
+            lines += [f"{first_id + s}\t{item}\t{t}" for t, item in enumerate(items)]
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    @staticmethod
+    def job_config(directory: Path, overrides: Sequence[str], train: list[list[int]],
+                   test: list[list[int]]) -> OmegaConf:
+        """conf/ composed with `overrides`, its dataset read from train.txt and test.txt written in
+        `directory` (test session ids from 10,000)."""
+        train_path = TinySessions.write(directory / "train.txt", train)
+        test_path = TinySessions.write(directory / "test.txt", test, first_id=10_000)
+        cfg = recps_compose_config(overrides)
+        with open_dict(cfg):
+            cfg.dataset.train, cfg.dataset.test = [str(train_path)], [str(test_path)]
+        return cfg
+
+
+@pytest.fixture(scope="session")
+def tiny_seq() -> type[TinySessions]:
+    return TinySessions

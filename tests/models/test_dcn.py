@@ -66,14 +66,8 @@ def test_tables_of_different_dims_are_refused(tiny):
 
 
 def test_dense_width_mismatch_names_both_widths(tiny):
-    model = DCN(tiny.collection(dims=8), dense_in_features=13, hidden=(4,))
-    batch = tiny.batch(dense=12)
-    with pytest.raises(ValueError, match=r"DCN: dense input has shape \(4, 12\) but the model was built "
-                                         r"with dense_in_features=13"):
-        model(batch.dense, batch.sparse)
+    tiny.refuses_dense_width(DCN(tiny.collection(dims=8), dense_in_features=13, hidden=(4,)), "DCN", width=12)
 
 
-def test_first_losses_are_deterministic_and_golden(first_losses):
-    losses = first_losses("dcn")
-    assert losses == first_losses("dcn")  # bitwise: one thread, same seed
-    assert losses == pytest.approx(GOLDEN, abs=1e-5)
+def test_first_losses_are_deterministic_and_golden(repeatable_losses):
+    assert repeatable_losses("dcn") == pytest.approx(GOLDEN, abs=1e-5)

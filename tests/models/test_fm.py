@@ -68,14 +68,8 @@ def test_tables_of_different_dims_are_refused(tiny):
 
 
 def test_dense_width_mismatch_names_both_widths(tiny):
-    model = FM(tiny.collection(dims=11), dense_in_features=13)
-    batch = tiny.batch(dense=14)
-    with pytest.raises(ValueError, match=r"FM: dense input has shape \(4, 14\) but the model was built "
-                                         r"with dense_in_features=13"):
-        model(batch.dense, batch.sparse)
+    tiny.refuses_dense_width(FM(tiny.collection(dims=11), dense_in_features=13), "FM", width=14)
 
 
-def test_first_losses_are_deterministic_and_golden(first_losses):
-    losses = first_losses("fm")
-    assert losses == first_losses("fm")  # bitwise: one thread, same seed
-    assert losses == pytest.approx(GOLDEN, abs=1e-5)
+def test_first_losses_are_deterministic_and_golden(repeatable_losses):
+    assert repeatable_losses("fm") == pytest.approx(GOLDEN, abs=1e-5)

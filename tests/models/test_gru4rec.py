@@ -3,46 +3,35 @@ torchrec's, the local fused and the PS-backed collection, and a real local job w
 
 from __future__ import annotations
 
-from pathlib import Path
+import functools
 
 import pytest
 import torch
-from torchrec import EmbeddingCollection, EmbeddingConfig, KeyedJaggedTensor
+from torchrec import EmbeddingConfig
 
 from models import GRU4Rec
 from recps.ps.embedding import PSEmbeddingCollection, salted_keys
 
-C, D = 30, 8
+C, D = 30, 8  # tiny_seq's items and dim
 
 
-def collection(dim=D, items=C, names=("item",)) -> EmbeddingCollection:
-    torch.manual_seed(0)
-    return EmbeddingCollection(tables=[EmbeddingConfig(name=f"t_{n}", embedding_dim=dim, num_embeddings=items,
-                                                       feature_names=[n]) for n in names])
-
-
-def rows(*sessions: list[int]) -> KeyedJaggedTensor:
-    return KeyedJaggedTensor.from_lengths_sync(["item"], torch.tensor([i for s in sessions for i in s]),
-                                               torch.tensor([len(s) for s in sessions]))
-
-
-def model(**kw) -> GRU4Rec:
-    ec = collection()
-    torch.manual_seed(1)
-    return GRU4Rec(ec, **kw).eval()
+@pytest.fixture
+def model(tiny_seq):
+    """model(**kwargs) -> a GRU4Rec over `tiny_seq.collection()`, in eval mode."""
+    return functools.partial(tiny_seq.model, GRU4Rec)
 
 
 @pytest.mark.parametrize("layers", [1, 2])
-def test_one_click_at_a_time_equals_the_whole_session(layers):
+def test_one_click_at_a_time_equals_the_whole_session(model, tiny_seq, layers):
     """Session-parallel training and whole-session evaluation compute the same function."""
     m = model(num_layers=layers)
     sessions = [[3, 1, 4, 1, 5], [9, 2], [6, 5, 3]]
-    whole, last = m(rows(*sessions))
+    whole, last = m(tiny_seq.rows(*sessions))
     assert whole.shape == (10, C) and last.shape == (3, layers, D)
     hidden, stepped, finals = None, {}, {}
     for t in range(5):  # lanes whose session ended keep running on a dummy click; only valid steps are kept
         clicks = [s[t] if t < len(s) else 0 for s in sessions]
-        scores, new_hidden = m(rows(*[[c] for c in clicks]), hidden)
+        scores, new_hidden = m(tiny_seq.rows(*[[c] for c in clicks]), hidden)
         for lane, s in enumerate(sessions):
             if t < len(s):
                 stepped[(lane, t)] = scores[lane]
@@ -53,33 +42,33 @@ def test_one_click_at_a_time_equals_the_whole_session(layers):
     torch.testing.assert_close(torch.stack([finals[i] for i in range(3)]), last, atol=1e-5, rtol=1e-5)
 
 
-def test_later_clicks_do_not_change_earlier_scores():
+def test_later_clicks_do_not_change_earlier_scores(model, tiny_seq):
     m = model()
-    full, _ = m(rows([3, 1, 4, 1]))
-    prefix, _ = m(rows([3, 1]))
+    full, _ = m(tiny_seq.rows([3, 1, 4, 1]))
+    prefix, _ = m(tiny_seq.rows([3, 1]))
     torch.testing.assert_close(full[:2], prefix)
 
 
-def test_scores_are_the_gru_output_against_the_item_table():
+def test_scores_are_the_gru_output_against_the_item_table(model, tiny_seq):
     """Tied rows: the output layer is the item table itself; every row gets a gradient."""
     m = model()
     table = m.sparse_arch.embeddings["t_item"].weight
-    scores, _ = m(rows([3, 1, 4]))
+    scores, _ = m(tiny_seq.rows([3, 1, 4]))
     out, _ = m.gru(table[[3, 1, 4]].unsqueeze(0))  # (1, 3, D)
     torch.testing.assert_close(scores, out[0] @ table.t())
     m.train()
-    scores, _ = m(rows([3, 1, 4]))
+    scores, _ = m(tiny_seq.rows([3, 1, 4]))
     torch.nn.functional.cross_entropy(scores, torch.tensor([1, 4, 7])).backward()
     assert bool((table.grad.abs().sum(1) > 0).all())  # unclicked items learn as outputs
 
 
-def test_same_scores_over_local_fused_and_ps_collections():
+def test_same_scores_over_local_fused_and_ps_collections(model, tiny_seq):
     """The model does not know which collection it got: same weights, same scores."""
     from recps.nn import LocalEmbeddingCollection
 
     m = model()
     weight = m.sparse_arch.embeddings["t_item"].weight.detach().clone()  # (C, D)
-    expected, _ = m(rows([3, 1, 4], [2, 2]))
+    expected, _ = m(tiny_seq.rows([3, 1, 4], [2, 2]))
 
     local = LocalEmbeddingCollection(["item"], D, C, optimizer="sgd", lr=0.0)
     with torch.no_grad():
@@ -104,28 +93,20 @@ def test_same_scores_over_local_fused_and_ps_collections():
         other = GRU4Rec(ec)
         other.load_state_dict(m.state_dict(), strict=False)
         other.eval()
-        got, _ = other(rows([3, 1, 4], [2, 2]))
+        got, _ = other(tiny_seq.rows([3, 1, 4], [2, 2]))
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     other.train()
-    got, _ = other(rows([3, 1, 4], [2, 2]))
+    got, _ = other(tiny_seq.rows([3, 1, 4], [2, 2]))
     got.sum().backward()
     keys, grads = communicator.pushed[-1]
     assert sorted(keys.tolist()) == sorted(ps_keys.tolist()) and grads.shape == (C, D)  # one push for all rows
 
 
-def test_collection_must_serve_one_feature():
+def test_collection_must_serve_one_feature(tiny_seq):
     with pytest.raises(ValueError, match=r"GRU4Rec: the collection serves features \['a', 'b'\]"):
-        GRU4Rec(collection(names=("a", "b")))
+        GRU4Rec(tiny_seq.collection(names=("a", "b")))
     with pytest.raises(ValueError, match="num_layers=0"):
-        GRU4Rec(collection(), num_layers=0)
-
-
-def write_sessions(path: Path, sessions: list[list[int]], first_id: int = 0) -> Path:
-    lines = ["SessionId\tItemId\tTime"]
-    for s, items in enumerate(sessions):
-        lines += [f"{first_id + s}\t{item}\t{t}" for t, item in enumerate(items)]
-    path.write_text("\n".join(lines) + "\n")
-    return path
+        GRU4Rec(tiny_seq.collection(), num_layers=0)
 
 
 def planted_sessions(n: int, seed: int) -> list[list[int]]:
@@ -137,23 +118,14 @@ def planted_sessions(n: int, seed: int) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("loss", ["cross_entropy", "bpr_max"])
-def test_local_job_learns_a_planted_walk(tmp_path, loss):
+def test_local_job_learns_a_planted_walk(tmp_path, tiny_seq, loss):
     """The engine's own job (conf/ defaults, ps=local, session-parallel lanes, 2 Hogwild threads)."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import open_dict
-
-    from recps.config import PROJECT_ROOT, register_resolvers
     from recps.run import build_job, evaluate
 
-    train = write_sessions(tmp_path / "train.txt", planted_sessions(600, 0))
-    test = write_sessions(tmp_path / "test.txt", planted_sessions(100, 1), first_id=10_000)
-    register_resolvers()
-    with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[
-            "model=gru4rec", "ps=local", "progress=false", "trainer.batch_size=32", "model.embedding_dim=16",
-            f"task.loss={loss}", "optimizer.lr=0.01", "ps.embedding_optimizer.lr=0.2"])
-    with open_dict(cfg):
-        cfg.dataset.train, cfg.dataset.test = [str(train)], [str(test)]
+    cfg = tiny_seq.job_config(tmp_path, [
+        "model=gru4rec", "ps=local", "progress=false", "trainer.batch_size=32", "model.embedding_dim=16",
+        f"task.loss={loss}", "optimizer.lr=0.01", "ps.table.optimizer.lr=0.2"],
+        train=planted_sessions(600, 0), test=planted_sessions(100, 1))
     assert cfg.dataset.batching == "session_parallel" and cfg.metrics.enabled is False
     job = build_job(cfg)
     assert type(job.collection).__name__ == "LocalEmbeddingCollection" and job.model.num_items == 20

@@ -69,14 +69,8 @@ def test_tables_of_different_dims_are_refused(tiny):
 
 
 def test_dense_width_mismatch_names_both_widths(tiny):
-    model = LR(tiny.collection(dims=1), dense_in_features=13)
-    batch = tiny.batch(dense=12)
-    with pytest.raises(ValueError, match=r"LR: dense input has shape \(4, 12\) but the model was built "
-                                         r"with dense_in_features=13"):
-        model(batch.dense, batch.sparse)
+    tiny.refuses_dense_width(LR(tiny.collection(dims=1), dense_in_features=13), "LR", width=12)
 
 
-def test_first_losses_are_deterministic_and_golden(first_losses):
-    losses = first_losses("lr")
-    assert losses == first_losses("lr")  # bitwise: one thread, same seed
-    assert losses == pytest.approx(GOLDEN, abs=1e-5)
+def test_first_losses_are_deterministic_and_golden(repeatable_losses):
+    assert repeatable_losses("lr") == pytest.approx(GOLDEN, abs=1e-5)

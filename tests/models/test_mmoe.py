@@ -4,29 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 
 from models import MMoE
 
 
-def collection(names=("C1", "C2", "C3"), dims=(8, 8, 8), rows=50) -> EmbeddingBagCollection:
-    return EmbeddingBagCollection(tables=[
-        EmbeddingBagConfig(name=f"t_{n}", embedding_dim=d, num_embeddings=rows, feature_names=[n])
-        for n, d in zip(names, dims)])
-
-
-def batch(names=("C1", "C2", "C3"), b=16, dense=5, rows=50, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    kjt = KeyedJaggedTensor.from_lengths_sync(
-        keys=list(names), values=torch.randint(0, rows, (len(names) * b,), generator=g),
-        lengths=torch.ones(len(names) * b, dtype=torch.int64))
-    return torch.randn(b, dense, generator=g), kjt
-
-
-def test_shapes_and_layer_sizes():
+def test_shapes_and_layer_sizes(tiny_mt):
     torch.manual_seed(0)
-    model = MMoE(collection(), dense_in_features=5, num_tasks=3, num_experts=4, expert=(32, 16), tower=(8,))
-    dense, kjt = batch()
+    model = MMoE(tiny_mt.collection(), dense_in_features=5, num_tasks=3, num_experts=4, expert=(32, 16), tower=(8,))
+    dense, kjt = tiny_mt.batch()
     assert model(dense, kjt).shape == (16, 3)
     assert model.gate_weights(dense, kjt).shape == (16, 3, 4)
     first = [m for m in model.experts[0] if isinstance(m, torch.nn.Linear)]
@@ -35,10 +20,10 @@ def test_shapes_and_layer_sizes():
     assert [m.in_features for m in model.towers[0] if isinstance(m, torch.nn.Linear)] == [16, 8]
 
 
-def test_gates_sum_to_one_and_differ_per_task():
+def test_gates_sum_to_one_and_differ_per_task(tiny_mt):
     torch.manual_seed(0)
-    model = MMoE(collection(), dense_in_features=5, num_tasks=2, num_experts=3, expert=(8,), tower=())
-    dense, kjt = batch(b=32)
+    model = MMoE(tiny_mt.collection(), dense_in_features=5, num_tasks=2, num_experts=3, expert=(8,), tower=())
+    dense, kjt = tiny_mt.batch(b=32)
     with torch.no_grad():
         gates = model.gate_weights(dense, kjt)  # (B, T, X)
     torch.testing.assert_close(gates.sum(dim=2), torch.ones(32, 2))
@@ -46,11 +31,11 @@ def test_gates_sum_to_one_and_differ_per_task():
     assert not torch.allclose(gates[:, 0], gates[:, 1])  # one gate per task
 
 
-def test_each_task_sees_its_gates_mix_of_experts():
+def test_each_task_sees_its_gates_mix_of_experts(tiny_mt):
     """With linear towers, task t's logit is tower_t(Σ_x g_tx · expert_x): recompute it by hand."""
     torch.manual_seed(0)
-    model = MMoE(collection(), dense_in_features=5, num_tasks=2, num_experts=3, expert=(8,), tower=())
-    dense, kjt = batch(b=8)
+    model = MMoE(tiny_mt.collection(), dense_in_features=5, num_tasks=2, num_experts=3, expert=(8,), tower=())
+    dense, kjt = tiny_mt.batch(b=8)
     with torch.no_grad():
         x = torch.cat([model.sparse_arch(kjt).values(), dense], dim=1)  # (B, N)
         experts = torch.stack([e(x) for e in model.experts], dim=1)  # (B, X, H)
@@ -60,10 +45,10 @@ def test_each_task_sees_its_gates_mix_of_experts():
         torch.testing.assert_close(model(dense, kjt), expected)
 
 
-def test_returns_logits_not_probabilities():
+def test_returns_logits_not_probabilities(tiny_mt):
     torch.manual_seed(0)
-    model = MMoE(collection(), dense_in_features=5, expert=(8,), tower=(4,))
-    dense, kjt = batch(b=32)
+    model = MMoE(tiny_mt.collection(), dense_in_features=5, expert=(8,), tower=(4,))
+    dense, kjt = tiny_mt.batch(b=32)
     with torch.no_grad():
         before = model(dense, kjt)
         model.towers[1][-1].bias += 5.0
@@ -78,22 +63,20 @@ def test_returns_logits_not_probabilities():
     (dict(num_experts=0), r"MMoE: num_experts=0; the gates need at least 1 expert"),
     (dict(expert=()), r"MMoE: expert=\[\] is empty; give each expert at least one layer"),
 ])
-def test_bad_arguments_are_named(kwargs, message):
+def test_bad_arguments_are_named(tiny_mt, kwargs, message):
     with pytest.raises(ValueError, match=message):
-        MMoE(collection(), dense_in_features=5, **kwargs)
+        MMoE(tiny_mt.collection(), dense_in_features=5, **kwargs)
 
 
-def test_tables_of_different_dims_are_refused():
+def test_tables_of_different_dims_are_refused(tiny_mt):
     with pytest.raises(ValueError, match=r"MMoE: embedding tables have dims \[4, 8\]"):
-        MMoE(collection(dims=(8, 4, 8)), dense_in_features=5)
+        MMoE(tiny_mt.collection(dims=(8, 4, 8)), dense_in_features=5)
 
 
 @pytest.mark.slow
-def test_real_local_run_is_deterministic_and_learns(first_losses):
+def test_real_local_run_is_deterministic_and_learns(repeatable_losses):
     """`model=mmoe task=multitask dataset=synthetic_multitask ps=local`, one thread: the same first
     losses twice, starting near 2·ln 2 (two untrained BCEs) and falling."""
-    args = ("mmoe", "task=multitask", "dataset=synthetic_multitask")
-    losses = first_losses(*args)
-    assert losses == first_losses(*args)
+    losses = repeatable_losses("mmoe", "task=multitask", "dataset=synthetic_multitask")
     assert abs(losses[0] - 2 * 0.6931) < 0.1
     assert losses[-1] < losses[0]

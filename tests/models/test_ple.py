@@ -4,30 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 
 from models import PLE
 
 
-def collection(names=("C1", "C2", "C3"), dims=(8, 8, 8), rows=50) -> EmbeddingBagCollection:
-    return EmbeddingBagCollection(tables=[
-        EmbeddingBagConfig(name=f"t_{n}", embedding_dim=d, num_embeddings=rows, feature_names=[n])
-        for n, d in zip(names, dims)])
-
-
-def batch(names=("C1", "C2", "C3"), b=16, dense=5, rows=50, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    kjt = KeyedJaggedTensor.from_lengths_sync(
-        keys=list(names), values=torch.randint(0, rows, (len(names) * b,), generator=g),
-        lengths=torch.ones(len(names) * b, dtype=torch.int64))
-    return torch.randn(b, dense, generator=g), kjt
-
-
-def test_shapes_gates_and_levels():
+def test_shapes_gates_and_levels(tiny_mt):
     torch.manual_seed(0)
-    model = PLE(collection(), dense_in_features=5, num_tasks=3, levels=3, task_experts=2, shared_experts=1,
+    model = PLE(tiny_mt.collection(), dense_in_features=5, num_tasks=3, levels=3, task_experts=2, shared_experts=1,
                 expert=(16,), tower=(8,))
-    dense, kjt = batch()
+    dense, kjt = tiny_mt.batch()
     assert model(dense, kjt).shape == (16, 3)
     gates = model.gate_weights(dense, kjt)
     assert len(gates) == 3
@@ -45,12 +30,12 @@ def test_shapes_gates_and_levels():
     assert all(g.bias is None for g in first.task_gates) and first.shared_gate.bias is None
 
 
-def test_single_level_is_cgc_by_hand():
+def test_single_level_is_cgc_by_hand(tiny_mt):
     """levels=1 (CGC): task t's logit = tower_t(Σ gates · [own experts(x), shared experts(x)])."""
     torch.manual_seed(0)
-    model = PLE(collection(), dense_in_features=5, num_tasks=2, levels=1, task_experts=2, shared_experts=2,
+    model = PLE(tiny_mt.collection(), dense_in_features=5, num_tasks=2, levels=1, task_experts=2, shared_experts=2,
                 expert=(8,), tower=())
-    dense, kjt = batch(b=8)
+    dense, kjt = tiny_mt.batch(b=8)
     with torch.no_grad():
         x = torch.cat([model.sparse_arch(kjt).values(), dense], dim=1)  # (B, N)
         level = model.levels[0]
@@ -63,21 +48,21 @@ def test_single_level_is_cgc_by_hand():
         torch.testing.assert_close(model(dense, kjt), torch.stack(expected, dim=1))
 
 
-def test_task_experts_are_private_to_their_task():
+def test_task_experts_are_private_to_their_task(tiny_mt):
     """A task's own experts get no gradient from the other task's logit at the last level."""
     torch.manual_seed(0)
-    model = PLE(collection(), dense_in_features=5, num_tasks=2, levels=1, expert=(8,), tower=(4,))
-    dense, kjt = batch()
+    model = PLE(tiny_mt.collection(), dense_in_features=5, num_tasks=2, levels=1, expert=(8,), tower=(4,))
+    dense, kjt = tiny_mt.batch()
     model(dense, kjt)[:, 0].sum().backward()
     assert all(p.grad is None or not p.grad.any() for p in model.levels[0].task_experts[1].parameters())
     assert all(p.grad is not None for p in model.levels[0].task_experts[0].parameters())
     assert all(p.grad is not None for p in model.levels[0].shared_experts.parameters())
 
 
-def test_returns_logits_not_probabilities():
+def test_returns_logits_not_probabilities(tiny_mt):
     torch.manual_seed(0)
-    model = PLE(collection(), dense_in_features=5, expert=(8,), tower=(4,))
-    dense, kjt = batch(b=32)
+    model = PLE(tiny_mt.collection(), dense_in_features=5, expert=(8,), tower=(4,))
+    dense, kjt = tiny_mt.batch(b=32)
     with torch.no_grad():
         before = model(dense, kjt)
         model.towers[0][-1].bias -= 6.0
@@ -93,20 +78,18 @@ def test_returns_logits_not_probabilities():
     (dict(task_experts=-1), r"PLE: task_experts=-1, shared_experts=2"),
     (dict(expert=()), r"PLE: expert=\[\] is empty"),
 ])
-def test_bad_arguments_are_named(kwargs, message):
+def test_bad_arguments_are_named(tiny_mt, kwargs, message):
     with pytest.raises(ValueError, match=message):
-        PLE(collection(), dense_in_features=5, **kwargs)
+        PLE(tiny_mt.collection(), dense_in_features=5, **kwargs)
 
 
-def test_tables_of_different_dims_are_refused():
+def test_tables_of_different_dims_are_refused(tiny_mt):
     with pytest.raises(ValueError, match=r"PLE: embedding tables have dims \[4, 8\]"):
-        PLE(collection(dims=(8, 4, 8)), dense_in_features=5)
+        PLE(tiny_mt.collection(dims=(8, 4, 8)), dense_in_features=5)
 
 
 @pytest.mark.slow
-def test_real_local_run_is_deterministic_and_learns(first_losses):
-    args = ("ple", "task=multitask", "dataset=synthetic_multitask")
-    losses = first_losses(*args)
-    assert losses == first_losses(*args)
+def test_real_local_run_is_deterministic_and_learns(repeatable_losses):
+    losses = repeatable_losses("ple", "task=multitask", "dataset=synthetic_multitask")
     assert abs(losses[0] - 2 * 0.6931) < 0.1  # two untrained BCEs
     assert losses[-1] < losses[0]

@@ -3,67 +3,53 @@ item rows, positions matter, clear errors, and a real local job that learns a pl
 
 from __future__ import annotations
 
-from pathlib import Path
+import functools
 
 import pytest
 import torch
-from torchrec import EmbeddingCollection, EmbeddingConfig, KeyedJaggedTensor
 
 from models import SASRec
 
-C, D = 30, 8
+C, D = 30, 8  # tiny_seq's items and dim
 
 
-def collection(dim=D, items=C, names=("item",)) -> EmbeddingCollection:
-    torch.manual_seed(0)
-    return EmbeddingCollection(tables=[EmbeddingConfig(name=f"t_{n}", embedding_dim=dim, num_embeddings=items,
-                                                       feature_names=[n]) for n in names])
+@pytest.fixture
+def model(tiny_seq):
+    """model(**kwargs) -> a SASRec over `tiny_seq.collection()` (max_len 6, 2 heads unless given), in eval mode."""
+    return functools.partial(tiny_seq.model, SASRec, max_len=6, num_heads=2)
 
 
-def rows(*sessions: list[int]) -> KeyedJaggedTensor:
-    return KeyedJaggedTensor.from_lengths_sync(["item"], torch.tensor([i for s in sessions for i in s]),
-                                               torch.tensor([len(s) for s in sessions]))
-
-
-def model(**kw) -> SASRec:
-    ec = collection()
-    torch.manual_seed(1)
-    kw.setdefault("max_len", 6)
-    kw.setdefault("num_heads", 2)
-    return SASRec(ec, **kw).eval()
-
-
-def test_each_position_reads_only_its_prefix():
+def test_each_position_reads_only_its_prefix(model, tiny_seq):
     m = model()
-    full = m(rows([3, 1, 4, 1, 5]))
+    full = m(tiny_seq.rows([3, 1, 4, 1, 5]))
     assert full.shape == (5, C)
     for p in range(1, 6):
-        torch.testing.assert_close(m(rows([3, 1, 4, 1, 5][:p])), full[:p], atol=1e-5, rtol=1e-5)
-    changed = m(rows([3, 1, 4, 9, 9]))
+        torch.testing.assert_close(m(tiny_seq.rows([3, 1, 4, 1, 5][:p])), full[:p], atol=1e-5, rtol=1e-5)
+    changed = m(tiny_seq.rows([3, 1, 4, 9, 9]))
     torch.testing.assert_close(changed[:3], full[:3], atol=1e-5, rtol=1e-5)
     assert not torch.allclose(changed[3:], full[3:])
 
 
-def test_rows_of_a_batch_do_not_see_each_other_or_the_padding():
+def test_rows_of_a_batch_do_not_see_each_other_or_the_padding(model, tiny_seq):
     m = model()
-    alone = [m(rows(s)) for s in ([3, 1, 4, 1, 5], [2], [7, 7, 8])]
-    together = m(rows([3, 1, 4, 1, 5], [2], [7, 7, 8]))  # padded to 5 inside
+    alone = [m(tiny_seq.rows(s)) for s in ([3, 1, 4, 1, 5], [2], [7, 7, 8])]
+    together = m(tiny_seq.rows([3, 1, 4, 1, 5], [2], [7, 7, 8]))  # padded to 5 inside
     torch.testing.assert_close(together, torch.cat(alone), atol=1e-5, rtol=1e-5)
 
 
-def test_positions_matter_and_scores_use_the_item_table():
+def test_positions_matter_and_scores_use_the_item_table(model, tiny_seq):
     m = model()
-    a, b = m(rows([3, 1])), m(rows([1, 3]))
+    a, b = m(tiny_seq.rows([3, 1])), m(tiny_seq.rows([1, 3]))
     assert not torch.allclose(a[1], b[1])  # same set, other order
     table = m.sparse_arch.embeddings["t_item"].weight
     m.train()
-    torch.nn.functional.cross_entropy(m(rows([3, 1, 4])), torch.tensor([1, 4, 7])).backward()
+    torch.nn.functional.cross_entropy(m(tiny_seq.rows([3, 1, 4])), torch.tensor([1, 4, 7])).backward()
     assert bool((table.grad.abs().sum(1) > 0).all())  # every item learns as an output row
 
 
-def test_dropout_only_in_training():
+def test_dropout_only_in_training(model, tiny_seq):
     m = model(dropout=0.5)
-    x = rows([3, 1, 4])
+    x = tiny_seq.rows([3, 1, 4])
     torch.testing.assert_close(m(x), m(x))
     m.train()
     torch.manual_seed(0)
@@ -71,21 +57,13 @@ def test_dropout_only_in_training():
     assert not torch.allclose(first, m(x))
 
 
-def test_errors_name_the_setting():
+def test_errors_name_the_setting(model, tiny_seq):
     with pytest.raises(ValueError, match=r"a row of 7 clicks exceeds max_len=6.*dataset.max_len"):
-        model()(rows([1, 2, 3, 4, 5, 6, 7]))
+        model()(tiny_seq.rows([1, 2, 3, 4, 5, 6, 7]))
     with pytest.raises(ValueError, match=r"num_heads=3 does not divide embedding_dim=8"):
-        SASRec(collection(), num_heads=3)
+        SASRec(tiny_seq.collection(), num_heads=3)
     with pytest.raises(ValueError, match=r"SASRec: the collection serves features \['a', 'b'\]"):
-        SASRec(collection(names=("a", "b")))
-
-
-def write_sessions(path: Path, sessions: list[list[int]], first_id: int = 0) -> Path:
-    lines = ["SessionId\tItemId\tTime"]
-    for s, items in enumerate(sessions):
-        lines += [f"{first_id + s}\t{item}\t{t}" for t, item in enumerate(items)]
-    path.write_text("\n".join(lines) + "\n")
-    return path
+        SASRec(tiny_seq.collection(names=("a", "b")))
 
 
 def planted_sessions(n: int, seed: int) -> list[list[int]]:
@@ -98,23 +76,14 @@ def planted_sessions(n: int, seed: int) -> list[list[int]]:
     return [[(a + k * step) % 20 + 100 for k in range(length)] for a, step, length in zip(starts, steps, lengths)]
 
 
-def test_local_job_learns_a_walk_that_needs_two_clicks(tmp_path):
+def test_local_job_learns_a_walk_that_needs_two_clicks(tmp_path, tiny_seq):
     """The engine's own job (conf/ defaults, ps=local, sequence rows windowed at max_len, 2 threads)."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import open_dict
-
-    from recps.config import PROJECT_ROOT, register_resolvers
     from recps.run import build_job, evaluate
 
-    train = write_sessions(tmp_path / "train.txt", planted_sessions(1500, 0))
-    test = write_sessions(tmp_path / "test.txt", planted_sessions(200, 1), first_id=10_000)
-    register_resolvers()
-    with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[
-            "model=sasrec", "ps=local", "progress=false", "model.embedding_dim=32", "model.max_len=4",
-            "model.num_heads=2", "model.dropout=0.0", "optimizer.lr=0.005", "ps.embedding_optimizer.lr=0.1"])
-    with open_dict(cfg):
-        cfg.dataset.train, cfg.dataset.test = [str(train)], [str(test)]
+    cfg = tiny_seq.job_config(tmp_path, [
+        "model=sasrec", "ps=local", "progress=false", "model.embedding_dim=32", "model.max_len=4",
+        "model.num_heads=2", "model.dropout=0.0", "optimizer.lr=0.005", "ps.table.optimizer.lr=0.1"],
+        train=planted_sessions(1500, 0), test=planted_sessions(200, 1))
     assert cfg.dataset.batching == "sequences" and cfg.dataset.max_len == 4
     job = build_job(cfg)
     assert max(int(b.sparse.lengths().max()) for b in job.data.test.batches(64, 0, 1, 0)) == 4  # windowed

@@ -4,29 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 
 from models import SharedBottom
 
 
-def collection(names=("C1", "C2", "C3"), dims=(8, 8, 8), rows=50) -> EmbeddingBagCollection:
-    return EmbeddingBagCollection(tables=[
-        EmbeddingBagConfig(name=f"t_{n}", embedding_dim=d, num_embeddings=rows, feature_names=[n])
-        for n, d in zip(names, dims)])
-
-
-def batch(names=("C1", "C2", "C3"), b=16, dense=5, rows=50, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    kjt = KeyedJaggedTensor.from_lengths_sync(
-        keys=list(names), values=torch.randint(0, rows, (len(names) * b,), generator=g),
-        lengths=torch.ones(len(names) * b, dtype=torch.int64))
-    return torch.randn(b, dense, generator=g), kjt
-
-
-def test_shapes_and_layer_sizes():
+def test_shapes_and_layer_sizes(tiny_mt):
     torch.manual_seed(0)
-    model = SharedBottom(collection(), dense_in_features=5, num_tasks=3, bottom=(32, 16), tower=(8,))
-    dense, kjt = batch()
+    model = SharedBottom(tiny_mt.collection(), dense_in_features=5, num_tasks=3, bottom=(32, 16), tower=(8,))
+    dense, kjt = tiny_mt.batch()
     assert model(dense, kjt).shape == (16, 3)
     assert [(m.in_features, m.out_features) for m in model.bottom if isinstance(m, torch.nn.Linear)] == [
         (3 * 8 + 5, 32), (32, 16)]
@@ -35,12 +20,12 @@ def test_shapes_and_layer_sizes():
         (16, 8), (8, 1)]
 
 
-def test_towers_share_the_bottom_only():
+def test_towers_share_the_bottom_only(tiny_mt):
     """Each task's logit is its tower over the same bottom output; a tower's loss reaches the
     bottom and the embeddings but no other tower."""
     torch.manual_seed(0)
-    model = SharedBottom(collection(), dense_in_features=5, bottom=(16,), tower=(8,))
-    dense, kjt = batch()
+    model = SharedBottom(tiny_mt.collection(), dense_in_features=5, bottom=(16,), tower=(8,))
+    dense, kjt = tiny_mt.batch()
     logits = model(dense, kjt)
     with torch.no_grad():
         shared = model.bottom(torch.cat([model.sparse_arch(kjt).values(), dense], dim=1))
@@ -50,10 +35,10 @@ def test_towers_share_the_bottom_only():
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.bottom.parameters())
 
 
-def test_returns_logits_not_probabilities():
+def test_returns_logits_not_probabilities(tiny_mt):
     torch.manual_seed(0)
-    model = SharedBottom(collection(), dense_in_features=5, bottom=(16,), tower=(8,))
-    dense, kjt = batch(b=32)
+    model = SharedBottom(tiny_mt.collection(), dense_in_features=5, bottom=(16,), tower=(8,))
+    dense, kjt = tiny_mt.batch(b=32)
     with torch.no_grad():
         before = model(dense, kjt)
         model.towers[0][-1].bias += 4.0
@@ -67,20 +52,18 @@ def test_returns_logits_not_probabilities():
     (dict(num_tasks=0), r"SharedBottom: num_tasks=0; set it to the number of label columns"),
     (dict(bottom=()), r"SharedBottom: bottom=\[\] is empty; give the shared MLP at least one layer"),
 ])
-def test_bad_arguments_are_named(kwargs, message):
+def test_bad_arguments_are_named(tiny_mt, kwargs, message):
     with pytest.raises(ValueError, match=message):
-        SharedBottom(collection(), dense_in_features=5, **kwargs)
+        SharedBottom(tiny_mt.collection(), dense_in_features=5, **kwargs)
 
 
-def test_tables_of_different_dims_are_refused():
+def test_tables_of_different_dims_are_refused(tiny_mt):
     with pytest.raises(ValueError, match=r"SharedBottom: embedding tables have dims \[4, 8\]"):
-        SharedBottom(collection(dims=(8, 4, 8)), dense_in_features=5)
+        SharedBottom(tiny_mt.collection(dims=(8, 4, 8)), dense_in_features=5)
 
 
 @pytest.mark.slow
-def test_real_local_run_is_deterministic_and_learns(first_losses):
-    args = ("shared_bottom", "task=multitask", "dataset=synthetic_multitask")
-    losses = first_losses(*args)
-    assert losses == first_losses(*args)
+def test_real_local_run_is_deterministic_and_learns(repeatable_losses):
+    losses = repeatable_losses("shared_bottom", "task=multitask", "dataset=synthetic_multitask")
     assert abs(losses[0] - 2 * 0.6931) < 0.1  # two untrained BCEs
     assert losses[-1] < losses[0]

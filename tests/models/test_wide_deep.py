@@ -63,14 +63,8 @@ def test_tables_of_different_dims_are_refused(tiny):
 
 
 def test_dense_width_mismatch_names_both_widths(tiny):
-    model = WideDeep(tiny.collection(dims=9), dense_in_features=13, hidden=(4,))
-    batch = tiny.batch(dense=12)
-    with pytest.raises(ValueError, match=r"WideDeep: dense input has shape \(4, 12\) but the model was built "
-                                         r"with dense_in_features=13"):
-        model(batch.dense, batch.sparse)
+    tiny.refuses_dense_width(WideDeep(tiny.collection(dims=9), dense_in_features=13, hidden=(4,)), "WideDeep", width=12)
 
 
-def test_first_losses_are_deterministic_and_golden(first_losses):
-    losses = first_losses("wide_deep")
-    assert losses == first_losses("wide_deep")  # bitwise: one thread, same seed
-    assert losses == pytest.approx(GOLDEN, abs=1e-5)
+def test_first_losses_are_deterministic_and_golden(repeatable_losses):
+    assert repeatable_losses("wide_deep") == pytest.approx(GOLDEN, abs=1e-5)

@@ -174,7 +174,7 @@ def test_local_job_learns_planted_topics(tmp_path):
     cfg = compose(["model=word2vec", "ps=local", "progress=false", "model.embedding_dim=16", "trainer.batch_size=256",
                    f"dataset.train=[{tmp_path / 'absent.bz2'}]", f"dataset.fallback_dir={tmp_path / 'zipf'}",
                    "dataset.fallback.documents=300", "dataset.fallback.words_per_document=100",
-                   "dataset.fallback.vocab=400", "dataset.fallback.topics=10", "ps.embedding_optimizer.lr=0.2"])
+                   "dataset.fallback.vocab=400", "dataset.fallback.topics=10", "ps.table.optimizer.lr=0.2"])
     job = build_job(cfg)
     assert type(job.collection).__name__ == "LocalEmbeddingBagCollection" and job.trainer.threads == 2
     assert job.collection.num_embeddings == len(job.data.vocabulary)
@@ -206,7 +206,7 @@ def test_item2vec_config_trains_on_sessions(tmp_path):
         return path
 
     cfg = compose(["model=item2vec", "ps=local", "progress=false", "model.embedding_dim=16", "trainer.batch_size=256",
-                   "ps.embedding_optimizer.lr=0.1"])
+                   "ps.table.optimizer.lr=0.1"])
     assert cfg.dataset.name == "rsc15_item2vec" and list(cfg.task.metrics) == ["recall@20", "mrr@20"]
     with open_dict(cfg):
         cfg.dataset.train = [str(write(tmp_path / "train.txt", 800, 0, 0))]

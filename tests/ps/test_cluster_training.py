@@ -32,6 +32,7 @@ from torchrec.sparse.jagged_tensor import KeyedTensor
 from recps.config import PROJECT_ROOT, register_resolvers
 from recps.data.dataset import prepare_data
 from recps.ps.embedding import salted_keys
+from recps.ps.modes import server_halves
 from recps.ps.node import PSClient, PSServer
 from recps.ps.table import Initializer
 from recps.run import run_training, seed_everything
@@ -92,7 +93,7 @@ class ReferenceEBC(nn.Module):
 
 SGD_OVERRIDES = [
     "model=ctr_dnn", "model.hidden=[16,8]", "optimizer=sgd", "optimizer.lr=0.1",
-    "ps.embedding_optimizer.name=sgd", "ps.embedding_optimizer.lr=0.2", "ps.init_std=0.05",
+    "ps.table.optimizer.name=sgd", "ps.table.optimizer.lr=0.2", "ps.table.init_std=0.05",
     "+dataset.shuffle=false", "trainer.threads=1", "trainer.max_steps=8",
 ]
 
@@ -112,7 +113,7 @@ def test_parameters_equal_single_process_sgd_with_the_merged_batch(tmp_path_fact
     seed_everything(int(cfg.seed))
     data = prepare_data(cfg.dataset, seed=int(cfg.seed))
     features = list(data.schema.feature_names)
-    ebc = ReferenceEBC(features, int(cfg.model.embedding_dim), data.train.examples.keys, float(cfg.ps.init_std),
+    ebc = ReferenceEBC(features, int(cfg.model.embedding_dim), data.train.examples.keys, float(cfg.ps.table.init_std),
                        int(cfg.seed))
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     model_cfg.pop("embedding_dim")
@@ -128,8 +129,9 @@ def test_parameters_equal_single_process_sgd_with_the_merged_batch(tmp_path_fact
         opt.step()
     seen = torch.unique(ebc.lookup(data.train.examples.keys[: 8 * 64]))
 
-    with PSServer(token="check") as server, PSClient([server.endpoint], token="check") as client:
-        client.load(str(run_dir / "checkpoint"))
+    with PSServer(token="check", halves=server_halves()) as server, PSClient([server.endpoint], token="check") as client:
+        client.load(str(run_dir / "checkpoint"))  # the tables come back with their mode (sync or geo)
+        assert client.table_spec("embedding_d9")["mode"] == client.table_spec("dense")["mode"] == mode
         rows = client.pull("embedding_d9", ebc.ps_keys[seen], create=False).wait()
         torch.testing.assert_close(rows, ebc.weight.detach()[seen], atol=1e-5, rtol=0)
         server_dense = client.dense_layout("dense").unflatten(client.pull_dense("dense").wait())

@@ -22,9 +22,8 @@ from recps.ps.embedding import (
     ps_table_name,
     salted_keys,
 )
-from recps.ps.modes import AsyncCommunicator
+from recps.ps.modes import AsyncCommunicator, AsyncMode, ServerReader, server_halves
 from recps.ps.node import PSClient, PSServer
-from recps.ps.worker import ServerReader
 
 TOKEN = "emb-test"
 INIT = {"kind": "uniform", "low": -0.5, "high": 0.5}
@@ -42,10 +41,12 @@ DIM_OF = {"a1": 8, "a2": 8, "b": 12, "c": 8}
 
 @pytest.fixture
 def cluster():
-    with PSServer(token=TOKEN) as server, PSClient([server.endpoint], token=TOKEN, timeout_s=20.0) as client:
+    with PSServer(token=TOKEN, halves=server_halves()) as server, \
+            PSClient([server.endpoint], token=TOKEN, timeout_s=20.0) as client:
         for dim in (8, 12):
-            client.create_sparse_table(ps_table_name(dim), dim, optimizer={"name": "sgd", "lr": LR}, initializer=INIT)
-        comm = AsyncCommunicator(client, max_pending=4)
+            client.create_sparse_table(ps_table_name(dim), dim, optimizer={"name": "sgd", "lr": LR}, initializer=INIT,
+                                       mode="async")
+        comm = AsyncMode(max_pending=4).communicator(client)
         yield client, comm
         comm.close()
 
@@ -235,8 +236,8 @@ def test_errors_name_the_problem(cluster):
 class CountingAsync(AsyncCommunicator):
     """The real async communicator, counting the pulls it starts."""
 
-    def __init__(self, client, **kwargs) -> None:
-        super().__init__(client, **kwargs)
+    def __init__(self, client, mode: AsyncMode) -> None:
+        super().__init__(client, mode)
         self.started = 0
 
     def pull_start(self, table, keys):
@@ -246,7 +247,7 @@ class CountingAsync(AsyncCommunicator):
 
 def test_prefetched_forward_equals_a_plain_one_and_pulls_once(cluster):
     client, _ = cluster
-    comm = CountingAsync(client, max_pending=4)
+    comm = CountingAsync(client, AsyncMode(max_pending=4))
     ebc = PSEmbeddingBagCollection(CONFIGS, comm)
     kjt = random_kjt(["c", "b", "a2", "a1"], batch=6, seed=1)
     ebc.prefetch(kjt)
@@ -264,7 +265,7 @@ def test_prefetched_forward_equals_a_plain_one_and_pulls_once(cluster):
 
 def test_prefetch_of_other_features_is_dropped_and_turned_off(cluster, caplog):
     client, _ = cluster
-    comm = CountingAsync(client, max_pending=4)
+    comm = CountingAsync(client, AsyncMode(max_pending=4))
     ebc = PSEmbeddingBagCollection.from_features(["x"], 8, comm)
     first, second = random_kjt(["x"], batch=4, seed=3), random_kjt(["x"], batch=4, seed=4)
     ebc.prefetch(first)
@@ -295,7 +296,7 @@ def test_trainer_prefetches_each_next_batch(cluster):
     from recps.trainer import LocalDenseUpdater, Trainer
 
     client, _ = cluster
-    comm = CountingAsync(client, max_pending=4)
+    comm = CountingAsync(client, AsyncMode(max_pending=4))
     features = ["f0", "f1", "f2"]
     ebc = PSEmbeddingBagCollection.from_features(features, 8, comm)
     model = CTRDNN(ebc, dense_in_features=2, hidden=(8,))

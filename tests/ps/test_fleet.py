@@ -21,8 +21,10 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from recps.config import PROJECT_ROOT
 from recps.errors import ConfigError, PSError, PSTimeoutError
 from recps.launch import free_port, launch
+from recps.ps.embedding import salted_keys
 from recps.ps.fleet import DistributedStrategy, Fleet
-from recps.ps.node import ServerNode
+from recps.ps.modes import AsyncMode, GeoMode, SyncMode
+from recps.ps.node import ServerNode, TableConfig
 from recps.ps.roles import UserDefinedRoleMaker
 
 EXAMPLES = PROJECT_ROOT / "examples"
@@ -33,6 +35,19 @@ def roles(workers: int, token: str = "fleet-test"):
     server = UserDefinedRoleMaker("server", 0, 1, workers, coordinator=address, token=token)
     return server, [UserDefinedRoleMaker("worker", w, 1, workers, coordinator=address, token=token)
                     for w in range(workers)]
+
+
+def serve_while(server_role, work, workers: int) -> None:
+    """Server 0 in this thread while `work(w)` runs in one thread per worker; worker 0 stops it."""
+    with Fleet(server_role) as server:
+        assert server.is_server()
+        server.init_server()
+        threads = [threading.Thread(target=work, args=(w,)) for w in range(workers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert server._node is not None and server._node.wait(30)  # worker 0 stopped the server
 
 
 class TinyModel(torch.nn.Module):
@@ -65,8 +80,8 @@ def test_two_worker_fleets_in_one_process_train_sync_to_one_model():
                 torch.manual_seed(w)  # different initial values: init_worker makes them equal
                 model = TinyModel(f.embedding_bag_collection(configs))
                 opt = f.distributed_optimizer(torch.optim.SGD(model.linear.parameters(), lr=0.5),
-                                              DistributedStrategy(mode="sync", timeout_s=30, table_capacity=1000,
-                                                                  embedding_optimizer={"name": "sgd", "lr": 0.5}))
+                                              DistributedStrategy(SyncMode(timeout_s=30, table=TableConfig(
+                                                  capacity=1000, optimizer={"name": "sgd", "lr": 0.5}))))
                 f.init_worker()
                 assert f.client.table_spec("embedding_d4")["capacity"] == 1000  # rows reserved on the servers
                 initial[w] = [p.detach().clone() for p in model.linear.parameters()]
@@ -81,15 +96,7 @@ def test_two_worker_fleets_in_one_process_train_sync_to_one_model():
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
-    with Fleet(server_role) as server:
-        assert server.is_server()
-        server.init_server()
-        threads = [threading.Thread(target=work, args=(w,)) for w in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        assert server._node is not None and server._node.wait(30)  # worker 0 stopped the server
+    serve_while(server_role, work, 2)
     assert not errors, errors
     for a, b, c, d in zip(initial[0], initial[1], finals[0], finals[1]):
         torch.testing.assert_close(a, b)  # worker 1 started from worker 0's values (the first creator's)
@@ -101,7 +108,7 @@ def test_wrong_token_is_refused():
     server_role, _ = roles(1, token="right")
     address = server_role.role().coordinator
     wrong = UserDefinedRoleMaker("worker", 0, 1, 1, coordinator=address, token="wrong")
-    with ServerNode(server_role.role(), timeout_s=10).start():
+    with ServerNode(server_role.role(), timeout_s=10, halves={}).start():
         f = Fleet(wrong, connect_timeout_s=5)
         with pytest.raises(PSError, match="refused"):
             f.init_worker()
@@ -116,7 +123,7 @@ def test_api_misuse_is_named():
     with pytest.raises(ConfigError, match="mode='hogwild'"):
         DistributedStrategy(mode="hogwild")
     with pytest.raises(ConfigError, match="k_steps=0"):
-        DistributedStrategy(mode="geo", k_steps=0)
+        DistributedStrategy(GeoMode(k_steps=0))
     with pytest.raises(ConfigError, match="momentum"):
         Fleet(worker_roles[0]).distributed_optimizer(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1,
                                                                      momentum=0.9))
@@ -127,13 +134,13 @@ def test_worker_fails_naming_the_server_when_it_is_killed():
     """No launcher here: the worker itself must notice, within its timeout, and name the server."""
     server_role, worker_roles = roles(1)
     env = dict(os.environ, **server_role.role().to_env())
-    server = subprocess.Popen([sys.executable, "-m", "recps.ps.node"], env=env, cwd=PROJECT_ROOT,
+    server = subprocess.Popen([sys.executable, "-m", "recps.ps"], env=env, cwd=PROJECT_ROOT,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         f = Fleet(worker_roles[0], connect_timeout_s=120)
         ebc = f.embedding_bag_collection([EmbeddingBagConfig(name="t_x", embedding_dim=4, num_embeddings=1,
                                                              feature_names=["x"])])
-        f.init_worker(DistributedStrategy(mode="sync", timeout_s=5))
+        f.init_worker(DistributedStrategy(SyncMode(timeout_s=5)))
         kjt = KeyedJaggedTensor.from_lengths_sync(["x"], torch.tensor([1, 2]), torch.tensor([1, 1]))
         ebc(kjt).values().sum().backward()  # the cluster works
         f.communicator.step_end(0)
@@ -180,7 +187,7 @@ def test_dense_rule_on_the_servers_equals_the_torch_optimizer(make):
     """sync / async apply the dense update on the servers: the rule derived from the torch optimizer
     gives the same parameters after several steps."""
     from recps.ps.table import DenseTable, make_rule
-    from recps.ps.worker import torch_optimizer_rule
+    from recps.ps.modes.dense import torch_optimizer_rule
 
     g = torch.Generator().manual_seed(0)
     param = torch.nn.Parameter(torch.randn(3, 4, generator=g))
@@ -197,22 +204,20 @@ def test_dense_rule_on_the_servers_equals_the_torch_optimizer(make):
 
 def test_geo_sync_settings_travel_from_conf_to_the_communicator():
     """ps.background_sync / ps.local_init of conf/ps/geo.yaml reach GeoCommunicator."""
-    from recps.cluster import strategy_from_config
+    from recps.cluster import ps_mode
     from recps.config import compose_config
     from recps.ps.node import PSClient, PSServer
-    from recps.ps.worker import make_communicator
 
-    default = strategy_from_config(compose_config(["ps=geo"]))
-    assert (default.geo_background_sync, default.geo_local_init) == (None, True)
-    strategy = strategy_from_config(compose_config(["ps=geo", "ps.k_steps=50", "ps.background_sync=false",
-                                                    "ps.local_init=false"]))
+    default = ps_mode(compose_config(["ps=geo"]))
+    assert isinstance(default, GeoMode) and (default.background_sync, default.local_init) == (None, True)
+    mode = ps_mode(compose_config(["ps=geo", "ps.k_steps=50", "ps.background_sync=false", "ps.local_init=false"]))
     with PSServer(token="t") as server, PSClient([server.endpoint], token="t") as client:
-        comm = make_communicator(strategy.settings(), client)
+        comm = mode.communicator(client)
         try:
             assert (comm.k_steps, comm.background_sync, comm.local_init) == (50, False, False)
         finally:
             comm.close()
-        comm = make_communicator(default.settings(), client)
+        comm = default.communicator(client)
         try:
             assert (comm.background_sync, comm.local_init) == (True, True)  # k_steps 100 > 1: background
         finally:
@@ -220,46 +225,151 @@ def test_geo_sync_settings_travel_from_conf_to_the_communicator():
 
 
 def test_table_capacity_from_conf_and_its_errors():
-    """ps.table_capacity reserves the sparse tables' rows up front; a bad value names the fix."""
-    from recps.cluster import strategy_from_config
+    """ps.table.capacity reserves the sparse tables' rows up front; a bad value names the fix."""
+    from recps.cluster import ps_mode
     from recps.config import compose_config
 
-    assert strategy_from_config(compose_config(["ps=async"])).table_capacity == 0
-    assert strategy_from_config(compose_config(["ps=sync", "ps.table_capacity=3000000"])).table_capacity == 3_000_000
-    with pytest.raises(ConfigError, match="table_capacity=-1; it must be an integer >= 0"):
-        DistributedStrategy(mode="async", table_capacity=-1)
+    assert ps_mode(compose_config(["ps=async"])).table.capacity == 0
+    assert ps_mode(compose_config(["ps=sync", "ps.table.capacity=3000000"])).table.capacity == 3_000_000
+    with pytest.raises(ConfigError, match="capacity=-1; it must be an integer >= 0"):
+        AsyncMode(table=TableConfig(capacity=-1))
+    with pytest.raises(ConfigError, match="capacity=-1; it must be an integer >= 0"):
+        ps_mode(compose_config(["ps=async", "ps.table.capacity=-1"]))
 
 
 def test_async_merge_settings_travel_from_conf_to_the_communicator():
     """ps.min_merge / ps.dense_min_merge of conf/ps/async.yaml reach AsyncCommunicator; bad values name the fix."""
-    from recps.cluster import strategy_from_config
+    from recps.cluster import ps_mode
     from recps.config import compose_config
     from recps.ps.node import PSClient, PSServer
-    from recps.ps.worker import make_communicator
 
-    default = strategy_from_config(compose_config(["ps=async"]))
+    default = ps_mode(compose_config(["ps=async"]))
     assert (default.min_merge, default.dense_min_merge) == (1, None)
-    strategy = strategy_from_config(compose_config(["ps=async", "ps.min_merge=3", "ps.dense_min_merge=2"]))
+    mode = ps_mode(compose_config(["ps=async", "ps.min_merge=3", "ps.dense_min_merge=2"]))
     with PSServer(token="t") as server, PSClient([server.endpoint], token="t") as client:
-        for s, expected in ((strategy, (3, 2)), (default, (1, 1))):
-            comm = make_communicator(s.settings(), client)
+        for m, expected in ((mode, (3, 2)), (default, (1, 1))):
+            comm = m.communicator(client)
             try:
                 assert (comm.min_merge, comm.dense_min_merge) == expected
             finally:
                 comm.close()
     with pytest.raises(ConfigError, match="min_merge=9 exceeds max_pending=8"):
-        DistributedStrategy(mode="async", min_merge=9, merge_threshold=9)
-    with pytest.raises(ConfigError, match="dense_min_merge=0; use an integer >= 1"):
-        DistributedStrategy(mode="async", dense_min_merge=0)
+        AsyncMode(min_merge=9, merge_threshold=9)
+    with pytest.raises(ConfigError, match="dense_min_merge=0; it must be an integer >= 1"):
+        AsyncMode(dense_min_merge=0)
 
 
 def test_prefetch_is_async_only_and_on_by_default_there():
-    from recps.cluster import strategy_from_config
+    from recps.cluster import ps_mode
     from recps.config import compose_config
 
-    assert strategy_from_config(compose_config(["ps=async"])).prefetch
-    assert not strategy_from_config(compose_config(["ps=async", "ps.prefetch=false"])).prefetch
-    assert not strategy_from_config(compose_config(["ps=sync"])).prefetch
-    for mode in ("sync", "geo"):
-        with pytest.raises(ConfigError, match=f"prefetch=True with mode='{mode}'.*set prefetch=False"):
-            DistributedStrategy(mode=mode, prefetch=True)
+    assert ps_mode(compose_config(["ps=async"])).prefetches
+    assert not ps_mode(compose_config(["ps=async", "ps.prefetch=false"])).prefetches
+    assert not ps_mode(compose_config(["ps=sync"])).prefetches
+    for mode in ("sync", "geo"):  # not a knob of theirs: refused before anything starts
+        with pytest.raises(ConfigError, match=f"prefetch.*its arguments are"):
+            ps_mode(compose_config([f"ps={mode}", "+ps.prefetch=true"]))
+
+
+def test_a_misspelled_mode_knob_fails_before_anything_starts_naming_the_key_and_the_fix():
+    """`ps.k_step=5` is refused by Hydra (the key is not in conf); `+ps.k_step=5` by the mode's
+    signature, which names the knob meant."""
+    from hydra.errors import ConfigCompositionException
+
+    from recps.cluster import ps_mode
+    from recps.config import compose_config
+
+    with pytest.raises(ConfigCompositionException, match="ps.k_step"):
+        compose_config(["ps=geo", "ps.k_step=5"])
+    with pytest.raises(ConfigError, match=r"k_step.*did you mean ps\.k_steps\?"):
+        ps_mode(compose_config(["ps=geo", "+ps.k_step=5"]))
+    with pytest.raises(ConfigError, match=r"max_pendin.*did you mean ps\.max_pending\?"):
+        ps_mode(compose_config(["ps=async", "+ps.max_pendin=5"]))
+
+
+LR = 0.1
+
+
+def _two_mode_batch(worker: int, step: int):
+    g = torch.Generator().manual_seed(1000 * worker + step)
+    x = KeyedJaggedTensor.from_lengths_sync(["x"], torch.randint(0, 6, (4,), generator=g), torch.ones(4, dtype=torch.int64))
+    y = KeyedJaggedTensor.from_lengths_sync(["y"], torch.randint(0, 6, (4,), generator=g), torch.ones(4, dtype=torch.int64))
+    return x, y, torch.randn(4, 2, generator=g), torch.randn(4, 2, generator=g)
+
+
+def _sync_loss(rows_x, b, x, t):  # the sync half of the model: rows of x plus a dense bias
+    return ((rows_x + b - t) ** 2).sum()
+
+
+def _geo_loss(rows_y, t):
+    return ((rows_y - t) ** 2).sum()
+
+
+def test_two_modes_in_one_job_each_table_follows_its_own_mode():
+    """One model, two embedding collections: `a` trained sync (the strategy's mode, with the dense
+    bias), `b` trained GEO, against the same server, two workers. The sync table and the bias equal
+    single-process SGD on the mean of the workers' gradients; the GEO table on the server equals its
+    initial value plus the workers' deltas (each worker's local SGD, scaled 1/W), not an update rule
+    applied to them; the server tags each table with its mode."""
+    server_role, worker_roles = roles(2)
+    steps, dim = 4, 2
+    table = TableConfig(optimizer={"name": "sgd", "lr": LR}, init_std=0.0)  # rows start at 0
+    cfg = lambda f: [EmbeddingBagConfig(name=f"t_{f}", embedding_dim=dim, num_embeddings=6, feature_names=[f])]
+    results, errors = {}, []
+
+    def work(w: int) -> None:
+        try:
+            with Fleet(worker_roles[w], connect_timeout_s=30) as f:
+                ebc_x = f.embedding_bag_collection(cfg("x"), prefix="a")
+                ebc_y = f.embedding_bag_collection(cfg("y"), prefix="b", mode=GeoMode(
+                    k_steps=1000, background_sync=False, table=table))  # deltas sent once, at the end
+                bias = torch.nn.Parameter(torch.zeros(dim))
+                opt = f.distributed_optimizer(torch.optim.SGD([bias], lr=LR),
+                                              DistributedStrategy(SyncMode(timeout_s=30, table=table)))
+                f.init_worker()
+                for step in range(steps):
+                    x, y, tx, ty = _two_mode_batch(w, step)
+                    loss = _sync_loss(ebc_x(x).values(), bias, x, tx) + _geo_loss(ebc_y(y).values(), ty)
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+                f.close_communicators()  # GEO's deltas go out
+                f.barrier("trained")
+                keys = torch.arange(6)
+                results[w] = {
+                    "a": f.client.pull("a_d2", salted_keys(keys, "t_x"), create=False).wait(),
+                    "b": f.client.pull("b_d2", salted_keys(keys, "t_y"), create=False).wait(),
+                    "bias": bias.detach().clone(),
+                    "modes": {t: f.client.table_spec(t)["mode"] for t in ("a_d2", "b_d2", "dense")},
+                }
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    serve_while(server_role, work, 2)
+    assert not errors, errors
+
+    # Reference, one process: sync = SGD on the mean of the two workers' gradients per step.
+    rows_x, bias = torch.zeros(6, dim), torch.zeros(dim)
+    local_y = [torch.zeros(6, dim), torch.zeros(6, dim)]  # GEO: each worker's own SGD, no exchange
+    for step in range(steps):
+        grads_x, grads_b = [], []
+        for w in range(2):
+            x, y, tx, ty = _two_mode_batch(w, step)
+            rx, b = rows_x.clone().requires_grad_(True), bias.clone().requires_grad_(True)
+            _sync_loss(rx[x.values()], b, x, tx).backward()
+            grads_x.append(rx.grad)
+            grads_b.append(b.grad)
+            ry = local_y[w].clone().requires_grad_(True)
+            _geo_loss(ry[y.values()], ty).backward()
+            local_y[w] = local_y[w] - LR * ry.grad
+        rows_x = rows_x - LR * (grads_x[0] + grads_x[1]) / 2
+        bias = bias - LR * (grads_b[0] + grads_b[1]) / 2
+    geo_server = 0.0 + (local_y[0] - 0.0) / 2 + (local_y[1] - 0.0) / 2  # initial value + the deltas, scaled 1/W
+
+    for w in range(2):
+        assert results[w]["modes"] == {"a_d2": "sync", "b_d2": "geo", "dense": "sync"}
+        torch.testing.assert_close(results[w]["a"], rows_x, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(results[w]["bias"], bias, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(results[w]["b"], geo_server, atol=1e-5, rtol=1e-5)
+    # Not what the other mode would give: the GEO table is no SGD run on the mean gradients.
+    assert not torch.allclose(geo_server, local_y[0])

@@ -1,4 +1,7 @@
-"""AsyncCommunicator: Paddle's async mode over one PSClient, with a background sender.
+"""Async mode (Paddle's semantics), both halves: `AsyncMode` builds them.
+
+Worker half, `AsyncCommunicator` over one PSClient, with a background sender; server half,
+`AsyncServer`: the table's update rule applied to each push on arrival.
 
 Shape letters: K keys, D row width, N flat dense size.
 
@@ -26,11 +29,12 @@ Shape letters: K keys, D row width, N flat dense size.
 - An error of the sender is raised by the next push, pull_dense, flush or close.
 
 >>> import torch
+>>> from recps.ps.modes import server_halves
 >>> from recps.ps.node import PSClient, PSServer
->>> with PSServer(token="t") as server, PSClient([server.endpoint], token="t") as client:
+>>> with PSServer(token="t", halves=server_halves()) as server, PSClient([server.endpoint], token="t") as client:
 ...     _ = client.create_sparse_table("emb", dim=1, optimizer={"name": "sgd", "lr": 1.0},
 ...                                    initializer={"kind": "zeros"})
-...     comm = AsyncCommunicator(client, max_pending=4)
+...     comm = AsyncMode(max_pending=4).communicator(client)
 ...     for _ in range(3):
 ...         comm.push("emb", torch.tensor([4, 9]), torch.ones(2, 1))
 ...     comm.flush()
@@ -47,65 +51,83 @@ import functools
 import logging
 import threading
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from recps.errors import ConfigError, PSError, PSTimeoutError
+from recps.ps.modes.base import Mode, OnArrivalServer, check_int
 from recps.ps.node import PSClient
 
-__all__ = ["AsyncCommunicator"]
+__all__ = ["AsyncMode", "AsyncCommunicator", "AsyncServer"]
 
 logger = logging.getLogger(__name__)
 
 
-class AsyncCommunicator:
-    """Asynchronous training over `client`; see the module docstring.
+@dataclass
+class AsyncMode(Mode):
+    """Async: pushes applied on arrival, sent by a background sender (see the module docstring).
 
-    Args:
-        client: this worker's PSClient (shared by the training threads).
-        max_pending: most pushes unapplied at once (the staleness bound); >= 1.
+    Args (besides `Mode`'s table and timeout_s):
+        max_pending: most pushes of a worker unapplied at once (the staleness bound); >= 1.
         merge_threshold: most queued pushes merged into one send; >= 1.
-        timeout_s: bound of every wait (default: the client's timeout_s).
-        dense_refresh_steps: pull the dense tables in the background every this many steps
-            (0: only the values returned by this worker's dense pushes).
-        min_merge: the sender waits for this many queued pushes before it sends them, unless
-            flushing; 1 <= min_merge <= min(merge_threshold, max_pending).
+        min_merge: the sender waits for this many queued pushes and sends them as one, unless
+            flushing; 1 <= min_merge <= min(merge_threshold, max_pending) (1: every push at once).
         dense_min_merge: the same for dense gradients, summed per table (None: min_merge).
+        dense_refresh_steps: the dense values are pulled in the background every this many steps
+            (0: only the values returned by this worker's dense pushes).
+        prefetch: each training thread sends its next batch's pulls between the current batch's
+            forward and backward (recps.trainer.Trainer with a PS collection's `prefetch`): faster
+            (async 1S+2Wx1T 26.2-26.8k -> 28.3-28.7k examples/s), but those rows may miss the current
+            batch's push: AUC -0.001 after 200k examples, -0.01 after 60k (benchmarks/RESULTS.md, session 5).
     """
+
+    name = "async"
+
+    max_pending: int = 8
+    merge_threshold: int = 4
+    min_merge: int = 1
+    dense_min_merge: int | None = None
+    dense_refresh_steps: int = 1
+    prefetch: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for knob, low in (("max_pending", 1), ("merge_threshold", 1), ("min_merge", 1), ("dense_refresh_steps", 0)):
+            check_int("AsyncMode", knob, getattr(self, knob), low)
+        check_int("AsyncMode", "dense_min_merge", self.dense_min_merge, 1, optional=True)
+        if self.min_merge > min(self.max_pending, self.merge_threshold):
+            raise ConfigError(
+                f"AsyncMode: min_merge={self.min_merge} exceeds max_pending={self.max_pending} or "
+                f"merge_threshold={self.merge_threshold}; lower min_merge or raise both (a push beyond max_pending "
+                "would wait for a send that waits for it)"
+            )
+        if not isinstance(self.prefetch, bool):
+            raise ConfigError(f"AsyncMode: prefetch={self.prefetch!r}; use true or false (ps.prefetch)")
+
+    @property
+    def prefetches(self) -> bool:
+        return self.prefetch
+
+    def communicator(self, client, threads: int = 1) -> "AsyncCommunicator":
+        return AsyncCommunicator(client, self)
+
+
+class AsyncCommunicator:
+    """Asynchronous training over `client` with `mode`'s knobs (AsyncMode); see the module docstring."""
 
     mode = "async"
 
-    def __init__(
-        self,
-        client: PSClient,
-        max_pending: int = 8,
-        merge_threshold: int = 4,
-        timeout_s: float | None = None,
-        dense_refresh_steps: int = 1,
-        min_merge: int = 1,
-        dense_min_merge: int | None = None,
-    ) -> None:
-        if max_pending < 1 or merge_threshold < 1 or dense_refresh_steps < 0:
-            raise ConfigError(
-                f"AsyncCommunicator: max_pending={max_pending}, merge_threshold={merge_threshold}, "
-                f"dense_refresh_steps={dense_refresh_steps}; the first two must be >= 1, the last >= 0"
-            )
-        if not 1 <= min_merge <= min(merge_threshold, max_pending):
-            raise ConfigError(
-                f"AsyncCommunicator: min_merge={min_merge} with merge_threshold={merge_threshold} and "
-                f"max_pending={max_pending}; use 1 <= min_merge <= both (a push beyond max_pending would wait "
-                f"for a send that waits for it)"
-            )
+    def __init__(self, client: PSClient, mode: AsyncMode) -> None:
         self.client = client
-        self.max_pending = max_pending
-        self.merge_threshold = merge_threshold
-        self.timeout_s = client.timeout_s if timeout_s is None else float(timeout_s)
-        self.dense_refresh_steps = dense_refresh_steps
-        if dense_min_merge is not None and dense_min_merge < 1:
-            raise ConfigError(f"AsyncCommunicator: dense_min_merge={dense_min_merge}; use >= 1 (None: min_merge)")
-        self.min_merge = min_merge
-        self.dense_min_merge = min_merge if dense_min_merge is None else dense_min_merge
+        self.max_pending = mode.max_pending
+        self.merge_threshold = mode.merge_threshold
+        self.timeout_s = float(mode.timeout_s)
+        self.dense_refresh_steps = mode.dense_refresh_steps
+        self.min_merge = mode.min_merge
+        self.dense_min_merge = mode.min_merge if mode.dense_min_merge is None else mode.dense_min_merge
         self._cond = threading.Condition()
         self._queue: collections.deque[tuple[str, torch.Tensor, torch.Tensor]] = collections.deque()
         self._unapplied = 0  # pushes queued or in flight
@@ -309,3 +331,17 @@ class AsyncCommunicator:
             if table is not None:
                 with self._cond:
                     self._dense_values[table] = result
+
+
+# ---------------------------------------------------------------------------------- server half
+
+
+class AsyncServer(OnArrivalServer):
+    """Async's server half (recps.ps.node.server.ServerHalf): each push's rows are gradients, the
+    table's update rule applies them on arrival; a dense push with meta return_values answers the
+    values after it (the sender's fresh copy, without a pull)."""
+
+    table_verb = "push"
+
+
+AsyncMode.server_half = AsyncServer  # defined after the mode: the module reads worker half first

@@ -21,15 +21,32 @@ Contract, for every mode:
   `close()` flushes and releases sockets and threads. Both are idempotent.
 Errors: a dead or silent server raises `recps.errors.PSTimeoutError` naming the server,
 the table and the key count, within the timeout.
+
+A mode is one constructor (`SyncMode`, `AsyncMode`, `GeoMode`; conf/ps/<mode>.yaml names it in
+`_target_`): its arguments are the mode's knobs, with their one default, and it builds what the
+mode is on both sides of the wire:
+
+    mode.communicator(client, threads)       the worker half over one PSClient
+    mode.dense_updater(params, opt, comm)    what a step does with the dense gradients
+    mode.dense_rule(opt)                     the servers' rule of the dense table
+    type(mode).server_half(server_index)     the server half (`recps.ps.node.server.ServerHalf`)
+
+Nothing in a mode object is process-global: two collections of one worker may train two tables
+in two modes against the same servers (each table is tagged with its mode on the servers).
 """
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import ClassVar, Protocol, Sequence, runtime_checkable
 
 import torch
 
-__all__ = ["Communicator"]
+from recps.errors import ConfigError
+from recps.ps.node.specs import TableConfig
+
+__all__ = ["Communicator", "Mode", "OnArrivalServer", "check_int"]
 
 
 @runtime_checkable
@@ -49,3 +66,86 @@ class Communicator(Protocol):
     def flush(self, timeout_s: float | None = None) -> None: ...
 
     def close(self) -> None: ...
+
+
+def check_int(owner: str, name: str, value, lowest: int, optional: bool = False) -> None:
+    """A knob that must be an integer >= lowest (None allowed when `optional`)."""
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
+        extra = " or null" if optional else ""
+        raise ConfigError(f"{owner}: {name}={value!r}; it must be an integer >= {lowest}{extra} (ps.{name})")
+
+
+@dataclass
+class Mode:
+    """What every PS mode holds (see the module docstring).
+
+    Args:
+        table: the settings of the sparse tables this mode creates (a TableConfig or its fields).
+        timeout_s: bound of every wait on a server (sync: including the slowest worker of a step).
+    """
+
+    name: ClassVar[str] = ""
+    server_half: ClassVar = None  # the factory of the mode's server half: server index -> ServerHalf
+
+    table: TableConfig = field(default_factory=TableConfig)
+    timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.table, Mapping):
+            self.table = TableConfig(**{k: v for k, v in self.table.items() if not str(k).startswith("_")})
+        if not isinstance(self.table, TableConfig):
+            raise ConfigError(f"{type(self).__name__}: table={self.table!r}; give a TableConfig or its fields")
+        if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) or not self.timeout_s > 0:
+            raise ConfigError(f"{type(self).__name__}: timeout_s={self.timeout_s!r}; it must be > 0 seconds (ps.timeout_s)")
+
+    @property
+    def prefetches(self) -> bool:
+        """Whether training threads send their next batch's pulls early (async's `prefetch`)."""
+        return False
+
+    def communicator(self, client, threads: int = 1) -> Communicator:
+        """The worker half over `client` for `threads` training threads."""
+        raise NotImplementedError
+
+    def dense_rule(self, optimizer: torch.optim.Optimizer) -> dict:
+        """The update rule the servers apply to the dense table (the optimizer's own by default)."""
+        from recps.ps.modes.dense import torch_optimizer_rule
+
+        return torch_optimizer_rule(optimizer)
+
+    def dense_updater(self, params: Sequence[torch.nn.Parameter], optimizer: torch.optim.Optimizer,
+                      communicator, table: str):
+        """What a training step does with the dense gradients (recps.trainer.DenseUpdater)."""
+        from recps.ps.modes.dense import PSDenseUpdater
+
+        return PSDenseUpdater(params, communicator, table)
+
+
+class OnArrivalServer:
+    """A server half that applies each push when it arrives, with the shard method its mode names
+    (`table_verb`: "push" runs the table's update rule, "push_delta" adds); a dense push with meta
+    return_values answers the values after it."""
+
+    table_verb = ""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def push(self, table, fields: Mapping, meta: Mapping) -> list:
+        apply = getattr(table.sparse_shard("push"), self.table_verb)
+        apply(fields["keys"], fields["rows"], shows=fields.get("shows"), clicks=fields.get("clicks"),
+              unique=bool(meta.get("unique")))
+        return []
+
+    def push_dense(self, table, fields: Mapping, meta: Mapping) -> list:
+        shard = table.dense_shard("push_dense")
+        getattr(shard, self.table_verb)(table.dense_parts(fields["values"]))
+        return [shard.flat()] if meta.get("return_values") else []
+
+    def pending(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        """Nothing is held between requests."""

@@ -1,4 +1,5 @@
-"""GEO mode: each worker trains a local replica; every k steps it sends deltas and pulls merged values.
+"""GEO mode, both halves: each worker trains a local replica; every k steps it sends deltas and
+pulls merged values; the servers add the deltas. `GeoMode` builds them.
 
 Paddle's GEO-SGD semantics over one `PSClient`:
 
@@ -14,7 +15,7 @@ Paddle's GEO-SGD semantics over one `PSClient`:
   the same initial value when its first delta arrives). Otherwise (or `local_init=False`)
   first-seen keys are pulled from the servers.
 - Dense tables. The trainer's own parameters are the replica: a local torch optimizer steps
-  them (see recps.ps.worker); `attach_dense` tells this communicator where they are.
+  them (`GeoDenseUpdater`); `attach_dense` tells this communicator where they are.
 - Every `k_steps` worker steps (`step_end` calls, summed over the worker's threads) a delta
   sync runs. With `background_sync` (the default for k > 1, as Paddle's communicator thread) the k-th
   `step_end` only hands it to the communicator's sync thread and returns: no training thread
@@ -26,7 +27,7 @@ Paddle's GEO-SGD semantics over one `PSClient`:
   exactly local training. Either way a sync is:
 
       delta  = (current - synced) / W        rows touched since the last sync, all dense params
-      server: value += delta                 client.push_delta / push_dense_delta (no update rule)
+      server: value += delta                 GeoServer, the server half (no update rule)
       merged = the servers' values           after every worker's deltas so far
       local += merged - current              keeps local updates made during the sync
       synced  = merged
@@ -59,23 +60,83 @@ import logging
 import math
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
-from fbgemm_gpu.split_embedding_configs import EmbOptimType
-from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode, EmbeddingLocation, PoolingMode
-from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
-    ComputeDevice,
-    SplitTableBatchedEmbeddingBagsCodegen,
-)
 
 from recps.errors import ConfigError, PSError, PSTimeoutError
-from recps.ps.table import Initializer, KeyIndex, warm_up_kernels
+from recps.ps.modes.base import Mode, OnArrivalServer, check_int
+from recps.ps.modes.dense import LocalDenseUpdater
+from recps.ps.table import Initializer, KeyIndex, unique_keys, warm_up_kernels
 
-__all__ = ["GeoCommunicator", "GEO_OPTIMIZERS"]
+__all__ = ["GeoMode", "GeoCommunicator", "GeoServer", "GeoDenseUpdater", "GEO_OPTIMIZERS"]
 
 log = logging.getLogger(__name__)
 
-GEO_OPTIMIZERS = {"sgd": EmbOptimType.EXACT_SGD, "rowwise_adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD}
+GEO_OPTIMIZERS = ("sgd", "rowwise_adagrad")  # FBGEMM's fused CPU optimizers: EXACT_SGD, EXACT_ROWWISE_ADAGRAD
+
+
+@dataclass
+class GeoMode(Mode):
+    """GEO-SGD: local replicas, deltas every k steps (see the module docstring).
+
+    Args (besides `Mode`'s table and timeout_s; the table's optimizer is the replica's fused
+    optimizer, "sgd" or "rowwise_adagrad"):
+        k_steps: worker steps (over its threads) between two delta syncs; 1 syncs after every step.
+        replica_capacity: initial replica rows per table (doubles as needed).
+        delta_scale: factor of the rows' deltas; None: 1 / workers (Paddle's averaging).
+        dense_delta_scale: factor of the dense deltas; None: 1 / workers.
+        background_sync: True: delta syncs on the communicator's thread (training never waits on
+            them; at most one in flight); False: the thread ending the k-th step syncs (exact for
+            1 worker with k_steps 1); None: True when k_steps > 1.
+        local_init: first-seen rows start from the servers' initial value computed on the worker
+            (no pull per step; tables without an entry policy); False: pulled.
+    """
+
+    name = "geo"
+
+    k_steps: int = 100
+    replica_capacity: int = 1 << 16
+    delta_scale: float | None = None
+    dense_delta_scale: float | None = None
+    background_sync: bool | None = None
+    local_init: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_int("GeoMode", "k_steps", self.k_steps, 1)
+        check_int("GeoMode", "replica_capacity", self.replica_capacity, 1)
+        for knob in ("delta_scale", "dense_delta_scale"):
+            value = getattr(self, knob)
+            if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0):
+                raise ConfigError(f"GeoMode: {knob}={value!r}; it must be > 0, or null for 1 / workers (ps.{knob})")
+        name = self.table.optimizer.get("name")
+        if name not in GEO_OPTIMIZERS:
+            raise ConfigError(f"GeoMode: the replica's sparse optimizer {name!r} is not one of {list(GEO_OPTIMIZERS)} "
+                              "(FBGEMM's fused CPU optimizers); set ps.table.optimizer.name")
+
+    def communicator(self, client, threads: int = 1) -> "GeoCommunicator":
+        return GeoCommunicator(client, self)
+
+    def dense_rule(self, optimizer: torch.optim.Optimizer) -> dict:
+        """Unused: the servers only add the dense deltas; the trainer's optimizer steps the replica."""
+        return {"name": "sgd", "lr": 0.01}
+
+    def dense_updater(self, params, optimizer, communicator, table: str) -> "GeoDenseUpdater":
+        communicator.attach_dense(table, {f"param{i}": p for i, p in enumerate(params)})
+        return GeoDenseUpdater(params, optimizer, communicator)
+
+
+class GeoDenseUpdater(LocalDenseUpdater):
+    """geo: the local torch optimizer on the shared params (LocalDenseUpdater); the communicator
+    counts the steps and syncs them."""
+
+    def __init__(self, params, optimizer: torch.optim.Optimizer, communicator) -> None:
+        super().__init__(params, optimizer)
+        self.communicator = communicator
+
+    def step_end(self, thread: int) -> None:
+        self.communicator.step_end(thread)
 
 
 class _Replica:
@@ -96,7 +157,7 @@ class _Replica:
         self.size = 0
         self.generation = 0  # syncs that cleared the marks; a step that spans one marks its rows again
         self._alloc(max(64, capacity))
-        self._tbes: dict[int, SplitTableBatchedEmbeddingBagsCodegen] = {}
+        self._tbes: dict[int, object] = {}  # features -> SplitTableBatchedEmbeddingBagsCodegen
 
     def _alloc(self, capacity: int) -> None:
         self.capacity = capacity
@@ -125,16 +186,29 @@ class _Replica:
         self._tbes.clear()  # rebuilt over the new buffers on the next lookup
         log.debug("geo replica %s grew to %d rows", self.name, capacity)
 
-    def tbe(self, num_features: int) -> SplitTableBatchedEmbeddingBagsCodegen:
+    def tbe(self, num_features: int):
         """The TBE over this replica's buffers for lookups of `num_features` features (call under lock)."""
         tbe = self._tbes.get(num_features)
         if tbe is None:
+            # FBGEMM here, not at import: the launcher validates GeoMode without loading it.
+            from fbgemm_gpu.split_embedding_configs import EmbOptimType
+            from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
+                BoundsCheckMode,
+                EmbeddingLocation,
+                PoolingMode,
+            )
+            from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+                ComputeDevice,
+                SplitTableBatchedEmbeddingBagsCodegen,
+            )
+
+            fused = {"sgd": EmbOptimType.EXACT_SGD, "rowwise_adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD}
             buffers = {"weights": self.weights}
             if self.optimizer == "rowwise_adagrad":
                 buffers["momentum1"] = self.state
             tbe = SplitTableBatchedEmbeddingBagsCodegen(
                 [(self.capacity, self.width, EmbeddingLocation.HOST, ComputeDevice.CPU)],
-                feature_table_map=[0] * num_features, optimizer=GEO_OPTIMIZERS[self.optimizer],
+                feature_table_map=[0] * num_features, optimizer=fused[self.optimizer],
                 learning_rate=self._tbe_lr, eps=self._tbe_eps, pooling_mode=PoolingMode.SUM,
                 bounds_check_mode=BoundsCheckMode.NONE, preallocated_host_buffers=buffers,
             )
@@ -147,7 +221,7 @@ class _Replica:
         slots = self.index.lookup(keys)  # (N,)
         missing = slots < 0
         if bool(missing.any()):
-            new_keys, inverse = torch.unique(keys[missing], return_inverse=True)  # (M,), (N_missing,)
+            new_keys, inverse = unique_keys(keys[missing])  # (M,), (N_missing,)
             if self.initializer is not None:  # the servers' initial value, computed here
                 rows = self.initializer(new_keys, self.dim, self.seed)  # (M, D)
             else:
@@ -191,11 +265,14 @@ class _Replica:
         delta = current - self.synced[slots]  # (K, D)
         if scale != 1.0:
             delta.mul_(scale)
-        self.client.push_delta(self.name, keys, delta, assume_unique=True).wait(timeout)
+        self.client.push(self.name, keys, delta, assume_unique=True).wait(timeout)  # GeoServer adds it
         merged = self.client.pull(self.name, keys, assume_unique=True).wait(timeout)  # (K, D)
         with self.lock:  # a growth in between moved the buffers; slots stay valid
             now = self.rows[slots, : self.dim]  # (K, D) includes training since `current` was read
-            self.rows[slots, : self.dim] = now + (merged - current)
+            # In place, one kernel: a training thread's TBE update of these rows (Hogwild, outside
+            # the lock) is kept, where writing back `now + ...` lost one landing between the read
+            # and the write (tests/ps/modes/test_geo.py's background-sync test failed 2-3 runs in 6).
+            self.rows[:, : self.dim].index_add_(0, slots, merged - current)
             self.synced[slots] = merged
             # A row trained while we synced keeps that work as its next delta: mark it again
             # (steps whose forward came before the sync's clear are re-marked in step_end too).
@@ -233,56 +310,34 @@ class _DenseReplica:
         delta = current - self.synced  # (N,)
         if scale != 1.0:
             delta.mul_(scale)
-        merged = self.client.push_dense_delta(self.name, delta, return_values=True).wait(timeout)
+        merged = self.client.push_dense(self.name, delta, return_values=True).wait(timeout)  # GeoServer adds it
         self.assign(merged - current, add=True)
         self.synced = merged
 
 
 class GeoCommunicator:
-    """GEO over one PSClient; see the module docstring.
+    """GEO over one PSClient with `mode`'s knobs (GeoMode); see the module docstring.
 
     Args:
         client: the worker's PSClient (tables created already, or created by another worker).
-        k_steps: worker steps (over all threads) between two syncs; 1 syncs after every step.
-        optimizer: the replica's sparse optimizer: {"name": "sgd" | "rowwise_adagrad", "lr", "eps"}.
+        mode: k_steps, the replica's optimizer (mode.table.optimizer), replica_capacity, timeout_s,
+            delta scales (None: 1 / the client's num_workers), background_sync, local_init.
         dense_lr: SGD rate of `push_dense` (protocol callers; the trainer steps its own optimizer).
-        capacity: initial replica rows per table (doubles when full).
-        timeout_s: every wait on the servers (None: the client's).
-        delta_scale: factor of the sparse rows' deltas (None: 1 / the client's num_workers).
-        dense_delta_scale: factor of the dense deltas (None: 1 / the client's num_workers).
-        background_sync: run the delta syncs on the communicator's sync thread (True) or in the
-            training thread that ends the k-th step (False: exact for one worker with k = 1);
-            None: True when k_steps > 1 (k = 1 asks for a sync after every step, so it stays
-            synchronous and exact).
-        local_init: first-seen rows of tables without an entry policy start from the initial
-            value computed here (True) rather than pulled from the servers (False).
     """
 
     mode = "geo"
 
-    def __init__(self, client, k_steps: int = 100, optimizer: Mapping | None = None, dense_lr: float = 0.01,
-                 capacity: int = 1 << 16, timeout_s: float | None = None,
-                 delta_scale: float | None = None, dense_delta_scale: float | None = None,
-                 background_sync: bool | None = None, local_init: bool = True) -> None:
-        if isinstance(k_steps, bool) or int(k_steps) != k_steps or k_steps < 1:
-            raise ConfigError(f"geo: k_steps={k_steps!r}; set ps.k_steps to an integer >= 1")
-        opt = dict(optimizer or {"name": "sgd", "lr": 0.01})
-        name = opt.pop("name", "sgd")
-        if name not in GEO_OPTIMIZERS:
-            raise ConfigError(f"geo: the local sparse optimizer {name!r} is not one of {sorted(GEO_OPTIMIZERS)} "
-                              "(FBGEMM's fused CPU optimizers); set ps.embedding_optimizer.name")
-        self._opt_name, self._lr, self._eps = name, float(opt.get("lr", 0.01)), float(opt.get("eps", 1e-8))
+    def __init__(self, client, mode: GeoMode, dense_lr: float = 0.01) -> None:
+        opt = dict(mode.table.optimizer)
+        self._opt_name, self._lr, self._eps = opt["name"], float(opt.get("lr", 0.01)), float(opt.get("eps", 1e-8))
         self.client = client
-        self.k_steps = int(k_steps)
+        self.k_steps = mode.k_steps
         self.dense_lr = float(dense_lr)
-        self.capacity = int(capacity)
-        self.timeout_s = timeout_s
+        self.capacity = mode.replica_capacity
+        self.timeout_s = float(mode.timeout_s)
         average = 1.0 / max(1, int(getattr(client, "num_workers", 1)))
-        self.delta_scale = average if delta_scale is None else float(delta_scale)
-        self.dense_delta_scale = average if dense_delta_scale is None else float(dense_delta_scale)
-        for name, value in (("delta_scale", self.delta_scale), ("dense_delta_scale", self.dense_delta_scale)):
-            if not value > 0:
-                raise ConfigError(f"geo: {name}={value!r}; it must be > 0 (default 1 / workers)")
+        self.delta_scale = average if mode.delta_scale is None else float(mode.delta_scale)
+        self.dense_delta_scale = average if mode.dense_delta_scale is None else float(mode.dense_delta_scale)
         self._replicas: dict[str, _Replica] = {}
         self._dense: dict[str, _DenseReplica] = {}
         self._lock = threading.Lock()  # replicas dict, step counter
@@ -291,8 +346,8 @@ class GeoCommunicator:
         self.syncs = 0
         self._closed = False
         self._local = threading.local()  # per training thread: rows its step in flight trains
-        self.background_sync = self.k_steps > 1 if background_sync is None else bool(background_sync)
-        self.local_init = bool(local_init)
+        self.background_sync = self.k_steps > 1 if mode.background_sync is None else bool(mode.background_sync)
+        self.local_init = bool(mode.local_init)
         if self.local_init:
             # The initializer's compiled loop (~1 CPU-s to load), now: replicas are made at the first batch.
             warm_up_kernels()
@@ -492,3 +547,17 @@ class GeoCommunicator:
             with self._cv:
                 self._closed = True
                 self._cv.notify_all()
+
+
+# ---------------------------------------------------------------------------------- server half
+
+
+class GeoServer(OnArrivalServer):
+    """GEO's server half (recps.ps.node.server.ServerHalf): a push's rows are deltas, added to the
+    values (value += delta, no update rule; rows created at their initial value first); a dense
+    push adds its deltas and, with meta return_values, answers the merged values."""
+
+    table_verb = "push_delta"
+
+
+GeoMode.server_half = GeoServer  # defined after the mode: the module reads worker half first

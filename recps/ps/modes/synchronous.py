@@ -1,4 +1,7 @@
-"""SyncCommunicator: Paddle's sync mode over one PSClient.
+"""Sync mode (Paddle's semantics), both halves: `SyncMode` builds them.
+
+Worker half, `SyncCommunicator` over one PSClient; server half, `SyncServer`, the step
+aggregation the servers run for the tables of this mode.
 
 Shape letters: K keys, D row width, N flat dense size, T threads of this worker, W workers.
 
@@ -6,21 +9,30 @@ Per step s, each of the worker's T training threads calls `push` / `push_dense` 
 mean-loss gradients) and then `step_end(thread)`. The last thread to arrive merges the T
 threads' gradients, keys concatenated and every gradient divided by T, so a worker with T
 threads of batch B equals one thread with the merged batch of T*B examples, and sends ONE
-`push_sync` per sparse table (`push_dense_sync` per dense table) for step s. Each server
-applies one update with the mean over the W workers once all W arrived; `step_end` returns to
-every thread after every table's update was applied, so the next step's pulls see fresh values.
+`push` per sparse table (to every server, meta: the step) and one `push_dense` per dense
+table for step s. Each server applies one update with the mean over the W workers once all W
+arrived; `step_end` returns to every thread after every table's update was applied, so the
+next step's pulls see fresh values.
 
 Every worker must take the same number of steps, and its threads the same number each (the
 step's barrier waits for all T). A table this worker ever pushed is sent every step (with 0
 keys, or zero dense gradients, when no thread pushed it), because the servers wait for all W
 workers on every table that any worker pushed.
 
+Server half: a push to a sync table carries meta {step, worker, workers, timeout_s}; the server
+keeps each (table, step)'s contributions, sums them when the last of the W workers arrived and
+applies ONE update with the mean over the W workers (the table's update rule), then answers every
+worker's deferred reply, so a pull that follows sees it. A step incomplete after its timeout
+fails for the workers that did push, naming the ones that did not (reply meta {"error":
+"timeout"}, raised by the client as PSTimeoutError); a sweeper thread checks the deadlines.
+
 >>> import torch
+>>> from recps.ps.modes import server_halves
 >>> from recps.ps.node import PSClient, PSServer
->>> with PSServer(token="t") as server, PSClient([server.endpoint], token="t") as client:
+>>> with PSServer(token="t", halves=server_halves()) as server, PSClient([server.endpoint], token="t") as client:
 ...     _ = client.create_sparse_table("emb", dim=1, optimizer={"name": "sgd", "lr": 1.0},
-...                                    initializer={"kind": "zeros"})
-...     comm = SyncCommunicator(client, num_threads=1)
+...                                    initializer={"kind": "zeros"}, mode="sync")
+...     comm = SyncMode().communicator(client, threads=1)
 ...     comm.push("emb", torch.tensor([4]), torch.tensor([[0.5]]))
 ...     comm.step_end(0)
 ...     rows = comm.pull("emb", torch.tensor([4]))
@@ -34,17 +46,37 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 
 import torch
 
 from recps.errors import ConfigError, PSError, PSTimeoutError
+from recps.ps.modes.base import Mode
 from recps.ps.node import PSClient
+from recps.ps.node.server import HostedTable
 
-__all__ = ["SyncCommunicator"]
+__all__ = ["SyncMode", "SyncCommunicator", "SyncServer"]
 
 logger = logging.getLogger(__name__)
 
 _MARGIN_S = 2.0
+_SWEEP_S = 0.25  # how often the server half fails expired steps
+
+
+@dataclass
+class SyncMode(Mode):
+    """Sync: one update per step with the mean over the workers (see the module docstring).
+
+    Args: those of `Mode` (table, timeout_s).
+    """
+
+    name = "sync"
+
+    def communicator(self, client, threads: int = 1) -> "SyncCommunicator":
+        return SyncCommunicator(client, num_threads=threads, timeout_s=self.timeout_s)
+
 
 
 class SyncCommunicator:
@@ -178,6 +210,8 @@ class SyncCommunicator:
 
     def _send(self, sparse: dict, dense: dict, step: int) -> None:
         t = float(self.num_threads)
+        meta = {"step": int(step), "worker": self.client.worker_index, "workers": self.client.num_workers,
+                "timeout_s": self.timeout_s}
         handles = []
         for table, dim in self._known_sparse.items():
             pieces = sparse.get(table, [])
@@ -187,13 +221,156 @@ class SyncCommunicator:
                 grads = grads.to(torch.float32) / t if t > 1 else grads.to(torch.float32)
             else:
                 keys, grads = torch.empty(0, dtype=torch.int64), torch.empty(0, dim)
-            handles.append(self.client.push_sync(table, keys, grads, step, timeout_s=self.timeout_s))
+            handles.append(self.client.push(table, keys, grads, meta=meta, every_server=True))
         for table, n in self._known_dense.items():
             grads = dense.get(table)
             grads = torch.zeros(n) if grads is None else (grads.div_(t) if t > 1 else grads)
-            handles.append(self.client.push_dense_sync(table, grads, step, timeout_s=self.timeout_s))
+            handles.append(self.client.push_dense(table, grads, meta=meta))
         # The servers fail an incomplete step after timeout_s naming the missing workers; wait a
         # little longer so that message, not a bare timeout, reaches the caller.
         deadline = time.monotonic() + self.timeout_s + _MARGIN_S
         for h in handles:
             h.wait(max(0.0, deadline - time.monotonic()))
+
+
+# ---------------------------------------------------------------------------------- server half
+
+
+@dataclass
+class _Step:
+    """Contributions of the workers to one (table, step)."""
+
+    workers: int
+    deadline: float
+    arrived: dict[int, Future] = field(default_factory=dict)  # worker -> its deferred reply
+    keys: list[torch.Tensor] = field(default_factory=list)
+    grads: list[torch.Tensor] = field(default_factory=list)
+    dense: torch.Tensor | None = None  # running sum of dense parts
+
+
+class _Timeout(Exception):
+    """A step expired: answered as meta {"error": "timeout"}, raised by the client as
+    PSTimeoutError (an exception crossing the transport would arrive as a plain PSError)."""
+
+
+class SyncServer:
+    """Sync's server half on server `index` (recps.ps.node.server.ServerHalf): see the module docstring."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self._steps: dict[tuple[str, str, int], _Step] = {}
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._sweeper = threading.Thread(target=self._sweep, name=f"recps-ps{index}-sync-sweeper", daemon=True)
+        self._sweeper.start()
+
+    def push(self, table: HostedTable, fields: Mapping, meta: Mapping) -> Future:
+        shard = table.sparse_shard("push")
+        keys, grads = fields["keys"], fields["rows"]
+
+        def add(step: _Step) -> None:
+            step.keys.append(keys)
+            step.grads.append(grads)
+
+        step, future, last = self._arrive("push", table.name, meta, add)
+        if last:
+            self._apply(step, lambda: _apply_sparse(shard, step))
+        return future
+
+    def push_dense(self, table: HostedTable, fields: Mapping, meta: Mapping) -> Future:
+        shard = table.dense_shard("push_dense")
+        grads = fields["values"]
+
+        def add(step: _Step) -> None:
+            step.dense = grads.clone() if step.dense is None else step.dense.add_(grads)
+
+        step, future, last = self._arrive("push_dense", table.name, meta, add)
+        if last:
+            self._apply(step, lambda: shard.push(table.dense_parts(step.dense.div_(step.workers))))
+        return future
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._steps)
+
+    def close(self) -> None:
+        self._stopped.set()
+        with self._lock:
+            pending, self._steps = list(self._steps.values()), {}
+        for step in pending:
+            _fail(step, PSError(f"server {self.index} stopped while a synchronous step was pending"))
+        self._sweeper.join(5.0)
+
+    def _arrive(self, kind: str, name: str, meta: Mapping, add) -> tuple[_Step, Future, bool]:
+        """Record worker meta["worker"]'s contribution to (name, step) with add(step), under the
+        lock; returns the step, the worker's deferred reply and whether it was the last to arrive."""
+        for key in ("step", "worker", "workers"):
+            if key not in meta:
+                raise ConfigError(f"{kind} {name!r}: a push to a sync table without meta {key!r}; "
+                                  "train the table with SyncMode's communicator")
+        step_id, worker, workers = int(meta["step"]), int(meta["worker"]), int(meta["workers"])
+        if not 0 <= worker < workers:
+            raise ConfigError(f"{kind} {name!r} step {step_id}: worker={worker} is outside [0, workers={workers})")
+        key = (kind, name, step_id)
+        future: Future = Future()
+        with self._lock:
+            step = self._steps.get(key)
+            if step is None:
+                deadline = time.monotonic() + float(meta.get("timeout_s", 60.0))
+                step = self._steps[key] = _Step(workers=workers, deadline=deadline)
+            if step.workers != workers:
+                raise ConfigError(f"{kind} {name!r} step {step_id}: worker {worker} says workers={workers}, others said {step.workers}")
+            if worker in step.arrived:
+                raise ConfigError(f"{kind} {name!r} step {step_id}: worker {worker} pushed twice; each worker pushes each step once")
+            add(step)
+            step.arrived[worker] = future
+            last = len(step.arrived) == workers
+            if last:
+                del self._steps[key]
+        return step, future, last
+
+    def _apply(self, step: _Step, apply) -> None:
+        try:
+            apply()
+        except Exception as e:  # noqa: BLE001 - every waiting worker gets the error
+            _fail(step, e)
+            return
+        for f in step.arrived.values():
+            f.set_result(None)
+
+    def _sweep(self) -> None:
+        """Fail steps whose deadline passed, naming the workers that never pushed."""
+        while not self._stopped.wait(_SWEEP_S):
+            now = time.monotonic()
+            with self._lock:
+                expired = [(k, s) for k, s in self._steps.items() if s.deadline <= now]
+                for k, _ in expired:
+                    del self._steps[k]
+            for (kind, name, step_id), step in expired:
+                missing = sorted(set(range(step.workers)) - set(step.arrived))
+                _fail(step, _Timeout(
+                    f"server {self.index}: sync {kind} of table {name!r} step {step_id}: worker(s) {missing} did not push "
+                    f"within the timeout ({len(step.arrived)} of {step.workers} arrived); is a worker dead or behind?"
+                ))
+
+
+def _fail(step: _Step, error: Exception) -> None:
+    for f in step.arrived.values():
+        if f.done():
+            continue
+        if isinstance(error, _Timeout):
+            f.set_result(([], {"error": "timeout", "message": str(error)}))
+        else:
+            f.set_exception(error)
+
+
+@torch.no_grad()
+def _apply_sparse(shard, step: _Step) -> None:
+    keys = torch.cat(step.keys) if len(step.keys) > 1 else step.keys[0]  # (sum K,)
+    grads = torch.cat(step.grads) if len(step.grads) > 1 else step.grads[0]  # (sum K, D)
+    if keys.numel():
+        # Keys pushed by several workers are summed by the table: / W makes it the mean.
+        shard.push(keys, grads / step.workers if step.workers > 1 else grads)
+
+
+SyncMode.server_half = SyncServer  # defined after the mode: the module reads worker half first

@@ -15,12 +15,15 @@ Contract of every data verb (ps-lite style):
   gets its own sockets from the transport).
 - tensors passed to a push must not be modified until its handle's wait() returned.
 
-Synchronous pushes (`push_sync`, `push_dense_sync`) go to every server, with zero keys where a
-server has none, because each server applies a step only once all W workers' pushes arrived.
+What a push does is the table's mode's (recps.ps.modes): the server hands it to the server half
+of the mode the table was created with (`mode=`), with the push's `meta`; a mode whose server
+half waits for every worker (sync) sends its pushes to every server (`every_server=True`), with
+zero keys where a server has none.
 
 >>> import torch
+>>> from recps.ps.modes import server_halves
 >>> from recps.ps.node.server import PSServer
->>> with PSServer(0, 2, token="t") as s0, PSServer(1, 2, token="t") as s1, \\
+>>> with PSServer(0, 2, token="t", halves=server_halves()) as s0, PSServer(1, 2, token="t", halves=server_halves()) as s1, \\
 ...         PSClient([s0.endpoint, s1.endpoint], token="t") as client:
 ...     _ = client.create_sparse_table("emb", dim=1, optimizer={"name": "sgd", "lr": 1.0},
 ...                                    initializer={"kind": "zeros"})
@@ -42,9 +45,8 @@ import torch
 
 from recps.errors import ConfigError, PSError, PSTimeoutError
 from recps.ps.node.coordinator import CoordinatorClient
-from recps.ps.node.server import check_table_name
-from recps.ps.node.specs import DenseLayout, dense_spec, parse_spec, sparse_spec, spec_json
-from recps.ps.table import partition
+from recps.ps.node.specs import DEFAULT_MODE, DenseLayout, check_table_name, dense_spec, parse_spec, sparse_spec, spec_json
+from recps.ps.table import as_keys, partition, unique_keys
 from recps.ps.transport import Handle, Reply, TransportClient
 
 __all__ = ["PSClient", "PSHandle", "unique_inverse"]
@@ -52,18 +54,17 @@ __all__ = ["PSClient", "PSHandle", "unique_inverse"]
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-# Sent with push / push_delta: their keys are distinct (summed above), so a server may update
-# each row in one compiled pass (SparseTable.push(unique=True)).
+# Sent with every push: its keys are distinct (summed above), so a server may update each row
+# in one compiled pass (SparseTable.push(unique=True)).
 _UNIQUE = {"unique": True}
 
 
 def unique_inverse(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(K,) int64 -> (U,) unique keys and (K,) inverse (uniq[inverse] == keys), or (keys, None)
-    when the keys are already unique. torch.unique measured fastest here at batch sizes
-    (0.8 ms for 13k keys, against 1.0-1.4 ms for sort + unique_consecutive variants)."""
+    when the keys are already unique (nothing to gather back)."""
     if keys.numel() < 2:
         return keys, None
-    uniq, inverse = torch.unique(keys, return_inverse=True)
+    uniq, inverse = unique_keys(keys)
     if uniq.numel() == keys.numel():
         return keys, None
     return uniq, inverse
@@ -119,18 +120,6 @@ def _raise_reply_errors(handles: Sequence[Handle], replies: Sequence[Reply]) -> 
 
 def _done(result: T = None) -> PSHandle[T]:
     return PSHandle([], lambda replies: result, 0.0)
-
-
-def _keys(keys: torch.Tensor, where: str) -> torch.Tensor:
-    keys = torch.as_tensor(keys)
-    if keys.dim() != 1:
-        raise ConfigError(f"{where}: keys have shape {tuple(keys.shape)}; pass a 1-D tensor")
-    if keys.dtype != torch.int64:
-        if keys.dtype in (torch.int32, torch.int16, torch.int8, torch.uint8):
-            keys = keys.to(torch.int64)
-        else:
-            raise ConfigError(f"{where}: keys have dtype {keys.dtype}; pass int64 keys")
-    return keys.contiguous()
 
 
 def _rows(x: torch.Tensor, k: int, d: int, what: str, where: str) -> torch.Tensor:
@@ -244,9 +233,10 @@ class PSClient:
         dtype: str = "float32",
         seed: int = 0,
         capacity: int = 0,
+        mode: str = DEFAULT_MODE,
         timeout: float | None = None,
     ) -> dict:
-        """Create sparse table `name` on every server (idempotent: the same spec is fine, another
+        """Create sparse table `name`, trained by PS mode `mode`, on every server (idempotent: the same spec is fine, another
         spec raises ConfigError naming the differences). Returns the canonical spec.
 
         optimizer: {"name": "sgd"|"adagrad"|"rowwise_adagrad"|"adam", "lr": ..., ...} (default SGD lr 0.01);
@@ -255,7 +245,7 @@ class PSClient:
         capacity: expected rows over all servers.
         """
         check_table_name(name, "create_sparse_table")
-        spec = sparse_spec(dim, optimizer, initializer, accessor, entry, dtype, seed, capacity, where=f"sparse table {name!r}")
+        spec = sparse_spec(dim, optimizer, initializer, accessor, entry, dtype, seed, capacity, mode, where=f"sparse table {name!r}")
         self._wait_all(self._request_all("create_sparse", name, {"spec": spec_json(spec)}), timeout)
         self._remember(name, spec)
         return spec
@@ -265,21 +255,22 @@ class PSClient:
         name: str,
         params: int | Mapping[str, Sequence[int] | torch.Size | torch.Tensor],
         optimizer: Mapping | None = None,
+        mode: str = DEFAULT_MODE,
         timeout: float | None = None,
     ) -> dict:
-        """Create dense table `name`: `params` is a flat size N, or an ordered dict name -> shape,
+        """Create dense table `name`, trained by PS mode `mode`: `params` is a flat size N, or an ordered dict name -> shape,
         or name -> tensor (its values initialize the table; shapes alone start at zeros).
         Idempotent as create_sparse_table (the first creator's values win). Returns the spec."""
         check_table_name(name, "create_dense_table")
-        spec = dense_spec(params, optimizer, where=f"dense table {name!r}")
+        spec = dense_spec(params, optimizer, mode, where=f"dense table {name!r}")
         info = _Dense(spec, self.num_servers)
         meta = {"spec": spec_json(spec)}
         handles = []
         if isinstance(params, Mapping) and all(isinstance(v, torch.Tensor) for v in params.values()):
             parts = info.layout.split(info.layout.flatten(params))
             for s in range(self.num_servers):
-                tensors = [parts[s].contiguous()] if parts[s] is not None else []
-                handles.append(self._transport.request(s, "create_dense", name, tensors, meta))
+                fields = {"values": parts[s].contiguous()} if parts[s] is not None else {}
+                handles.append(self._transport.request(s, "create_dense", name, fields, meta))
         else:
             handles = self._request_all("create_dense", name, meta)
         self._wait_all(handles, timeout)
@@ -314,7 +305,7 @@ class PSClient:
         """Rows of (K,) int64 keys -> handle of (K, D) float32, in `keys` order. Rows missing on a
         server are created (initial value, entry policy) unless create=False (then zeros)."""
         where = f"pull {table!r}"
-        keys = _keys(keys, where)
+        keys = as_keys(keys, where)
         dim = self._info(table, "sparse").dim
         uniq, inverse = (keys, None) if assume_unique else unique_inverse(keys)
         meta = None if create else {"create": False}
@@ -322,13 +313,13 @@ class PSClient:
         if order is None:
             if uniq.numel() == 0:
                 return _done(torch.zeros(keys.numel(), dim))
-            handle = self._transport.request(0, "pull", table, [uniq], meta)
+            handle = self._transport.request(0, "pull", table, {"keys": uniq}, meta)
             return PSHandle([handle], lambda r: r[0].tensors[0] if inverse is None else r[0].tensors[0][inverse], self.timeout_s)
         grouped = uniq[order]  # (U,) keys grouped by server
         handles, pos = [], 0
         for s, n in enumerate(counts):
             if n:
-                handles.append(self._transport.request(s, "pull", table, [grouped[pos : pos + n]], meta))
+                handles.append(self._transport.request(s, "pull", table, {"keys": grouped[pos : pos + n]}, meta))
             pos += n
 
         def finish(replies: list[Reply]) -> torch.Tensor:
@@ -341,7 +332,7 @@ class PSClient:
 
     def _merged(self, where: str, table: str, keys, grads, assume_unique: bool, extras=()) -> tuple:
         """Validate, then sum rows of duplicate keys: -> (U,) keys, (U, D) rows, extras (U,)."""
-        keys = _keys(keys, where)
+        keys = as_keys(keys, where)
         dim = self._info(table, "sparse").dim
         grads = _rows(grads, keys.numel(), dim, "rows", where)
         extras = [None if e is None else torch.as_tensor(e, dtype=torch.float32).reshape(-1) for e in extras]
@@ -357,51 +348,33 @@ class PSClient:
         extras = [None if e is None else torch.zeros(uniq.numel()).index_add_(0, inverse, e) for e in extras]
         return uniq, summed, extras
 
-    def _send_rows(self, verb: str, table: str, keys, rows, extras, meta, everyone: bool) -> list[Handle]:
+    def _send_rows(self, table: str, keys, rows, extras, meta, every_server: bool) -> list[Handle]:
         order, counts = self._route(keys)
         if order is not None:
             keys, rows = keys[order], rows[order]
             extras = [None if e is None else e[order] for e in extras]
-        with_stats = any(e is not None for e in extras)
-        if with_stats:
+        if any(e is not None for e in extras):  # the accessor's statistics go together
             extras = [torch.ones(keys.numel()) if extras[0] is None else extras[0],
                       torch.zeros(keys.numel()) if extras[1] is None else extras[1]]
         handles, pos = [], 0
         for s, n in enumerate(counts):
-            if n or everyone:
-                tensors = [keys[pos : pos + n], rows[pos : pos + n]]
-                if with_stats:
-                    tensors += [extras[0][pos : pos + n], extras[1][pos : pos + n]]
-                handles.append(self._transport.request(s, verb, table, tensors, meta))
+            if n or every_server:
+                fields = {"keys": keys[pos : pos + n], "rows": rows[pos : pos + n]}
+                if extras[0] is not None:
+                    fields["shows"], fields["clicks"] = extras[0][pos : pos + n], extras[1][pos : pos + n]
+                handles.append(self._transport.request(s, "push", table, fields, meta))
             pos += n
         return handles
 
-    def push(self, table: str, keys: torch.Tensor, grads: torch.Tensor, *, shows=None, clicks=None,
-             assume_unique: bool = False) -> PSHandle[None]:
-        """Gradients (K, D) of (K,) keys; each server applies its update rule on arrival.
-        shows/clicks (K,) feed the table's CTR accessor (default 1 show, 0 clicks per key)."""
-        keys, grads, extras = self._merged(f"push {table!r}", table, keys, grads, assume_unique, (shows, clicks))
-        return PSHandle(self._send_rows("push", table, keys, grads, extras, _UNIQUE, False), _none, self.timeout_s)
-
-    def push_delta(self, table: str, keys: torch.Tensor, deltas: torch.Tensor, *, shows=None, clicks=None,
-                   assume_unique: bool = False) -> PSHandle[None]:
-        """GEO: value += delta for (K,) keys, no update rule (duplicates summed)."""
-        keys, deltas, extras = self._merged(f"push_delta {table!r}", table, keys, deltas, assume_unique, (shows, clicks))
-        return PSHandle(self._send_rows("push_delta", table, keys, deltas, extras, _UNIQUE, False), _none, self.timeout_s)
-
-    def push_sync(self, table: str, keys: torch.Tensor, grads: torch.Tensor, step: int, *,
-                  assume_unique: bool = False, timeout_s: float | None = None) -> PSHandle[None]:
-        """This worker's gradients for step `step`. Each server applies ONE update with the mean over
-        the W workers' gradients once all W pushed step `step` (to every server, with 0 keys if need be);
-        wait() returns after that update, so a pull that follows sees it. Every worker must push every
-        table every step; a step incomplete after `timeout_s` fails naming the missing workers."""
-        keys, grads, extras = self._merged(f"push_sync {table!r}", table, keys, grads, assume_unique, ())
-        meta = self._sync_meta(step, timeout_s)
-        return PSHandle(self._send_rows("push_sync", table, keys, grads, extras, meta, True), _none, self.timeout_s)
-
-    def _sync_meta(self, step: int, timeout_s: float | None) -> dict:
-        return {"step": int(step), "worker": self.worker_index, "workers": self.num_workers,
-                "timeout_s": self.timeout_s if timeout_s is None else float(timeout_s)}
+    def push(self, table: str, keys: torch.Tensor, rows: torch.Tensor, *, shows=None, clicks=None,
+             meta: Mapping | None = None, every_server: bool = False, assume_unique: bool = False) -> PSHandle[None]:
+        """Rows (K, D) of (K,) keys (duplicates summed) to the servers holding them; what the rows
+        are (gradients, deltas, a step's part) and when they apply is the table's mode's, told by
+        `meta`. shows/clicks (K,) feed the table's CTR accessor (default 1 show, 0 clicks per key).
+        `every_server`: a request to every server, with zero keys where a server has none."""
+        keys, rows, extras = self._merged(f"push {table!r}", table, keys, rows, assume_unique, (shows, clicks))
+        meta = {**meta, **_UNIQUE} if meta else _UNIQUE
+        return PSHandle(self._send_rows(table, keys, rows, extras, meta, every_server), _none, self.timeout_s)
 
     # -- dense verbs ---------------------------------------------------------------------------
 
@@ -412,15 +385,6 @@ class PSClient:
         if values.numel() != info.layout.size:
             raise ConfigError(f"{where}: got {values.numel()} values; the table holds N={info.layout.size}")
         return values.contiguous()
-
-    def _dense_send(self, verb: str, table: str, values, meta: dict | None, returns: bool) -> PSHandle:
-        info: _Dense = self._info(table, "dense")
-        flat = self._flat(info, values, f"{verb} {table!r}")
-        parts = info.layout.split(flat)
-        handles = [self._transport.request(s, verb, table, [parts[s].contiguous()], meta) for s in info.servers]
-        if not returns:
-            return PSHandle(handles, _none, self.timeout_s)
-        return PSHandle(handles, lambda replies: self._join(info, replies), self.timeout_s)
 
     def _join(self, info: _Dense, replies: list[Reply]) -> torch.Tensor:
         parts: list[torch.Tensor | None] = [None] * self.num_servers
@@ -434,20 +398,20 @@ class PSClient:
         handles = [self._transport.request(s, "pull_dense", table) for s in info.servers]
         return PSHandle(handles, lambda replies: self._join(info, replies), self.timeout_s)
 
-    def push_dense(self, table: str, grads, *, return_values: bool = False) -> PSHandle:
-        """(N,) flat gradients (or name -> tensor); the update rule applies on arrival. With
-        return_values the handle returns the (N,) values after this update (saves a pull)."""
-        meta = {"return_values": True} if return_values else None
-        return self._dense_send("push_dense", table, grads, meta, return_values)
-
-    def push_dense_delta(self, table: str, deltas, *, return_values: bool = False) -> PSHandle:
-        """GEO: values += (N,) deltas, no update rule."""
-        meta = {"return_values": True} if return_values else None
-        return self._dense_send("push_dense_delta", table, deltas, meta, return_values)
-
-    def push_dense_sync(self, table: str, grads, step: int, *, timeout_s: float | None = None) -> PSHandle[None]:
-        """As push_sync, for a dense table: one update with the mean over the W workers."""
-        return self._dense_send("push_dense_sync", table, grads, self._sync_meta(step, timeout_s), False)
+    def push_dense(self, table: str, values, *, meta: Mapping | None = None, return_values: bool = False) -> PSHandle:
+        """(N,) flat values (or name -> tensor) to the servers holding them; what they are and when
+        they apply is the table's mode's, told by `meta`. With return_values the handle returns the
+        (N,) values the servers hold after it (the mode's server half answers them)."""
+        info: _Dense = self._info(table, "dense")
+        flat = self._flat(info, values, f"push_dense {table!r}")
+        parts = info.layout.split(flat)
+        if return_values:
+            meta = {**(meta or {}), "return_values": True}
+        handles = [self._transport.request(s, "push_dense", table, {"values": parts[s].contiguous()}, meta)
+                   for s in info.servers]
+        if not return_values:
+            return PSHandle(handles, _none, self.timeout_s)
+        return PSHandle(handles, lambda replies: self._join(info, replies), self.timeout_s)
 
     # -- cluster verbs -------------------------------------------------------------------------
 

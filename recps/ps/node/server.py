@@ -1,28 +1,27 @@
 """PSServer: one parameter-server process's shards of every table, served over the transport.
 
 Shape letters: K keys in a request, D row width, N_s the flat size of this server's part of a
-dense table, W workers.
+dense table.
 
 Server `index` of S holds, for each sparse table, the rows of the keys with
 `partition(key, S) == index` (the client routes them; the same function re-shards checkpoints),
 and for each dense table the parameters `DenseLayout` gives it (whole parameters, by name).
 
-Verbs (request tensors -> reply tensors; `table` is the transport's text field):
+The server hosts tables and serves verbs; it holds no consistency policy. What a push does is
+the table's mode's: each table's spec names its mode ("sync", "async", "geo"), and the server
+hands the table's pushes to that mode's server half (`ServerHalf`, one per mode per server, made
+by the factories the server was given: `recps.ps.modes.server_halves()`), as ps-lite's servers
+call their request handle.
+
+Verbs (request fields -> reply tensors; `table` is the transport's text field):
 
     create_sparse   meta spec (JSON)                 -> meta spec       idempotent; another spec: error
-    create_dense    meta spec, [init (N_s,)]?        -> meta spec       idempotent; first values win
+    create_dense    meta spec, {values (N_s,)}?      -> meta spec       idempotent; first values win
     describe                                         -> meta spec
-    pull            [keys (K,)], meta create?        -> [rows (K, D)]   rows created on first pull
-    push            [keys, grads (K, D), shows?, clicks?]               update rule applied on arrival
-    push_sync       [keys, grads], meta step, worker, workers, timeout_s
-                    the gradients of step `step` from all W workers are summed and divided by W
-                    (the mean over workers) and applied as ONE update when the last arrives; every
-                    worker's reply leaves after that update, so a pull that follows sees it
-    push_delta      [keys, deltas (K, D)]                               GEO: value += delta
+    pull            {keys (K,)}, meta create?        -> [rows (K, D)]   rows created on first pull
+    push            {keys, rows (K, D), shows?, clicks?}, meta ...      the table's mode's server half
     pull_dense                                       -> [values (N_s,)]
-    push_dense      [grads (N_s,)], meta return_values?   -> [values]?
-    push_dense_sync [grads (N_s,)], meta step, worker, workers, timeout_s
-    push_dense_delta [deltas (N_s,)]
+    push_dense      {values (N_s,)}, meta ...        -> the mode's reply (e.g. [values])
     save            meta path, mode, tables          -> meta result (JSON)  path/<table>/shard-i-of-S/
     load            meta path, tables                -> meta result (JSON)
     shrink          meta tables                      -> meta deleted
@@ -32,13 +31,12 @@ Verbs (request tensors -> reply tensors; `table` is the transport's text field):
 
 Concurrency: requests are served by `num_threads` handler threads; each table is thread-safe on
 its own (see recps.ps.table), so pulls and pushes of different threads and workers interleave.
-A push_sync whose step does not complete within its `timeout_s` fails for the workers that did
-push, naming the ones that did not (reply meta {"error": "timeout", "message": ...}, raised by the
-client as PSTimeoutError).
+A server half may defer its reply (return a Future): the handler thread is free meanwhile.
 
 >>> import torch
+>>> from recps.ps.modes import server_halves
 >>> from recps.ps.node.client import PSClient
->>> with PSServer(token="t") as server, PSClient([server.endpoint], token="t") as client:
+>>> with PSServer(token="t", halves=server_halves()) as server, PSClient([server.endpoint], token="t") as client:
 ...     _ = client.create_sparse_table("emb", dim=2, optimizer={"name": "sgd", "lr": 1.0},
 ...                                    initializer={"kind": "zeros"})
 ...     client.push("emb", torch.tensor([5, 5]), torch.ones(2, 2)).wait()
@@ -51,12 +49,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import threading
-import time
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -65,6 +62,7 @@ from recps.ps.node.specs import (
     DenseLayout,
     build_dense,
     build_sparse,
+    check_table_name,
     parse_spec,
     spec_difference,
     spec_json,
@@ -72,40 +70,74 @@ from recps.ps.node.specs import (
 from recps.ps.table import SAVE_MODES, DenseTable, SparseTable, warm_up_kernels
 from recps.ps.transport import TransportServer
 
-__all__ = ["PSServer", "TABLE_NAME_RE", "SPEC_FILE"]
+__all__ = ["PSServer", "HostedTable", "ServerHalf", "ServerHalfFactory", "SPEC_FILE"]
 
 logger = logging.getLogger(__name__)
 
-TABLE_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")  # names become folder names in checkpoints
 SPEC_FILE = "spec.json"  # written next to a table's shard folders by server 0
-_SWEEP_S = 0.25  # how often expired push_sync steps are failed
 
 
-@dataclass
-class _SyncStep:
-    """Contributions of the workers to one (table, step) of a synchronous push."""
+class HostedTable:
+    """A table this server holds: its spec and its shard (None: a dense table with no parameter
+    here), and the server half of its mode. What a server half works on."""
 
-    workers: int
-    deadline: float
-    arrived: dict[int, Future] = field(default_factory=dict)  # worker -> its deferred reply
-    keys: list[torch.Tensor] = field(default_factory=list)
-    grads: list[torch.Tensor] = field(default_factory=list)
-    dense: torch.Tensor | None = None  # running sum of dense parts
+    __slots__ = ("name", "spec", "json", "shard", "layout", "half", "server")
 
-
-class _Table:
-    """A table this server holds: its spec and its shard (None: a dense table with no parameter here)."""
-
-    __slots__ = ("name", "spec", "json", "shard", "layout")
-
-    def __init__(self, name: str, spec: dict, shard, layout: DenseLayout | None) -> None:
+    def __init__(self, name: str, spec: dict, shard, layout: DenseLayout | None, half: "ServerHalf", server: int) -> None:
         self.name, self.spec, self.json, self.shard, self.layout = name, spec, spec_json(spec), shard, layout
+        self.half, self.server = half, server
+
+    @property
+    def mode(self) -> str:
+        return self.spec["mode"]
+
+    def dense_shard(self, verb: str) -> DenseTable:
+        if self.spec["kind"] != "dense":
+            raise ConfigError(f"server {self.server}: table {self.name!r} is sparse; {verb} takes dense tables")
+        if self.shard is None:
+            raise PSError(f"server {self.server} holds no parameter of dense table {self.name!r}; {verb} was sent to the wrong server")
+        return self.shard
+
+    def sparse_shard(self, verb: str) -> SparseTable:
+        if self.spec["kind"] != "sparse":
+            raise ConfigError(f"server {self.server}: table {self.name!r} is dense; {verb} takes sparse tables")
+        return self.shard
+
+    def dense_parts(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """This server's (N_s,) flat part -> name -> view with the parameter's shape."""
+        layout = self.layout
+        if flat.numel() != layout.server_sizes[self.server]:
+            raise ConfigError(
+                f"dense table {self.name!r}: got {flat.numel()} values for server {self.server}, which holds "
+                f"{layout.server_sizes[self.server]}; client and server disagree on the table's parameters"
+            )
+        parts, pos = {}, 0
+        for i in layout.params_of(self.server):
+            n = layout.sizes[i]
+            parts[layout.names[i]] = flat[pos : pos + n].view(layout.shapes[i])
+            pos += n
+        return parts
 
 
-def check_table_name(name: str, where: str) -> str:
-    if not isinstance(name, str) or not TABLE_NAME_RE.match(name):
-        raise ConfigError(f"{where}: table name {name!r}; use 1-128 letters, digits, '_', '.', '-' (it names a folder)")
-    return name
+class ServerHalf(Protocol):
+    """A PS mode's server half (recps.ps.modes): what the pushes to its tables do on this server.
+
+    Each method returns the reply (a list of tensors, (tensors, meta), or a Future of one: a
+    deferred reply). `fields` are the request's named tensors (see the verbs above).
+    """
+
+    def push(self, table: HostedTable, fields: Mapping, meta: Mapping): ...
+
+    def push_dense(self, table: HostedTable, fields: Mapping, meta: Mapping): ...
+
+    def pending(self) -> int:
+        """Requests it holds unanswered (stats)."""
+
+    def close(self) -> None:
+        """The server stops: answer what is held with an error, end its threads."""
+
+
+ServerHalfFactory = Callable[[int], ServerHalf]  # server index -> the mode's half on that server
 
 
 class PSServer:
@@ -118,6 +150,8 @@ class PSServer:
         num_threads: handler threads serving requests concurrently; 0 serves on the network
             thread (one hop less per request, requests one at a time; save, load and shrink run
             on a background thread either way).
+        halves: mode name -> factory of its server half (`recps.ps.modes.server_halves()`); a
+            table of a mode not given here is refused at creation.
     """
 
     def __init__(
@@ -128,18 +162,18 @@ class PSServer:
         bind: str = "127.0.0.1",
         port: int = 0,
         num_threads: int = 2,
+        halves: Mapping[str, ServerHalfFactory] | None = None,
     ) -> None:
         if not 0 <= index < num_servers:
             raise ConfigError(f"PSServer: index={index} is outside [0, num_servers={num_servers})")
         self.index, self.num_servers = index, num_servers
         self._transport = TransportServer(self._handle, token=token, bind=bind, port=port, num_threads=num_threads)
-        self._tables: dict[str, _Table] = {}
+        self._tables: dict[str, HostedTable] = {}
         self._tables_lock = threading.Lock()
-        self._sync: dict[tuple[str, str, int], _SyncStep] = {}
-        self._sync_lock = threading.Lock()
+        self._factories = dict(halves or {})
+        self._halves: dict[str, ServerHalf] = {}  # made on the first table of each mode
         self.stopped = threading.Event()  # set by stop()
         self._stop_requested = threading.Event()
-        self._sweeper: threading.Thread | None = None
         # Long verbs (save, load, shrink) run here, one at a time, so that they never hold a
         # handler thread (or, with num_threads=0, the network thread) while pulls wait.
         self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"recps-ps{index}-background")
@@ -149,12 +183,8 @@ class PSServer:
             "describe": self._describe,
             "pull": self._pull,
             "push": self._push,
-            "push_sync": self._push_sync,
-            "push_delta": self._push_delta,
             "pull_dense": self._pull_dense,
             "push_dense": self._push_dense,
-            "push_dense_sync": self._push_dense_sync,
-            "push_dense_delta": self._push_dense_delta,
             "save": self._in_background(self._save),
             "load": self._in_background(self._load),
             "shrink": self._in_background(self._shrink),
@@ -173,30 +203,27 @@ class PSServer:
     def start(self) -> "PSServer":
         warm_up_kernels()  # before the first request: loading the tables' compiled loops takes ~1 s
         self._transport.start()
-        self._sweeper = threading.Thread(target=self._sweep, name=f"recps-ps{self.index}-sweeper", daemon=True)
-        self._sweeper.start()
         logger.info("server %d/%d serving on %s", self.index, self.num_servers, self.endpoint)
         return self
 
     def stop(self, timeout: float = 5.0) -> bool:
-        """Stop serving (pending push_sync steps fail); True if every thread ended within `timeout`."""
+        """Stop serving (the modes' halves answer what they hold with an error); True if every
+        thread ended within `timeout`."""
         self._stop_requested.set()
         self.stopped.set()
-        with self._sync_lock:
-            pending, self._sync = list(self._sync.values()), {}
-        for step in pending:
-            _fail(step, PSError(f"server {self.index} stopped while a synchronous step was pending"))
+        with self._tables_lock:
+            halves = list(self._halves.values())
+        for half in halves:
+            half.close()
         clean = self._transport.stop(timeout)
-        if self._sweeper is not None:
-            self._sweeper.join(timeout)
         self._background.shutdown(wait=False, cancel_futures=True)
         return clean
 
     def _in_background(self, verb):
         """The verb, run on the background thread: its handler returns a Future (a deferred reply)."""
 
-        def deferred(name, tensors, meta) -> Future:
-            return self._background.submit(verb, name, tensors, meta)
+        def deferred(name, fields, meta) -> Future:
+            return self._background.submit(verb, name, fields, meta)
 
         return deferred
 
@@ -223,13 +250,13 @@ class PSServer:
 
     # -- dispatch ------------------------------------------------------------------------------
 
-    def _handle(self, verb: str, table: str, tensors: list, meta: dict):
+    def _handle(self, verb: str, table: str, fields: dict, meta: dict):
         fn = self._verbs.get(verb)
         if fn is None:
             raise PSError(f"unknown verb {verb!r}; this server speaks {sorted(self._verbs)}")
-        return fn(table, tensors, meta)
+        return fn(table, fields, meta)
 
-    def _get(self, name: str, kind: str | None = None) -> _Table:
+    def _get(self, name: str, kind: str | None = None) -> HostedTable:
         table = self._tables.get(name)
         if table is None:
             known = sorted(self._tables) or "none"
@@ -238,11 +265,17 @@ class PSServer:
             raise ConfigError(f"server {self.index}: table {name!r} is {table.spec['kind']}, not {kind}")
         return table
 
-    def _dense_shard(self, name: str, verb: str) -> tuple[_Table, DenseTable]:
-        table = self._get(name, "dense")
-        if table.shard is None:
-            raise PSError(f"server {self.index} holds no parameter of dense table {name!r}; {verb} was sent to the wrong server")
-        return table, table.shard
+    def _half(self, mode: str, name: str) -> ServerHalf:
+        """The server half of `mode` (made once per server, under the tables lock)."""
+        half = self._halves.get(mode)
+        if half is None:
+            factory = self._factories.get(mode)
+            if factory is None:
+                raise ConfigError(f"server {self.index}: table {name!r} is trained by mode {mode!r}, and this server "
+                                  f"knows the modes {sorted(self._factories) or 'none'}; start it with "
+                                  "halves=recps.ps.modes.server_halves() (Fleet.init_server does)")
+            half = self._halves[mode] = factory(self.index)
+        return half
 
     # -- create / describe ---------------------------------------------------------------------
 
@@ -258,152 +291,66 @@ class PSServer:
                         "on every worker, or another table name"
                     )
                 return {"spec": old.json, "created": False}
-            self._tables[name] = make()
-            logger.info("server %d: created %s table %r", self.index, spec["kind"], name)
+            self._tables[name] = make(self._half(spec["mode"], name))
+            logger.info("server %d: created %s table %r (%s)", self.index, spec["kind"], name, spec["mode"])
             return {"spec": self._tables[name].json, "created": True}
 
-    def _create_sparse(self, name, tensors, meta):
+    def _create_sparse(self, name, fields, meta):
         spec = parse_spec(str(meta.get("spec", "")), f"create_sparse {name!r}")
         if spec["kind"] != "sparse":
             raise ConfigError(f"create_sparse {name!r}: spec kind {spec['kind']!r}")
-        return [], self._register(name, spec, lambda: _Table(name, spec, build_sparse(spec, name, self.num_servers), None))
+        return [], self._register(name, spec, lambda half: HostedTable(
+            name, spec, build_sparse(spec, name, self.num_servers), None, half, self.index))
 
-    def _create_dense(self, name, tensors, meta):
+    def _create_dense(self, name, fields, meta):
         spec = parse_spec(str(meta.get("spec", "")), f"create_dense {name!r}")
         if spec["kind"] != "dense":
             raise ConfigError(f"create_dense {name!r}: spec kind {spec['kind']!r}")
         layout = DenseLayout(spec, self.num_servers)
-        values = tensors[0].to(torch.float32) if tensors else None
+        values = fields["values"].to(torch.float32) if "values" in fields else None
 
-        def make() -> _Table:
-            return _Table(name, spec, build_dense(spec, name, self.index, self.num_servers, values), layout)
+        def make(half) -> HostedTable:
+            shard = build_dense(spec, name, self.index, self.num_servers, values)
+            return HostedTable(name, spec, shard, layout, half, self.index)
 
         return [], self._register(name, spec, make)
 
-    def _describe(self, name, tensors, meta):
+    def _describe(self, name, fields, meta):
         return [], {"spec": self._get(name).json}
 
-    def _list_tables(self, name, tensors, meta):
+    def _list_tables(self, name, fields, meta):
         with self._tables_lock:
             return [], {"tables": json.dumps({n: t.spec for n, t in self._tables.items()})}
 
-    # -- sparse verbs --------------------------------------------------------------------------
+    # -- data verbs: pulls read the shard, pushes go to the table's mode ----------------------
 
-    def _pull(self, name, tensors, meta):
-        shard: SparseTable = self._get(name, "sparse").shard
-        return [shard.pull(tensors[0], create=bool(meta.get("create", True)))]
+    def _pull(self, name, fields, meta):
+        shard = self._get(name).sparse_shard("pull")
+        return [shard.pull(fields["keys"], create=bool(meta.get("create", True)))]
 
-    def _push(self, name, tensors, meta):
-        shard: SparseTable = self._get(name, "sparse").shard
-        shows, clicks = (tensors[2], tensors[3]) if len(tensors) == 4 else (None, None)
-        shard.push(tensors[0], tensors[1], shows=shows, clicks=clicks, unique=bool(meta.get("unique")))
-        return []
+    def _push(self, name, fields, meta):
+        table = self._get(name)
+        table.sparse_shard("push")
+        return table.half.push(table, fields, meta)
 
-    def _push_delta(self, name, tensors, meta):
-        shard: SparseTable = self._get(name, "sparse").shard
-        shows, clicks = (tensors[2], tensors[3]) if len(tensors) == 4 else (None, None)
-        shard.push_delta(tensors[0], tensors[1], shows=shows, clicks=clicks, unique=bool(meta.get("unique")))
-        return []
+    def _pull_dense(self, name, fields, meta):
+        return [self._get(name).dense_shard("pull_dense").flat()]
 
-    def _arrive(self, kind: str, name: str, meta: dict, add) -> tuple[_SyncStep, Future, bool]:
-        """Record worker meta["worker"]'s contribution to (name, step) with add(step), under the
-        lock; returns the step, the worker's deferred reply and whether it was the last to arrive."""
-        step_id, worker, workers = int(meta["step"]), int(meta["worker"]), int(meta["workers"])
-        if not 0 <= worker < workers:
-            raise ConfigError(f"{kind} {name!r} step {step_id}: worker={worker} is outside [0, workers={workers})")
-        key = (kind, name, step_id)
-        future: Future = Future()
-        with self._sync_lock:
-            step = self._sync.get(key)
-            if step is None:
-                deadline = time.monotonic() + float(meta.get("timeout_s", 60.0))
-                step = self._sync[key] = _SyncStep(workers=workers, deadline=deadline)
-            if step.workers != workers:
-                raise ConfigError(f"{kind} {name!r} step {step_id}: worker {worker} says workers={workers}, others said {step.workers}")
-            if worker in step.arrived:
-                raise ConfigError(f"{kind} {name!r} step {step_id}: worker {worker} pushed twice; each worker pushes each step once")
-            add(step)
-            step.arrived[worker] = future
-            last = len(step.arrived) == workers
-            if last:
-                del self._sync[key]
-        return step, future, last
-
-    def _push_sync(self, name, tensors, meta):
-        shard: SparseTable = self._get(name, "sparse").shard
-        keys, grads = tensors[0], tensors[1]
-
-        def add(step: _SyncStep) -> None:
-            step.keys.append(keys)
-            step.grads.append(grads)
-
-        step, future, last = self._arrive("push_sync", name, meta, add)
-        if last:
-            self._apply_sync(step, lambda: _apply_sparse_sync(shard, step))
-        return future
-
-    def _push_dense_sync(self, name, tensors, meta):
-        table, shard = self._dense_shard(name, "push_dense_sync")
-        grads = tensors[0]
-
-        def add(step: _SyncStep) -> None:
-            step.dense = grads.clone() if step.dense is None else step.dense.add_(grads)
-
-        step, future, last = self._arrive("push_dense_sync", name, meta, add)
-        if last:
-            self._apply_sync(step, lambda: _apply_dense(table, shard, step.dense.div_(step.workers), "push", self.index))
-        return future
-
-    def _apply_sync(self, step: _SyncStep, apply) -> None:
-        try:
-            apply()
-        except Exception as e:  # noqa: BLE001 - every waiting worker gets the error
-            _fail(step, e)
-            return
-        for f in step.arrived.values():
-            f.set_result(None)
-
-    def _sweep(self) -> None:
-        """Fail synchronous steps whose deadline passed, naming the workers that never pushed."""
-        while not self.stopped.wait(_SWEEP_S):
-            now = time.monotonic()
-            with self._sync_lock:
-                expired = [(k, s) for k, s in self._sync.items() if s.deadline <= now]
-                for k, _ in expired:
-                    del self._sync[k]
-            for (kind, name, step_id), step in expired:
-                missing = sorted(set(range(step.workers)) - set(step.arrived))
-                _fail(step, _Timeout(
-                    f"server {self.index}: {kind} of table {name!r} step {step_id}: worker(s) {missing} did not push "
-                    f"within the timeout ({len(step.arrived)} of {step.workers} arrived); is a worker dead or behind?"
-                ))
-
-    # -- dense verbs ---------------------------------------------------------------------------
-
-    def _pull_dense(self, name, tensors, meta):
-        table, shard = self._dense_shard(name, "pull_dense")
-        return [_dense_flat(table, shard)]
-
-    def _push_dense(self, name, tensors, meta):
-        table, shard = self._dense_shard(name, "push_dense")
-        _apply_dense(table, shard, tensors[0], "push", self.index)
-        return [_dense_flat(table, shard)] if meta.get("return_values") else []
-
-    def _push_dense_delta(self, name, tensors, meta):
-        table, shard = self._dense_shard(name, "push_dense_delta")
-        _apply_dense(table, shard, tensors[0], "push_delta", self.index)
-        return [_dense_flat(table, shard)] if meta.get("return_values") else []
+    def _push_dense(self, name, fields, meta):
+        table = self._get(name)
+        table.dense_shard("push_dense")
+        return table.half.push_dense(table, fields, meta)
 
     # -- checkpoints, shrink, stats, stop ------------------------------------------------------
 
-    def _selected(self, meta: dict) -> list[_Table]:
+    def _selected(self, meta: dict) -> list[HostedTable]:
         names = [n for n in str(meta.get("tables", "")).split(",") if n]
         with self._tables_lock:
             if not names:
                 return list(self._tables.values())
         return [self._get(n) for n in names]
 
-    def _save(self, name, tensors, meta):
+    def _save(self, name, fields, meta):
         path, mode = Path(str(meta["path"])), str(meta.get("mode", "full"))
         if mode not in SAVE_MODES:
             raise ConfigError(f"save: mode={mode!r}; use one of {SAVE_MODES}")
@@ -423,7 +370,7 @@ class PSServer:
         logger.info("server %d: saved %s (%s) to %s", self.index, sorted(result), mode, path)
         return [], {"result": json.dumps(result)}
 
-    def _load(self, name, tensors, meta):
+    def _load(self, name, fields, meta):
         path = Path(str(meta["path"]))
         names = [n for n in str(meta.get("tables", "")).split(",") if n]
         if not names:
@@ -440,7 +387,7 @@ class PSServer:
                     raise ConfigError(f"load: table {n!r} does not exist here and {spec_file} is missing; create the table first")
                 spec = parse_spec(spec_file.read_text(), f"load {spec_file}")
                 verb = self._create_sparse if spec["kind"] == "sparse" else self._create_dense
-                verb(n, [], {"spec": spec_json(spec)})
+                verb(n, {}, {"spec": spec_json(spec)})
             table = self._get(n)
             if table.spec["kind"] == "sparse":
                 result[n] = table.shard.load(folder, shard=self.index, num_shards=self.num_servers)
@@ -449,7 +396,7 @@ class PSServer:
         logger.info("server %d: loaded %s from %s", self.index, sorted(result), path)
         return [], {"result": json.dumps(result)}
 
-    def _shrink(self, name, tensors, meta):
+    def _shrink(self, name, fields, meta):
         deleted = 0
         explicit = bool(meta.get("tables"))
         for table in self._selected(meta):
@@ -457,7 +404,7 @@ class PSServer:
                 deleted += table.shard.shrink()
         return [], {"deleted": deleted}
 
-    def _stats(self, name, tensors, meta):
+    def _stats(self, name, fields, meta):
         with self._tables_lock:
             tables = list(self._tables.values())
         stats = {}
@@ -467,61 +414,14 @@ class PSServer:
             else:
                 n = t.layout.server_sizes[self.index]
                 stats[t.name] = {"kind": "dense", "rows": n, "memory_bytes": n * 4 * 2}  # values and ~state
-        with self._sync_lock:
-            pending = len(self._sync)
-        return [], {"stats": json.dumps({"server": self.index, "tables": stats, "pending_sync_steps": pending})}
+        with self._tables_lock:
+            pending = {mode: half.pending() for mode, half in self._halves.items()}
+        return [], {"stats": json.dumps({"server": self.index, "tables": stats, "pending": pending})}
 
-    def _stop_verb(self, name, tensors, meta):
+    def _stop_verb(self, name, fields, meta):
         logger.info("server %d: stop requested by a client", self.index)
         self._stop_requested.set()
         return []
-
-
-class _Timeout(Exception):
-    """A synchronous step expired: answered as meta {"error": "timeout"}, raised by the client as
-    PSTimeoutError (an exception crossing the transport would arrive as a plain PSError)."""
-
-
-def _fail(step: _SyncStep, error: Exception) -> None:
-    for f in step.arrived.values():
-        if f.done():
-            continue
-        if isinstance(error, _Timeout):
-            f.set_result(([], {"error": "timeout", "message": str(error)}))
-        else:
-            f.set_exception(error)
-
-
-@torch.no_grad()
-def _apply_sparse_sync(shard: SparseTable, step: _SyncStep) -> None:
-    keys = torch.cat(step.keys) if len(step.keys) > 1 else step.keys[0]  # (sum K,)
-    grads = torch.cat(step.grads) if len(step.grads) > 1 else step.grads[0]  # (sum K, D)
-    if keys.numel():
-        # Keys pushed by several workers are summed by the table: / W makes it the mean.
-        shard.push(keys, grads / step.workers if step.workers > 1 else grads)
-
-
-def _dense_parts(table: _Table, flat: torch.Tensor, server: int) -> dict[str, torch.Tensor]:
-    layout = table.layout
-    if flat.numel() != layout.server_sizes[server]:
-        raise ConfigError(
-            f"dense table {table.name!r}: got {flat.numel()} values for server {server}, which holds "
-            f"{layout.server_sizes[server]}; client and server disagree on the table's parameters"
-        )
-    parts, pos = {}, 0
-    for i in layout.params_of(server):
-        n = layout.sizes[i]
-        parts[layout.names[i]] = flat[pos : pos + n].view(layout.shapes[i])
-        pos += n
-    return parts
-
-
-def _apply_dense(table: _Table, shard: DenseTable, flat: torch.Tensor, verb: str, server: int) -> None:
-    getattr(shard, verb)(_dense_parts(table, flat, server))
-
-
-def _dense_flat(table: _Table, shard: DenseTable) -> torch.Tensor:
-    return shard.flat()  # (N_s,)
 
 
 def _write_spec(folder: Path, text: str) -> None:

@@ -6,8 +6,15 @@ A spec is a dict of JSON scalars, lists and dicts (never pickled); servers compa
     sparse spec  {"kind": "sparse", "dim": D, "optimizer": {"name": "adagrad", "lr": 0.05, ...},
                   "initializer": {"kind": "uniform", "low": -0.01, ...}, "accessor": {...} | None,
                   "entry": {"name": "count_filter", "count": 3} | None, "dtype": "float32",
-                  "seed": 0, "capacity": 0}
-    dense spec   {"kind": "dense", "params": [[name, [shape...]], ...], "optimizer": {...}}
+                  "seed": 0, "capacity": 0, "mode": "async"}
+    dense spec   {"kind": "dense", "params": [[name, [shape...]], ...], "optimizer": {...}, "mode": "async"}
+
+`mode` tags the table with the PS mode that trains it ("sync", "async", "geo"): the server hands
+the table's pushes to that mode's server half (recps.ps.modes), so two tables of one job may
+follow two modes. A spec without one (written before modes were tagged) is "async".
+
+`TableConfig` is what a user configures of a sparse table (conf/ps/*.yaml `table:`): update
+rule, initial values, capacity, seed; `TableConfig.spec(dim, mode)` makes the spec.
 
 A dense table is a list of named parameters; the Communicator sees it as one flat (N,) float32
 vector, the parameters' values concatenated in spec order. `DenseLayout` places each parameter
@@ -24,7 +31,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from collections.abc import Mapping
+from dataclasses import dataclass, field
+
 import torch
 
 from recps.errors import ConfigError
@@ -40,6 +50,9 @@ from recps.ps.table import (
 )
 
 __all__ = [
+    "TableConfig",
+    "TABLE_NAME_RE",
+    "check_table_name",
     "sparse_spec",
     "dense_spec",
     "build_sparse",
@@ -51,6 +64,20 @@ __all__ = [
 ]
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16}
+TABLE_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")  # names become folder names in checkpoints
+DEFAULT_MODE = "async"  # the mode of a spec that names none (checkpoints written before tables were tagged)
+
+
+def check_table_name(name: str, where: str) -> str:
+    if not isinstance(name, str) or not TABLE_NAME_RE.match(name):
+        raise ConfigError(f"{where}: table name {name!r}; use 1-128 letters, digits, '_', '.', '-' (it names a folder)")
+    return name
+
+
+def _mode(mode: str, where: str) -> str:
+    if not isinstance(mode, str) or not re.match(r"^[a-z][a-z0-9_]{0,31}$", mode):
+        raise ConfigError(f"{where}: mode={mode!r}; name the PS mode that trains the table (sync, async, geo)")
+    return mode
 
 
 def _optimizer(optimizer: Mapping | UpdateRule | None, where: str) -> dict:
@@ -106,6 +133,7 @@ def sparse_spec(
     dtype: str = "float32",
     seed: int = 0,
     capacity: int = 0,
+    mode: str = DEFAULT_MODE,
     where: str = "sparse table",
 ) -> dict:
     """A validated, canonical sparse table spec (see the module docstring)."""
@@ -125,12 +153,14 @@ def sparse_spec(
         "dtype": dtype,
         "seed": int(seed),
         "capacity": int(capacity),
+        "mode": _mode(mode, where),
     }
 
 
 def dense_spec(
     params: int | Mapping[str, tuple[int, ...] | torch.Size | torch.Tensor],
     optimizer: Mapping | UpdateRule | None = None,
+    mode: str = DEFAULT_MODE,
     where: str = "dense table",
 ) -> dict:
     """A validated dense table spec: `params` is a flat size N (one parameter "value" of shape
@@ -149,7 +179,7 @@ def dense_spec(
         if any(isinstance(d, bool) or int(d) != d or d < 0 for d in shape):
             raise ConfigError(f"{where}: parameter {name} has shape {shape}; dims must be integers >= 0")
         shapes.append([name, [int(d) for d in shape]])
-    return {"kind": "dense", "params": shapes, "optimizer": _optimizer(optimizer, where)}
+    return {"kind": "dense", "params": shapes, "optimizer": _optimizer(optimizer, where), "mode": _mode(mode, where)}
 
 
 def spec_json(spec: Mapping) -> str:
@@ -165,6 +195,8 @@ def parse_spec(text: str, where: str) -> dict:
         raise ConfigError(f"{where}: the table spec is not JSON ({e})") from None
     if not isinstance(spec, dict) or spec.get("kind") not in ("sparse", "dense"):
         raise ConfigError(f"{where}: the table spec has kind={spec.get('kind') if isinstance(spec, dict) else spec!r}")
+    spec.setdefault("mode", DEFAULT_MODE)
+    _mode(spec["mode"], where)
     return spec
 
 
@@ -218,6 +250,49 @@ def build_dense(spec: Mapping, name: str, server: int, num_servers: int, values:
         params[layout.names[i]] = values[pos : pos + n].reshape(shape) if values is not None else torch.zeros(shape)
         pos += n
     return DenseTable(params, optimizer=_rule(spec), name=name)
+
+
+def _default_table_optimizer() -> dict:
+    return {"name": "rowwise_adagrad", "lr": 0.05, "eps": 1e-8}
+
+
+@dataclass
+class TableConfig:
+    """A sparse table's settings (conf/ps/<mode>.yaml `table:`): every table a PS mode creates.
+
+    Args:
+        optimizer: the update rule, {"name": "sgd" | "adagrad" | "rowwise_adagrad" | "adam", "lr", ...}:
+            applied by the servers (sync, async) or by a GEO worker's replica ("sgd" | "rowwise_adagrad").
+            "eps" is dropped for "sgd" (conf keeps Adagrad's eps next to the name).
+        init_std: rows start uniform with this std, a deterministic function of (key, seed).
+        capacity: expected rows of the table over all servers (0: grow as keys come; reserving
+            them spares the key index's re-hashing as the table grows).
+        seed: of the initial values.
+    """
+
+    optimizer: Mapping = field(default_factory=_default_table_optimizer)
+    init_std: float = 0.01
+    capacity: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.optimizer = dict(self.optimizer)
+        if self.optimizer.get("name") == "sgd":
+            self.optimizer.pop("eps", None)
+        if isinstance(self.capacity, bool) or not isinstance(self.capacity, int) or self.capacity < 0:
+            raise ConfigError(f"ps.table.capacity={self.capacity!r}; it must be an integer >= 0")
+        if not (isinstance(self.init_std, (int, float)) and self.init_std >= 0):
+            raise ConfigError(f"ps.table.init_std={self.init_std!r}; it must be a number >= 0")
+        _optimizer(self.optimizer, "ps.table")  # a bad rule fails here, before a server sees it
+
+    def initializer(self) -> dict:
+        bound = self.init_std * 3**0.5  # U(-b, b) has std b/sqrt(3): the same rows as ps=local's init_std
+        return {"kind": "uniform", "low": -bound, "high": bound}
+
+    def spec(self, dim: int, mode: str, where: str = "sparse table") -> dict:
+        """The sparse spec of a table of width `dim` trained by `mode`."""
+        return sparse_spec(dim, self.optimizer, self.initializer(), seed=self.seed, capacity=self.capacity,
+                           mode=mode, where=where)
 
 
 class DenseLayout:

@@ -12,6 +12,7 @@ from recps.ps.table.checkpoint import CheckpointError
 from recps.ps.table.dense import DenseTable
 from recps.ps.table.hashing import PARTITION_SCHEME, Initializer, partition
 from recps.ps.table.key_index import KeyIndex
+from recps.ps.table.keys import as_keys, unique_keys
 from recps.ps.table.optimizers import AdagradRule, AdamRule, RowWiseAdagradRule, SGDRule, UpdateRule, make_rule
 from recps.ps.table.sparse import SAVE_MODES, SparseTable
 
@@ -19,6 +20,8 @@ __all__ = [
     "SparseTable",
     "DenseTable",
     "KeyIndex",
+    "as_keys",
+    "unique_keys",
     "partition",
     "PARTITION_SCHEME",
     "Initializer",

@@ -4,7 +4,9 @@ Everything here is a pure function of its inputs (no global random state), so a 
 shard, a GEO worker's local replica and a re-sharded checkpoint all compute the same
 answer for the same key. The mixer is splitmix64 (Steele, Lea, Flood, 2014), written in
 int64 tensor ops: multiplication wraps modulo 2^64 and logical right shifts are emulated
-with a mask, so results equal the textbook unsigned version bit for bit.
+with a mask, so results equal the textbook unsigned version bit for bit. It is written once, in
+`recps.splitmix` (light: torch and numpy only, so the data generators need not load the tables);
+`splitmix64` and `splitmix64_numpy` are re-exported here.
 
 Shapes: K keys, D embedding dim.
 
@@ -23,78 +25,16 @@ import torch
 
 from recps.errors import ConfigError
 from recps.ps.table._kernels import NORMAL, UNIFORM, init_rows
+from recps.splitmix import _GAMMA, _MASK64, _s64, _splitmix64_int, _srl, splitmix64, splitmix64_numpy  # noqa: F401
 
-__all__ = ["splitmix64", "partition", "Initializer", "PARTITION_SCHEME"]
+__all__ = ["splitmix64", "splitmix64_numpy", "partition", "Initializer", "PARTITION_SCHEME"]
 
 # Name written into checkpoint manifests: a loader refuses a checkpoint partitioned otherwise.
 PARTITION_SCHEME = "splitmix64-salted-mod/v1"
 
-_MASK64 = (1 << 64) - 1
-
-
-def _s64(x: int) -> int:
-    """An unsigned 64-bit constant as the int64 with the same bits."""
-    x &= _MASK64
-    return x - (1 << 64) if x >= 1 << 63 else x
-
-
-_GAMMA = _s64(0x9E3779B97F4A7C15)
-_MUL1 = _s64(0xBF58476D1CE4E5B9)
-_MUL2 = _s64(0x94D049BB133111EB)
 # Distinct salts keep the partition hash, the initializer hash and the seed mix independent.
 _PARTITION_SALT = _s64(0x5BD1E9955BD1E995)
 _INIT_SALT = _s64(0x2545F4914F6CDD1D)
-
-
-def _srl(x: torch.Tensor, s: int) -> torch.Tensor:
-    """Logical (unsigned) right shift of int64 bits."""
-    return (x >> s) & ((1 << (64 - s)) - 1)
-
-
-_CHUNK = 1 << 16  # elements per pass: temporaries stay in L2 (5x faster than whole-tensor ops here)
-
-
-def _mix_into(z: torch.Tensor, t: torch.Tensor) -> None:
-    """splitmix64 finalizer in place on z (int64 bits as uint64), t a scratch buffer."""
-    torch.bitwise_right_shift(z, 30, out=t)
-    t.bitwise_and_((1 << 34) - 1)
-    z.bitwise_xor_(t).mul_(_MUL1)
-    torch.bitwise_right_shift(z, 27, out=t)
-    t.bitwise_and_((1 << 37) - 1)
-    z.bitwise_xor_(t).mul_(_MUL2)
-    torch.bitwise_right_shift(z, 31, out=t)
-    t.bitwise_and_((1 << 33) - 1)
-    z.bitwise_xor_(t)
-
-
-def splitmix64(x: torch.Tensor, add: torch.Tensor | int = 0) -> torch.Tensor:
-    """splitmix64 finalizer of (x + add + golden gamma), elementwise on int64 tensors (bits as
-    uint64); `add` broadcasts against x. Returns a new contiguous int64 tensor.
-
-    >>> splitmix64(torch.tensor([0])).item() == _s64(0xE220A8397B1DCDAF)
-    True
-    """
-    if isinstance(add, torch.Tensor):
-        x, add = torch.broadcast_tensors(x, add)
-    out = torch.empty(x.shape, dtype=torch.int64)
-    flat, flat_x = out.view(-1), x.reshape(-1)
-    flat_add = add.reshape(-1) if isinstance(add, torch.Tensor) else None
-    scratch = torch.empty(min(_CHUNK, flat.numel()), dtype=torch.int64)
-    for start in range(0, flat.numel(), _CHUNK):
-        end = min(start + _CHUNK, flat.numel())
-        z = flat[start:end]
-        torch.add(flat_x[start:end], flat_add[start:end] if flat_add is not None else add, out=z)
-        z.add_(_GAMMA)
-        _mix_into(z, scratch[: end - start])
-    return out
-
-
-def _splitmix64_int(x: int) -> int:
-    """splitmix64 on one Python int (used for seeds), same bits as the tensor version."""
-    z = (x + 0x9E3779B97F4A7C15) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return _s64(z ^ (z >> 31))
 
 
 def partition(keys: torch.Tensor, num_shards: int) -> torch.Tensor:

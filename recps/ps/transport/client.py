@@ -267,10 +267,11 @@ class TransportClient:
         server: int,
         verb: str,
         table: str = "",
-        tensors: Sequence[torch.Tensor] = (),
+        tensors: Sequence[torch.Tensor] | Mapping[str, torch.Tensor] = (),
         meta: Mapping[str, MetaValue] | None = None,
     ) -> Handle:
-        """Send `verb` for `table` with `tensors` and `meta` to server `server`; returns at once."""
+        """Send `verb` for `table` with `tensors` (a mapping: named fields) and `meta` to server
+        `server`; returns at once."""
         if self._closed:
             raise PSError("the transport client is closed; create a new one")
         if not 0 <= server < len(self.endpoints):
@@ -279,7 +280,8 @@ class TransportClient:
             raise ValueError(f"verb {verb!r} is empty or reserved (names starting with '__' belong to the transport)")
         rid = next(self._ids)
         frames = wire.encode(wire.REQUEST, rid, verb=verb, text=table, tensors=tensors, meta=meta, token_digest=self._digest)
-        num_keys = int(tensors[0].shape[0]) if len(tensors) and tensors[0].dim() else 0
+        first = next(iter(tensors.values() if isinstance(tensors, Mapping) else tensors), None)
+        num_keys = int(first.shape[0]) if first is not None and first.dim() else 0
         channel = self._channel()
         handle = Handle(channel, server, self.endpoints[server], verb, table, num_keys, rid, self.timeout_s)
         with channel.lock:
@@ -295,7 +297,7 @@ class TransportClient:
                 ) from None
         return handle
 
-    def call(self, server: int, verb: str, table: str = "", tensors: Sequence[torch.Tensor] = (),
+    def call(self, server: int, verb: str, table: str = "", tensors: Sequence[torch.Tensor] | Mapping[str, torch.Tensor] = (),
              meta: Mapping[str, MetaValue] | None = None, timeout: float | None = None) -> Reply:
         """request(...).wait(timeout)."""
         return self.request(server, verb, table, tensors, meta).wait(timeout)

@@ -11,7 +11,8 @@ never stops the server. PING ("__ping__") is answered without calling the handle
 
 Handler contract:
 
-    handler(verb: str, table: str, tensors: list[Tensor], meta: dict[str, int | float | bool | str])
+    handler(verb: str, table: str, fields: dict[str | int, Tensor], meta: dict[str, int | float | bool | str])
+        fields: the request's tensors by name (`wire`), an unnamed one under its position
         -> list[Tensor]  |  (list[Tensor], meta dict)  |  None (no tensors)
         |  a concurrent.futures.Future resolving to one of these (a deferred reply: the handler
            thread is released at once, the reply leaves when the future completes; use it for
@@ -47,7 +48,7 @@ logger = logging.getLogger(__name__)
 
 PING = "__ping__"  # answered by the transport itself; verbs starting with "__" are reserved
 
-Handler = Callable[[str, str, list, dict], object]
+Handler = Callable[[str, str, dict, dict], object]
 
 _server_ids = itertools.count()
 # Plain ints: pyzmq's enum constants cost an enum construction per use on this hot path.
@@ -292,7 +293,7 @@ class TransportServer:
         if msg.verb == PING:
             return wire.encode(wire.REPLY, msg.request_id)
         try:
-            result = self._handler(msg.verb, msg.text, msg.tensors, msg.meta)
+            result = self._handler(msg.verb, msg.text, msg.fields, msg.meta)
             if isinstance(result, Future):
                 args = (identity, msg.request_id, msg.verb, msg.text)
                 result.add_done_callback(lambda f: self._complete_deferred(*args, f))
@@ -323,6 +324,8 @@ def _reply(rid: int, result) -> list:
         raise TypeError("the handler returned a Tensor; return a list of tensors")
     else:
         tensors = result
+    if isinstance(tensors, Mapping):
+        tensors = list(tensors.values())
     return wire.encode(wire.REPLY, rid, tensors=list(tensors), meta=meta)
 
 

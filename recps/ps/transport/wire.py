@@ -10,7 +10,11 @@ verb length u8, text length u32, meta length u32. Then:
     verb    UTF-8 ("pull", "push", ...; empty in replies)
     text    UTF-8: the table name in a request, the error message in an error reply
     meta    a flat dict[str, int | float | bool | str] in a tiny binary encoding (_encode_meta)
-    per tensor: dtype code u8, ndim u8, ndim x u64 dims
+    per tensor: name length u8, name (UTF-8, may be empty), dtype code u8, ndim u8, ndim x u64 dims
+
+Tensors travel by name when the sender gives a mapping ({"keys": ..., "grads": ...}): the
+receiver reads `Message.fields`, a dict from each name (or, for an unnamed tensor, its position)
+to the tensor, so an optional field is absent rather than guessed from a count.
 
 Everything but the tensors shares one frame because every ZeroMQ send, receive and frame release
 lets go of the GIL, and each time a busy training thread of the same process may keep it for up
@@ -28,10 +32,10 @@ modified until the message has left, i.e. until the reply to the request has arr
 Only little-endian hosts are supported (x86-64, aarch64), as the tensor bytes travel as they lie in memory.
 
 >>> import torch
->>> frames = encode(REQUEST, 7, verb="pull", text="emb", tensors=[torch.arange(3)], meta={"step": 2},
+>>> frames = encode(REQUEST, 7, verb="pull", text="emb", tensors={"keys": torch.arange(3)}, meta={"step": 2},
 ...                 token_digest=token_digest("secret"))
 >>> msg = decode(frames)
->>> (msg.kind, msg.request_id, msg.verb, msg.text, msg.meta, msg.tensors[0].tolist())
+>>> (msg.kind, msg.request_id, msg.verb, msg.text, msg.meta, msg.fields["keys"].tolist())
 (1, 7, 'pull', 'emb', {'step': 2}, [0, 1, 2])
 """
 
@@ -70,7 +74,7 @@ __all__ = [
 ]
 
 MAGIC = b"RCPS"
-VERSION = 1
+VERSION = 2  # 2: tensors carry names
 REQUEST = 1
 REPLY = 2
 TOKEN_ENV = "RECPS_CLUSTER_TOKEN"
@@ -146,6 +150,13 @@ class Message:
     meta: dict[str, MetaValue] = field(default_factory=dict)
     tensors: list[torch.Tensor] = field(default_factory=list)
     token_digest: bytes = _NO_TOKEN
+    names: list[str] = field(default_factory=list)  # per tensor; "" for an unnamed one
+
+    @property
+    def fields(self) -> dict:
+        """name -> tensor, an unnamed tensor under its position (int)."""
+        names = self.names or [""] * len(self.tensors)
+        return {(n if n else i): t for i, (n, t) in enumerate(zip(names, self.tensors))}
 
 
 def resolve_token(token: str | bytes | None) -> bytes:
@@ -254,8 +265,11 @@ def _decode_meta(buf: memoryview) -> dict[str, MetaValue]:
     return meta
 
 
-def _tensor_buffer(i: int, t: torch.Tensor) -> tuple[bytes, object]:
+def _tensor_buffer(i: int, t: torch.Tensor, name: str = "") -> tuple[bytes, object]:
     """(descriptor, buffer) of one tensor; the buffer shares the tensor's memory when it is contiguous."""
+    name_b = name.encode("utf-8")
+    if len(name_b) > 255:
+        raise ValueError(f"tensor name {name[:40]!r}... is {len(name_b)} bytes; at most 255")
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"tensor {i} is a {type(t).__name__}; send torch.Tensors (meta holds scalars)")
     code = DTYPE_CODES.get(t.dtype)
@@ -272,7 +286,7 @@ def _tensor_buffer(i: int, t: torch.Tensor) -> tuple[bytes, object]:
         t = t.contiguous()  # the one copy the sender makes: strided views travel by value
     if t.dtype == torch.bfloat16:
         t = t.view(torch.int16)  # numpy has no bfloat16; the bits travel as int16
-    desc = struct.pack(f"<BB{t.dim()}Q", code, t.dim(), *t.shape)
+    desc = struct.pack("<B", len(name_b)) + name_b + struct.pack(f"<BB{t.dim()}Q", code, t.dim(), *t.shape)
     return desc, t.numpy().reshape(-1)  # (numel,) shares the tensor's memory; sent through the buffer protocol
 
 
@@ -282,20 +296,25 @@ def encode(
     *,
     verb: str = "",
     text: str = "",
-    tensors: Sequence[torch.Tensor] = (),
+    tensors: Sequence[torch.Tensor] | Mapping[str, torch.Tensor] = (),
     meta: Mapping[str, MetaValue] | None = None,
     status: Status = Status.OK,
     token_digest: bytes = _NO_TOKEN,
 ) -> list:
-    """The frames of one message (bytes and memoryviews, ready for send_multipart(copy=False))."""
+    """The frames of one message (bytes and memoryviews, ready for send_multipart(copy=False)).
+    `tensors` as a mapping travel under their names."""
+    if isinstance(tensors, Mapping):
+        names, tensors = [str(n) for n in tensors], list(tensors.values())
+    else:
+        names = [""] * len(tensors)
     if len(tensors) > MAX_TENSORS:
         raise ValueError(f"{len(tensors)} tensors in one message; at most {MAX_TENSORS}")
     verb_b, text_b = verb.encode("utf-8"), text.encode("utf-8")
     if len(text_b) > MAX_TEXT_BYTES or len(verb_b) > 255:
         raise ValueError(f"verb {verb[:40]!r} or text {text[:40]!r} too long (255 / {MAX_TEXT_BYTES} bytes)")
     descs, bufs = [], []
-    for i, t in enumerate(tensors):
-        desc, buf = _tensor_buffer(i, t)
+    for i, (t, name) in enumerate(zip(tensors, names)):
+        desc, buf = _tensor_buffer(i, t, name)
         descs.append(desc)
         bufs.append(buf)
     meta_b = _encode_meta(meta)
@@ -384,9 +403,14 @@ def decode(frames: Sequence) -> Message:
     verb = _text(head[pos : pos + verb_len], "verb")
     text = _text(head[pos + verb_len : pos + verb_len + text_len], "text")
     meta = _decode_meta(head[pos + verb_len + text_len : end])
-    shapes, pos = [], end
+    shapes, names, pos = [], [], end
     try:
         for i in range(n):
+            (name_len,) = struct.unpack_from("<B", head, pos)
+            if pos + 1 + name_len > len(head):
+                raise WireError(f"tensor {i}'s name declares {name_len} bytes past the head's end")
+            names.append(_text(head[pos + 1 : pos + 1 + name_len], f"tensor {i}'s name"))
+            pos += 1 + name_len
             code, ndim = struct.unpack_from("<BB", head, pos)
             if ndim > MAX_NDIM:
                 raise WireError(f"tensor {i} declares {ndim} dims; at most {MAX_NDIM}")
@@ -400,4 +424,4 @@ def decode(frames: Sequence) -> Message:
     if pos != len(head):
         raise WireError(f"head has {len(head) - pos} trailing bytes")
     tensors = [_tensor_from_buffer(i, code, shape, _buffer(frames[1 + i])) for i, (code, shape) in enumerate(shapes)]
-    return Message(kind, rid, _STATUS_OF[status], verb, text, meta, tensors, bytes(digest))
+    return Message(kind, rid, _STATUS_OF[status], verb, text, meta, tensors, bytes(digest), names)

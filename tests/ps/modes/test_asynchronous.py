@@ -9,8 +9,8 @@ import time
 import pytest
 import torch
 
-from recps.errors import PSError
-from recps.ps.modes import AsyncCommunicator, Communicator
+from recps.errors import ConfigError, PSError
+from recps.ps.modes import AsyncCommunicator, AsyncMode, Communicator, server_halves
 from recps.ps.node import PSClient, PSServer
 
 TOKEN = "async-test"
@@ -18,10 +18,11 @@ TOKEN = "async-test"
 
 @pytest.fixture
 def cluster():
-    server = PSServer(token=TOKEN).start()
+    server = PSServer(token=TOKEN, halves=server_halves()).start()
     client = PSClient([server.endpoint], token=TOKEN, timeout_s=10.0)
-    client.create_sparse_table("emb", dim=3, optimizer={"name": "sgd", "lr": 1.0}, initializer={"kind": "zeros"})
-    client.create_dense_table("dense", 5, optimizer={"name": "sgd", "lr": 1.0})
+    client.create_sparse_table("emb", dim=3, optimizer={"name": "sgd", "lr": 1.0}, initializer={"kind": "zeros"},
+                               mode="async")
+    client.create_dense_table("dense", 5, optimizer={"name": "sgd", "lr": 1.0}, mode="async")
     yield server, client
     client.close()
     server.stop()
@@ -29,8 +30,8 @@ def cluster():
 
 def test_everything_is_applied_after_flush(cluster):
     _, client = cluster
-    comm = AsyncCommunicator(client, max_pending=4, merge_threshold=3)
-    assert isinstance(comm, Communicator) and comm.mode == "async"
+    comm = AsyncMode(max_pending=4, merge_threshold=3).communicator(client)
+    assert isinstance(comm, AsyncCommunicator) and isinstance(comm, Communicator) and comm.mode == "async"
     g = torch.Generator().manual_seed(0)
     pushes = [[(torch.randperm(40, generator=g)[:25], torch.randn(25, 3, generator=g), torch.randn(5, generator=g))
                for _ in range(20)] for _ in range(2)]
@@ -67,7 +68,7 @@ def test_everything_is_applied_after_flush(cluster):
 
 def test_dense_copy_refreshes_in_the_background(cluster):
     _, client = cluster
-    comm = AsyncCommunicator(client, dense_refresh_steps=1)
+    comm = AsyncCommunicator(client, AsyncMode(dense_refresh_steps=1))
     assert comm.pull_dense("dense").tolist() == [0.0] * 5  # first call fetches
     client.push_dense("dense", torch.ones(5)).wait()  # another worker's update
     comm.step_end(0)
@@ -79,11 +80,11 @@ def test_dense_copy_refreshes_in_the_background(cluster):
 
 
 def test_push_blocks_when_max_pending_are_unapplied():
-    server = PSServer(token=TOKEN).start()
+    server = PSServer(token=TOKEN, halves=server_halves()).start()
     client = PSClient([server.endpoint], token=TOKEN, timeout_s=1.0)
-    client.create_sparse_table("emb", dim=2)
+    client.create_sparse_table("emb", dim=2, mode="async")
     server.stop()  # nothing will be applied any more
-    comm = AsyncCommunicator(client, max_pending=3, merge_threshold=1, timeout_s=1.0)
+    comm = AsyncMode(max_pending=3, merge_threshold=1, timeout_s=1.0).communicator(client)
     try:
         start = time.monotonic()
         for _ in range(3):
@@ -108,7 +109,7 @@ def _wait_until(condition, timeout: float = 5.0) -> bool:
 
 def test_min_merge_sends_every_m_pushes_as_one_and_flush_sends_the_rest(cluster):
     _, client = cluster
-    comm = AsyncCommunicator(client, max_pending=4, merge_threshold=4, min_merge=3)
+    comm = AsyncMode(max_pending=4, merge_threshold=4, min_merge=3).communicator(client)
     keys = torch.tensor([1, 2])
     for _ in range(2):
         comm.push("emb", keys, torch.ones(2, 3))
@@ -132,7 +133,7 @@ def test_min_merge_sends_every_m_pushes_as_one_and_flush_sends_the_rest(cluster)
 
 def test_dense_min_merge_sends_the_dense_sum_on_its_own_count(cluster):
     _, client = cluster
-    comm = AsyncCommunicator(client, max_pending=4, merge_threshold=4, min_merge=4, dense_min_merge=2)
+    comm = AsyncMode(max_pending=4, merge_threshold=4, min_merge=4, dense_min_merge=2).communicator(client)
     comm.push_dense("dense", torch.ones(5))
     time.sleep(0.2)
     assert client.pull_dense("dense").wait().tolist() == [0.0] * 5
@@ -143,8 +144,7 @@ def test_dense_min_merge_sends_the_dense_sum_on_its_own_count(cluster):
 
 
 @pytest.mark.parametrize("kwargs", [{"min_merge": 0}, {"min_merge": 5, "max_pending": 4}, {"min_merge": 3, "merge_threshold": 2}])
-def test_min_merge_out_of_range_is_refused(cluster, kwargs):
-    from recps.errors import ConfigError
-
+def test_min_merge_out_of_range_is_refused(kwargs):
+    """The mode refuses its knobs when it is built (before any communicator or server)."""
     with pytest.raises(ConfigError, match="min_merge"):
-        AsyncCommunicator(cluster[1], **kwargs)
+        AsyncMode(**kwargs)

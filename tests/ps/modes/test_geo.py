@@ -21,11 +21,11 @@ from models import CTRDNN
 from recps.data.reader import Examples, TensorBatches
 from recps.errors import ConfigError, PSError
 from recps.ps.embedding import PSEmbeddingBagCollection, salted_keys
-from recps.ps.modes.geo import GeoCommunicator
-from recps.ps.worker import GeoDenseUpdater
+from recps.ps.modes import server_halves
+from recps.ps.modes.geo import GeoCommunicator, GeoDenseUpdater, GeoMode
 from recps.trainer import Trainer
 from recps.data.dataset import ExamplesSource
-from recps.ps.node import PSClient, PSServer
+from recps.ps.node import PSClient, PSServer, TableConfig
 from recps.ps.table import Initializer
 from recps.tasks import BinaryTask
 
@@ -33,6 +33,15 @@ FEATURES = ["C1", "C2", "C3", "C4"]
 DIM = 9  # not a multiple of 4: the TBE pads to 12 and must not change the arithmetic
 INIT = {"kind": "uniform", "low": -0.1, "high": 0.1}
 TOKEN = "geo-test"
+SGD1 = {"name": "sgd", "lr": 1.0}
+
+
+def geo_comm(client: PSClient, optimizer: dict | None = SGD1, **knobs) -> GeoCommunicator:
+    """A GEO communicator whose replica trains with `optimizer` (None: GeoMode's default)."""
+    table = TableConfig() if optimizer is None else TableConfig(optimizer=optimizer)
+    comm = GeoMode(table=table, **knobs).communicator(client)
+    assert isinstance(comm, GeoCommunicator)
+    return comm
 
 
 def examples(n: int, vocab: int = 40, seed: int = 0) -> Examples:
@@ -78,7 +87,7 @@ def dense_named(model, ebc):
 
 @pytest.fixture
 def server():
-    with PSServer(token=TOKEN) as s:
+    with PSServer(token=TOKEN, halves=server_halves()) as s:
         yield s
 
 
@@ -86,14 +95,13 @@ def geo_worker(endpoint: str, optimizer: dict, k_steps: int, create: bool = True
                background_sync: bool = False, local_init: bool = True):
     client = PSClient([endpoint], token=TOKEN, timeout_s=20.0)
     if create:
-        client.create_sparse_table("embedding_d9", dim=DIM, optimizer={"name": "sgd", "lr": 1.0}, initializer=INIT)
+        client.create_sparse_table("embedding_d9", dim=DIM, optimizer=SGD1, initializer=INIT, mode="geo")
     ebc = PSEmbeddingBagCollection.from_features(FEATURES, DIM)
     model = make_model(ebc)
     named = dense_named(model, ebc)
     if create:
-        client.create_dense_table("dense", {n: p.detach() for n, p in named.items()})
-    geo = GeoCommunicator(client, k_steps=k_steps, optimizer=optimizer, background_sync=background_sync,
-                          local_init=local_init)
+        client.create_dense_table("dense", {n: p.detach() for n, p in named.items()}, mode="geo")
+    geo = geo_comm(client, optimizer, k_steps=k_steps, background_sync=background_sync, local_init=local_init)
     ebc.bind(geo)
     geo.attach_dense("dense", named)
     return client, geo, ebc, model, named
@@ -196,8 +204,9 @@ def test_geo_two_workers_server_adds_both_deltas(server, local_init):
 
 def test_geo_replica_grows_and_keeps_rows(server):
     client = PSClient([server.endpoint], token=TOKEN)
-    client.create_sparse_table("emb", dim=5, initializer=INIT)
-    geo = GeoCommunicator(client, k_steps=1, optimizer={"name": "sgd", "lr": 1.0}, capacity=64)
+    client.create_sparse_table("emb", dim=5, initializer=INIT, mode="geo")
+    geo = geo_comm(client, k_steps=1, replica_capacity=64)
+    assert geo.capacity == 64
     keys = torch.arange(1000, dtype=torch.int64) * 7919
     first = geo.pull("emb", keys[:100])
     geo.push("emb", keys[:100], torch.ones(100, 5))
@@ -212,8 +221,8 @@ def test_geo_replica_grows_and_keeps_rows(server):
 
 def test_geo_threads_sync_once_per_k_worker_steps(server):
     client = PSClient([server.endpoint], token=TOKEN)
-    client.create_sparse_table("emb", dim=4, initializer={"kind": "zeros"})
-    geo = GeoCommunicator(client, k_steps=10, optimizer={"name": "sgd", "lr": 1.0}, background_sync=False)
+    client.create_sparse_table("emb", dim=4, initializer={"kind": "zeros"}, mode="geo")
+    geo = geo_comm(client, k_steps=10, background_sync=False)
 
     def train(thread: int) -> None:
         for _ in range(25):
@@ -231,13 +240,18 @@ def test_geo_threads_sync_once_per_k_worker_steps(server):
     client.close()
 
 
-def test_geo_bad_settings_are_named(server):
-    client = PSClient([server.endpoint], token=TOKEN)
+def test_geo_bad_settings_are_named():
+    """The mode refuses its knobs when it is built (before any communicator or server)."""
     with pytest.raises(ConfigError, match=r"k_steps=0.*ps.k_steps"):
-        GeoCommunicator(client, k_steps=0)
+        GeoMode(k_steps=0)
     with pytest.raises(ConfigError, match=r"'adam'.*rowwise_adagrad"):
-        GeoCommunicator(client, optimizer={"name": "adam", "lr": 0.1})
-    client.close()
+        GeoMode(table=TableConfig(optimizer={"name": "adam", "lr": 0.1}))
+    with pytest.raises(ConfigError, match=r"'adam'.*rowwise_adagrad"):
+        GeoMode(table={"optimizer": {"name": "adam", "lr": 0.1}})  # the table's fields, as conf gives them
+    with pytest.raises(ConfigError, match=r"replica_capacity=0"):
+        GeoMode(replica_capacity=0)
+    with pytest.raises(ConfigError, match=r"delta_scale=-1"):
+        GeoMode(delta_scale=-1)
 
 
 def test_geo_fused_training_threads_survive_syncs_and_new_rows(server):
@@ -263,9 +277,8 @@ def test_geo_fused_training_threads_survive_syncs_and_new_rows(server):
 def test_geo_deltas_are_averaged_over_workers(server):
     """With W workers each delta counts 1/W (Paddle's GEO): the servers hold the workers' mean model."""
     clients = [PSClient([server.endpoint], token=TOKEN, worker_index=w, num_workers=2) for w in range(2)]
-    clients[0].create_sparse_table("emb", dim=2, initializer={"kind": "zeros"})
-    geos = [GeoCommunicator(c, k_steps=1, optimizer={"name": "sgd", "lr": 1.0}, background_sync=False)
-            for c in clients]
+    clients[0].create_sparse_table("emb", dim=2, initializer={"kind": "zeros"}, mode="geo")
+    geos = [geo_comm(c, k_steps=1, background_sync=False) for c in clients]
     assert geos[0].delta_scale == 0.5
     keys = torch.tensor([1, 2])
     geos[0].push("emb", keys, torch.tensor([[1.0, 1.0], [2.0, 2.0]]))  # worker 0: rows -> -1, -2
@@ -303,7 +316,7 @@ def _fit_and_flush(endpoint: str, background_sync: bool, threads: int = 1):
 def test_geo_background_sync_after_flush_equals_synchronous_sync(server):
     """One worker, one thread, SGD: a delta sync on the communicator's thread leaves the servers
     (after flush) with the values the synchronous path gives, to 1e-5."""
-    with PSServer(token=TOKEN) as other:
+    with PSServer(token=TOKEN, halves=server_halves()) as other:
         keys, rows, dense, geo = _fit_and_flush(server.endpoint, background_sync=True)
         ref_keys, ref_rows, ref_dense, ref_geo = _fit_and_flush(other.endpoint, background_sync=False)
     assert geo.background_sync and not ref_geo.background_sync
@@ -325,11 +338,11 @@ def test_geo_background_sync_with_two_threads_servers_hold_the_replica(server):
 def test_geo_dead_server_during_background_sync_is_raised_naming_it():
     """A server that dies under a background sync: the next step_end (or flush) raises a PSError
     that names the server, within the sync's bounded waits."""
-    server = PSServer(token=TOKEN).start()
+    server = PSServer(token=TOKEN, halves=server_halves()).start()
     endpoint = server.endpoint
     client = PSClient([endpoint], token=TOKEN, timeout_s=1.0)
-    client.create_sparse_table("emb", dim=4, initializer={"kind": "zeros"})
-    geo = GeoCommunicator(client, k_steps=2, optimizer={"name": "sgd", "lr": 1.0}, timeout_s=1.0)
+    client.create_sparse_table("emb", dim=4, initializer={"kind": "zeros"}, mode="geo")
+    geo = geo_comm(client, k_steps=2, timeout_s=1.0)
     keys = torch.tensor([1, 2, 3])
     geo.push("emb", keys, torch.ones(3, 4))  # pulls the rows while the server is up
     geo.step_end(0)
@@ -353,10 +366,10 @@ def test_geo_local_init_computes_first_seen_rows_without_the_servers(server):
     created on the server until the sync sends its delta; with an entry policy (the server may
     refuse a key) or local_init=False, first-seen keys are pulled."""
     client = PSClient([server.endpoint], token=TOKEN)
-    client.create_sparse_table("emb", dim=5, initializer=INIT, seed=3)
-    client.create_sparse_table("filtered", dim=5, initializer=INIT, entry={"name": "count_filter", "count": 2})
+    client.create_sparse_table("emb", dim=5, initializer=INIT, seed=3, mode="geo")
+    client.create_sparse_table("filtered", dim=5, initializer=INIT, entry={"name": "count_filter", "count": 2}, mode="geo")
     keys = torch.tensor([5, 6, 7], dtype=torch.int64)
-    geo = GeoCommunicator(client, k_steps=1, optimizer={"name": "sgd", "lr": 1.0}, background_sync=False)
+    geo = geo_comm(client, k_steps=1, background_sync=False)
     rows = geo.pull("emb", keys)
     torch.testing.assert_close(rows, Initializer(**INIT)(keys, 5, seed=3))
     assert not server.sparse("emb").contains(keys).any()
@@ -366,7 +379,7 @@ def test_geo_local_init_computes_first_seen_rows_without_the_servers(server):
     torch.testing.assert_close(client.pull("emb", keys).wait(), torch.cat([rows[:1] - 1.0, rows[1:]]))
     geo.pull("filtered", keys)
     assert server.sparse("filtered").contains(keys).sum() == 0  # pulled once: the filter has not admitted them
-    pulling = GeoCommunicator(client, k_steps=1, optimizer={"name": "sgd", "lr": 1.0}, local_init=False)
+    pulling = geo_comm(client, k_steps=1, local_init=False)
     pulling.pull("filtered", keys)
     assert server.sparse("filtered").contains(keys).all()  # the second sighting admitted them
     client.close()
@@ -375,8 +388,8 @@ def test_geo_local_init_computes_first_seen_rows_without_the_servers(server):
 def test_geo_background_sync_default_is_on_for_k_above_one(server):
     """k = 1 asks for a sync after every step: it stays synchronous (and exact) unless asked."""
     client = PSClient([server.endpoint], token=TOKEN)
-    assert GeoCommunicator(client, k_steps=2).background_sync
-    assert not GeoCommunicator(client, k_steps=1).background_sync
-    assert GeoCommunicator(client, k_steps=1, background_sync=True).background_sync
-    assert not GeoCommunicator(client, k_steps=100, background_sync=False).background_sync
+    assert geo_comm(client, None, k_steps=2).background_sync
+    assert not geo_comm(client, None, k_steps=1).background_sync
+    assert geo_comm(client, None, k_steps=1, background_sync=True).background_sync
+    assert not geo_comm(client, None, k_steps=100, background_sync=False).background_sync
     client.close()

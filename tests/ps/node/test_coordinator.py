@@ -15,6 +15,7 @@ import torch
 
 from recps.errors import PSError, PSTimeoutError
 from recps.launch import free_port
+from recps.ps.modes import server_halves
 from recps.ps.node import Coordinator, CoordinatorClient, ServerNode, connect
 from recps.ps.roles import Role
 from recps.ps.table import partition
@@ -127,14 +128,21 @@ def _roles(num_servers: int, num_workers: int) -> tuple[list[Role], list[Role]]:
 
 def test_serve_and_connect_in_process():
     servers, workers = _roles(2, 2)
-    nodes = [ServerNode(r, dead_after_s=5.0).start() for r in servers]
+    nodes = [ServerNode(r, dead_after_s=5.0, halves=server_halves()).start() for r in servers]
     try:
         clients = run_all([lambda r=r: connect(r, timeout_s=10.0) for r in workers])
         a, b = clients
-        a.create_sparse_table("emb", dim=2, optimizer={"name": "sgd", "lr": 1.0}, initializer={"kind": "zeros"})
+        a.create_sparse_table("emb", dim=2, optimizer={"name": "sgd", "lr": 1.0}, initializer={"kind": "zeros"},
+                              mode="sync")
         assert a.endpoints == [n.endpoint for n in nodes]
-        run_all([lambda: a.push_sync("emb", torch.tensor([1, 2]), torch.ones(2, 2), step=0).wait(),
-                 lambda: b.push_sync("emb", torch.tensor([2]), torch.ones(1, 2), step=0).wait()])
+        assert (a.worker_index, a.num_workers, b.worker_index) == (0, 2, 1)  # from the roles
+
+        def step0(client, keys, grads) -> None:  # a sync step's push, as SyncCommunicator sends it
+            meta = {"step": 0, "worker": client.worker_index, "workers": client.num_workers, "timeout_s": 10.0}
+            client.push("emb", keys, grads, meta=meta, every_server=True).wait()
+
+        assert run_all([lambda: step0(a, torch.tensor([1, 2]), torch.ones(2, 2)),
+                        lambda: step0(b, torch.tensor([2]), torch.ones(1, 2))]) == [None, None]
         assert b.pull("emb", torch.tensor([1, 2])).wait()[:, 0].tolist() == [-0.5, -1.0]
         assert run_all([lambda: a.barrier("done", 10.0), lambda: b.barrier("done", 10.0)]) == [None, None]
         a.stop_servers()
@@ -149,7 +157,7 @@ def test_serve_and_connect_in_process():
 def _spawn_server(role: Role, dead_after_s: float, log) -> subprocess.Popen:
     env = {**os.environ, **role.to_env(), "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
-        [sys.executable, "-m", "recps.ps.node", "--dead-after", str(dead_after_s), "--timeout", "60"],
+        [sys.executable, "-m", "recps.ps", "--dead-after", str(dead_after_s), "--timeout", "60"],
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
 
@@ -166,7 +174,7 @@ def test_server_processes_sigterm_and_sigkill(tmp_path):
     node = None
     clients = []
     try:
-        node = ServerNode(servers[0], dead_after_s=dead_after).start()
+        node = ServerNode(servers[0], dead_after_s=dead_after, halves=server_halves()).start()
         clients = run_all([lambda r=r: connect(r, timeout_s=60.0, request_timeout_s=2.0) for r in workers])
         client, other = clients
         client.create_sparse_table("emb", dim=3, optimizer={"name": "sgd", "lr": 1.0}, initializer={"kind": "zeros"})

@@ -1,5 +1,7 @@
-"""PSServer + PSClient: ps-lite arithmetic, partition and reassembly, sync pushes, dense tables,
-checkpoints across cluster sizes, errors. Servers run in this process on 127.0.0.1 free ports."""
+"""PSServer + PSClient: ps-lite arithmetic, partition and reassembly, tables tagged with their
+mode (async: the update rule on arrival; geo: deltas added), dense tables, checkpoints across
+cluster sizes, errors. Servers run in this process on 127.0.0.1 free ports. The sync mode's
+server half (step aggregation) is tested in tests/ps/modes/test_synchronous.py."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import pytest
 import torch
 
 from recps.errors import ConfigError, PSError, PSTimeoutError
+from recps.ps.modes import server_halves
 from recps.ps.node import PSClient, PSServer, unique_inverse
 from recps.ps.table import AdagradRule, Initializer, SparseTable, partition
 
@@ -21,7 +24,8 @@ class Cluster:
     """S in-process servers and a way to make clients for them."""
 
     def __init__(self, num_servers: int, num_threads: int = 2) -> None:
-        self.servers = [PSServer(i, num_servers, token=TOKEN, num_threads=num_threads).start() for i in range(num_servers)]
+        self.servers = [PSServer(i, num_servers, token=TOKEN, num_threads=num_threads, halves=server_halves()).start()
+                        for i in range(num_servers)]
         self.endpoints = [s.endpoint for s in self.servers]
         self.clients: list[PSClient] = []
 
@@ -101,36 +105,20 @@ def test_empty_pull_and_create_false(cluster2):
     assert client.stats()["tables"]["emb"]["rows"] == 2
 
 
-def test_push_sync_two_workers_applies_once_with_the_mean(cluster2):
-    a, b = cluster2.client(0, 2), cluster2.client(1, 2)
-    a.create_sparse_table("emb", dim=2, optimizer={"name": "sgd", "lr": 1.0}, initializer={"kind": "zeros"})
-    keys_a, grads_a = torch.tensor([1, 2, 3]), torch.tensor([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])
-    keys_b, grads_b = torch.tensor([3, 4]), torch.tensor([[5.0, 5.0], [8.0, 8.0]])
-    handle_a = a.push_sync("emb", keys_a, grads_a, step=0)
-    time.sleep(0.2)
-    assert not handle_a.done()  # waits for worker 1
-    assert b.pull("emb", torch.tensor([1, 3])).wait().abs().sum() == 0  # nothing applied yet
-    b.push_sync("emb", keys_b, grads_b, step=0).wait()
-    handle_a.wait()
-    rows = a.pull("emb", torch.tensor([1, 2, 3, 4])).wait()[:, 0]
-    # Mean over the 2 workers: (sum of both workers' gradients) / 2, applied once with lr 1.
-    assert rows.tolist() == [-0.5, -1.0, -4.0, -4.0]
-    # The next step works the same way (state is per step).
-    threads = [threading.Thread(target=lambda c: c.push_sync("emb", torch.tensor([1]), torch.ones(1, 2), step=1).wait(), args=(c,)) for c in (a, b)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
-    assert a.pull("emb", torch.tensor([1])).wait()[0, 0].item() == -1.5
-
-
-def test_push_sync_missing_worker_fails_naming_it(cluster2):
-    a = cluster2.client(0, 2)
-    a.create_sparse_table("emb", dim=2)
-    start = time.monotonic()
-    with pytest.raises(PSTimeoutError, match=r"worker\(s\) \[1\] did not push"):
-        a.push_sync("emb", torch.tensor([1]), torch.ones(1, 2), step=0, timeout_s=0.5).wait(5.0)
-    assert time.monotonic() - start < 3.0
+def test_geo_table_push_adds_deltas_without_the_update_rule(cluster2):
+    """A table of mode geo: a push's rows are deltas, added to the values (value += delta, duplicates
+    summed); the table's optimizer (Adagrad here) is not applied."""
+    client = cluster2.client()
+    client.create_sparse_table("emb", dim=2, optimizer={"name": "adagrad", "lr": 0.1}, initializer=INIT, seed=1,
+                               mode="geo")
+    keys = torch.tensor([7, 3, 7, 2**40])
+    start = client.pull("emb", torch.unique(keys)).wait()  # (3, 2) initial values: 3, 7, 2**40
+    deltas = torch.tensor([[1.0, 2.0], [0.5, 0.5], [3.0, 4.0], [-1.0, 0.0]])
+    client.push("emb", keys, deltas).wait()
+    expected = start + torch.tensor([[0.5, 0.5], [4.0, 6.0], [-1.0, 0.0]])
+    torch.testing.assert_close(client.pull("emb", torch.unique(keys)).wait(), expected)
+    client.push("emb", torch.tensor([3]), torch.tensor([[0.5, 0.5]])).wait()  # the same again: exactly additive
+    torch.testing.assert_close(client.pull("emb", torch.tensor([3])).wait(), expected[:1] + 0.5)
 
 
 def test_dense_table_named_params_two_servers(cluster2):
@@ -145,13 +133,12 @@ def test_dense_table_named_params_two_servers(cluster2):
     a.push_dense("dense", torch.ones(9)).wait()
     values = a.push_dense("dense", {"w": torch.ones(2, 3), "b": torch.ones(2), "s": torch.ones(1)}, return_values=True).wait()
     assert torch.equal(values, flat - 2)
-    a.push_dense_delta("dense", torch.full((9,), 0.5)).wait()
-    assert torch.equal(b.pull_dense("dense").wait(), flat - 1.5)
-    # Sync: mean over workers, applied once.
-    ha = a.push_dense_sync("dense", torch.full((9,), 2.0), step=0)
-    hb = b.push_dense_sync("dense", torch.full((9,), 4.0), step=0)
-    ha.wait(), hb.wait()
-    assert torch.equal(a.pull_dense("dense").wait(), flat - 1.5 - 3.0)
+    # GEO: the values plus the deltas, no update rule; return_values answers the merged values.
+    a.create_dense_table("delta", params, optimizer={"name": "sgd", "lr": 1.0}, mode="geo")
+    a.push_dense("delta", torch.full((9,), 0.5)).wait()
+    assert torch.equal(b.pull_dense("delta").wait(), flat + 0.5)
+    merged = b.push_dense("delta", torch.full((9,), -2.0), return_values=True).wait()
+    assert torch.equal(merged, flat - 1.5) and torch.equal(a.pull_dense("delta").wait(), flat - 1.5)
     with pytest.raises(ConfigError, match="got 8 values"):
         a.push_dense("dense", torch.ones(8))
 
@@ -162,6 +149,11 @@ def test_create_is_idempotent_and_refuses_another_spec(cluster2):
     assert b.create_sparse_table("emb", dim=4, optimizer={"name": "adagrad", "lr": 0.1}) == spec
     with pytest.raises(PSError, match=r"already exists with another spec \(dim: 4 -> 8"):
         b.create_sparse_table("emb", dim=8, optimizer={"name": "adagrad", "lr": 0.1})
+    assert spec["mode"] == "async"  # the default mode
+    with pytest.raises(PSError, match=r"already exists with another spec \(mode: 'async' -> 'geo'"):
+        b.create_sparse_table("emb", dim=4, optimizer={"name": "adagrad", "lr": 0.1}, mode="geo")
+    with pytest.raises(ConfigError, match="mode='Sync!'"):
+        b.create_sparse_table("other", dim=4, mode="Sync!")
     with pytest.raises(ConfigError, match="optimizer"):
         b.create_sparse_table("other", dim=4, optimizer={"name": "lion"})
     with pytest.raises(ConfigError, match="table name"):
@@ -170,6 +162,23 @@ def test_create_is_idempotent_and_refuses_another_spec(cluster2):
         b.pull("missing", torch.tensor([1])).wait()
     with pytest.raises(ConfigError, match="is sparse"):
         a.pull_dense("emb")
+
+
+def test_table_of_a_mode_without_a_server_half_is_refused():
+    """The server holds no mode policy: a table's mode must be one of the halves it was given."""
+    with PSServer(token=TOKEN, halves={"geo": server_halves()["geo"]}) as server, \
+            PSClient([server.endpoint], token=TOKEN, timeout_s=5.0) as client:
+        with pytest.raises(PSError, match=r"trained by mode 'async'.*knows the modes \['geo'\].*server_halves"):
+            client.create_sparse_table("emb", dim=2)  # the default mode, async
+        with pytest.raises(PSError, match=r"trained by mode 'custom'"):
+            client.create_dense_table("dense", 3, mode="custom")
+        client.create_sparse_table("emb", dim=2, mode="geo", initializer={"kind": "zeros"})
+        client.push("emb", torch.tensor([1]), torch.ones(1, 2)).wait()
+        assert client.pull("emb", torch.tensor([1])).wait().tolist() == [[1.0, 1.0]]
+        assert client.stats()["servers"][0]["pending"] == {"geo": 0}
+    with PSServer(token=TOKEN) as bare, PSClient([bare.endpoint], token=TOKEN, timeout_s=5.0) as client:
+        with pytest.raises(PSError, match=r"knows the modes none"):
+            client.create_sparse_table("emb", dim=2)
 
 
 def test_save_on_two_servers_load_on_three(tmp_path, cluster2):
@@ -188,6 +197,7 @@ def test_save_on_two_servers_load_on_three(tmp_path, cluster2):
         c3 = three.client()
         loaded = c3.load(str(tmp_path / "ckpt"))  # tables are created from the saved specs
         assert loaded == {"emb": 500, "dense": 2}
+        assert c3.table_spec("emb")["mode"] == c3.table_spec("dense")["mode"] == "async"  # with their mode
         torch.testing.assert_close(c3.pull("emb", keys).wait(), before_rows, rtol=0, atol=0)
         torch.testing.assert_close(c3.pull_dense("dense").wait(), before_dense, rtol=0, atol=0)
         for i, s in enumerate(three.servers):  # re-partitioned by the shared function

@@ -63,6 +63,9 @@ def test_input_errors_name_the_problem():
         table.push(torch.tensor([1, 2]), torch.zeros(2, 3))
     with pytest.raises(ConfigError, match="keys have dtype torch.float32"):
         table.pull(torch.tensor([1.0]))
+    with pytest.raises(ConfigError, match=r"emb.pull: keys have shape \(2, 2\); pass a 1-D tensor"):
+        table.pull(torch.zeros(2, 2, dtype=torch.int64))  # recps.ps.table.keys.as_keys, the one key check
+    assert table.pull(torch.tensor([3], dtype=torch.int32)).shape == (1, 4)  # narrower integers are widened
     with pytest.raises(ConfigError, match="no accessor"):
         table.push(torch.tensor([1]), torch.zeros(1, 4), shows=torch.ones(1))
     with pytest.raises(ConfigError, match="no accessor"):

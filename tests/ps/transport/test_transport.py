@@ -17,8 +17,10 @@ TOKEN = "test-token"
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8]
 
 
-def echo(verb, table, tensors, meta):
-    return list(tensors), dict(meta, verb=verb, table=table)
+def echo(verb, table, fields, meta):
+    """`fields`: the request's tensors by name, unnamed ones under their position; a dict
+    returned sends its values in order."""
+    return fields, dict(meta, verb=verb, table=table)
 
 
 @pytest.fixture
@@ -65,11 +67,34 @@ def test_round_trip_every_dtype_and_shape(servers, clients, num_threads):
             assert got.shape == sent.shape and torch.equal(got, sent)
 
 
+@pytest.mark.parametrize("num_threads", [0, 2])
+def test_named_fields_reach_the_handler_by_name(servers, clients, num_threads):
+    """A request's tensors given as a mapping arrive by name (an optional one is simply absent);
+    positional ones under their position; a handler's dict is sent as its values, in order."""
+    seen = []
+
+    def handler(verb, table, fields, meta):
+        seen.append({k: v.tolist() for k, v in fields.items()})
+        if "keys" in fields:
+            return {"rows": fields["keys"] * 2, "count": torch.tensor([len(fields)])}
+        return [fields[1], fields[0]]
+
+    client = clients([servers(handler, num_threads=num_threads).endpoint])
+    reply = client.call(0, "push", "emb", {"keys": torch.arange(3), "shows": torch.ones(3)})
+    assert seen[-1] == {"keys": [0, 1, 2], "shows": [1.0, 1.0, 1.0]}
+    assert [t.tolist() for t in reply.tensors] == [[0, 2, 4], [2]]
+    reply = client.call(0, "push", "emb", {"keys": torch.tensor([5])})  # no shows: absent, not guessed
+    assert seen[-1] == {"keys": [5]} and reply.tensors[1].tolist() == [1]
+    reply = client.call(0, "pull", "emb", [torch.tensor([7]), torch.tensor([8.0])])
+    assert seen[-1] == {0: [7], 1: [8.0]}
+    assert [t.tolist() for t in reply.tensors] == [[8.0], [7]]
+
+
 def test_large_pull_64k_by_64(servers, clients):
     table = torch.randn(70_000, 64)  # (N, D) the server's rows
 
-    def pull(verb, table_name, tensors, meta):
-        return [table.index_select(0, tensors[0])]  # (K, D)
+    def pull(verb, table_name, fields, meta):
+        return [table.index_select(0, fields[0])]  # (K, D)
 
     client = clients([servers(pull).endpoint])
     keys = torch.randperm(70_000)[:65_536]  # (K,)
@@ -79,9 +104,9 @@ def test_large_pull_64k_by_64(servers, clients):
 
 
 def test_concurrent_threads_fan_out_to_two_servers(servers, clients):
-    def scale(verb, table, tensors, meta):
+    def scale(verb, table, fields, meta):
         time.sleep(0.002)  # let requests overlap on the handler threads
-        return [tensors[0] * meta["factor"]], {"server": meta["server"]}
+        return [fields[0] * meta["factor"]], {"server": meta["server"]}
 
     ends = [servers(scale, num_threads=4).endpoint for _ in range(2)]
     client = clients(ends)
@@ -141,7 +166,7 @@ def test_handle_waited_from_another_thread(servers, clients):
 
 @pytest.mark.parametrize("num_threads", [0, 2])
 def test_handler_error_becomes_client_exception(servers, clients, num_threads):
-    def failing(verb, table, tensors, meta):
+    def failing(verb, table, fields, meta):
         raise KeyError(f"no table {table!r}")
 
     server = servers(failing, num_threads=num_threads)
@@ -163,7 +188,7 @@ def test_deferred_reply_releases_the_handler_thread(servers, clients, num_thread
     # A 2-party barrier on one thread: the first arrival must not block the thread.
     lock, waiting = threading.Lock(), []
 
-    def barrier(verb, table, tensors, meta):
+    def barrier(verb, table, fields, meta):
         future = Future()
         with lock:
             waiting.append(future)
@@ -233,7 +258,7 @@ def test_timeout_against_a_stopped_server_then_late_reply_is_dropped(servers, cl
 @pytest.mark.parametrize("num_threads", [0, 2])
 def test_malformed_frames_from_a_raw_socket_do_not_kill_the_server(servers, clients, num_threads):
     calls = []
-    server = servers(lambda verb, table, tensors, meta: calls.append(verb) or [], num_threads=num_threads)
+    server = servers(lambda verb, table, fields, meta: calls.append(verb) or [], num_threads=num_threads)
     good = wire.encode(wire.REQUEST, 77, verb="pull", text="t", tensors=[torch.arange(4)], token_digest=wire.token_digest(TOKEN))
     head, keys = bytes(good[0]), bytes(good[1])
     fixed = wire._FIXED.size
@@ -298,7 +323,7 @@ def test_stop_is_prompt_with_requests_in_flight(clients):
 
 @pytest.mark.parametrize("num_threads", [0, 2])
 def test_stop_called_by_a_handler_does_not_hang(clients, num_threads):
-    def shutdown(verb, table, tensors, meta):
+    def shutdown(verb, table, fields, meta):
         server.stop(timeout=5.0)
         return []
 
@@ -333,7 +358,7 @@ def test_client_argument_errors(servers, clients):
 
 
 def test_deferred_error_becomes_client_exception(servers, clients):
-    def later(verb, table, tensors, meta):
+    def later(verb, table, fields, meta):
         future = Future()
         threading.Timer(0.05, future.set_exception, [RuntimeError("step 3 missing from worker 1")]).start()
         return future

@@ -36,6 +36,21 @@ def test_round_trip_every_dtype_and_shape(dtype):
         assert torch.equal(got, sent)
 
 
+def test_named_tensors_travel_by_name():
+    """A mapping of tensors travels under its names: `fields` gives them by name; unnamed tensors
+    (a sequence) are under their position, and `tensors` keeps the order either way."""
+    sent = {"keys": torch.arange(3), "rows": torch.ones(3, 2), "héllo": torch.zeros(0)}
+    msg = decode(_copy_frames(encode(REQUEST, 1, verb="push", tensors=sent)))
+    assert msg.names == ["keys", "rows", "héllo"] and list(msg.fields) == ["keys", "rows", "héllo"]
+    for name, t in sent.items():
+        assert torch.equal(msg.fields[name], t)
+    assert [t.shape for t in msg.tensors] == [(3,), (3, 2), (0,)]
+    positional = decode(_copy_frames(encode(REQUEST, 2, tensors=[torch.tensor([5]), torch.tensor([6.0])])))
+    assert positional.names == ["", ""] and {k: v.tolist() for k, v in positional.fields.items()} == {0: [5], 1: [6.0]}
+    with pytest.raises(ValueError, match="tensor name"):
+        encode(REQUEST, 3, tensors={"x" * 256: torch.zeros(1)})
+
+
 def test_non_contiguous_tensor_travels_by_value():
     t = torch.arange(24, dtype=torch.float32).view(4, 6)[:, ::2]  # (4, 3) strided view
     (got,) = decode(_copy_frames(encode(REQUEST, 1, verb="v", tensors=[t]))).tensors
@@ -70,7 +85,8 @@ def _good():
 
 
 _KEYS = torch.arange(4).numpy().tobytes()  # the one tensor of _build's messages: (4,) int64
-_DESC = struct.pack("<BBQ", wire.DTYPE_CODES[torch.int64], 1, 4)
+_NO_NAME = b"\x00"  # a descriptor starts with its tensor's name: length u8 (0: unnamed), UTF-8
+_DESC = _NO_NAME + struct.pack("<BBQ", wire.DTYPE_CODES[torch.int64], 1, 4)
 _META = struct.pack("<HB", 1, 1) + b"aq" + struct.pack("<q", 1)
 
 
@@ -93,11 +109,14 @@ def _malformed():
         "tensor count vs frames": _build(n=2),
         "lengths past the head": _build(text_len=1000),
         "text too long": _build(text_len=1 << 20),
-        "unknown dtype": _build(descs=struct.pack("<BBQ", 99, 1, 4)),
-        "too many dims": _build(descs=struct.pack("<BB", wire.DTYPE_CODES[torch.int64], 9) + bytes(72)),
+        "unknown dtype": _build(descs=_NO_NAME + struct.pack("<BBQ", 99, 1, 4)),
+        "too many dims": _build(descs=_NO_NAME + struct.pack("<BB", wire.DTYPE_CODES[torch.int64], 9) + bytes(72)),
         "descriptor cut short": _build(descs=_DESC[:6]),
-        "shape vs bytes": _build(descs=struct.pack("<BBQ", wire.DTYPE_CODES[torch.int64], 1, 5)),
-        "huge dim": _build(descs=struct.pack("<BBQQ", wire.DTYPE_CODES[torch.int64], 2, 0, 1 << 63)),
+        "no descriptor": _build(descs=b""),
+        "shape vs bytes": _build(descs=_NO_NAME + struct.pack("<BBQ", wire.DTYPE_CODES[torch.int64], 1, 5)),
+        "huge dim": _build(descs=_NO_NAME + struct.pack("<BBQQ", wire.DTYPE_CODES[torch.int64], 2, 0, 1 << 63)),
+        "name past the head": _build(descs=b"\x40keys" + _DESC[1:]),
+        "name not utf-8": _build(descs=b"\x02\xff\xfe" + _DESC[1:]),
         "trailing head": _build(extra=b"\x00"),
         "truncated tensor": _build(tensors=(_KEYS[:-1],)),
         "verb not utf-8": _build(verb=b"\xff\xfe\xfd\xfc"),

@@ -1,4 +1,4 @@
-"""Joining a cluster from a `Role`: `serve(role)` runs a server, `connect(role)` gives a worker its client.
+"""Joining a cluster from a `Role`: `ServerNode(role)` is a server, `connect(role)` gives a worker its client.
 
     server i                                   worker j
     --------                                   --------
@@ -7,8 +7,8 @@
     PSServer on role.host (port from           PSClient(endpoints) with the coordinator for barriers
       role.server_endpoints[i] or free)
     register server i + endpoint, heartbeat
-    serve until a client sends `stop`, SIGTERM/SIGINT arrives, every worker is
-      gone (left or dead), or stop() is called
+    serve until a client sends `stop` or stop() is called (recps.ps.fleet's run_server also
+      stops on SIGTERM/SIGINT and when every worker is gone)
 
 Every process heartbeats to the coordinator; one silent for `dead_after_s` is declared dead and
 every barrier or server wait fails naming it (see coordinator.py).
@@ -18,7 +18,7 @@ every barrier or server wait fails naming it (see coordinator.py).
 >>> address = f"127.0.0.1:{free_port()}"
 >>> server_role = UserDefinedRoleMaker("server", 0, 1, 1, coordinator=address, token="t").role()
 >>> worker_role = UserDefinedRoleMaker("worker", 0, 1, 1, coordinator=address, token="t").role()
->>> with ServerNode(server_role).start() as node, connect(worker_role, timeout_s=10.0) as client:
+>>> with ServerNode(server_role, halves={}).start() as node, connect(worker_role, timeout_s=10.0) as client:
 ...     client.barrier("ready", timeout=5.0)
 ...     client.num_servers
 1
@@ -27,16 +27,15 @@ every barrier or server wait fails naming it (see coordinator.py).
 from __future__ import annotations
 
 import logging
-import signal
-import threading
+from collections.abc import Mapping
 
 from recps.errors import ConfigError
 from recps.ps.node.client import PSClient
 from recps.ps.node.coordinator import DEFAULT_DEAD_AFTER_S, Coordinator, CoordinatorClient, tcp_endpoint
-from recps.ps.node.server import PSServer
+from recps.ps.node.server import PSServer, ServerHalfFactory
 from recps.ps.roles import Role, split_host_port
 
-__all__ = ["ServerNode", "serve", "connect"]
+__all__ = ["ServerNode", "connect"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,9 +48,11 @@ class ServerNode:
         num_threads: handler threads of the PSServer.
         dead_after_s: heartbeat silence after which the coordinator declares a peer dead (server 0 only).
         timeout_s: how long registering may wait for the coordinator to come up.
+        halves: the modes' server halves (PSServer's `halves`; recps.ps.modes.server_halves()).
     """
 
-    def __init__(self, role: Role, num_threads: int = 2, dead_after_s: float = DEFAULT_DEAD_AFTER_S, timeout_s: float = 60.0) -> None:
+    def __init__(self, role: Role, num_threads: int = 2, dead_after_s: float = DEFAULT_DEAD_AFTER_S, timeout_s: float = 60.0,
+                 halves: Mapping[str, ServerHalfFactory] | None = None) -> None:
         if not role.is_server:
             raise ConfigError(f"ServerNode: role {role.name} is not a server; workers call connect(role)")
         self.role = role
@@ -61,7 +62,8 @@ class ServerNode:
             self.coordinator = Coordinator(role.num_servers, role.num_workers, token=role.token, bind=host, port=port,
                                            dead_after_s=dead_after_s)
         port = split_host_port(role.server_endpoints[role.index])[1] if role.server_endpoints else 0
-        self.server = PSServer(role.index, role.num_servers, token=role.token, bind=role.host, port=port, num_threads=num_threads)
+        self.server = PSServer(role.index, role.num_servers, token=role.token, bind=role.host, port=port, num_threads=num_threads,
+                               halves=halves)
         self.link = CoordinatorClient(role.coordinator, token=role.token, timeout_s=timeout_s)
         self._timeout_s = timeout_s
         self._stopped = False
@@ -80,6 +82,10 @@ class ServerNode:
             self.stop()
             raise
         return self
+
+    def request_stop(self) -> None:
+        """Make `wait` return (a signal handler's way to stop the serving loop)."""
+        self.server._stop_requested.set()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until a client asked this server to stop (or stop() ran); True if so within `timeout`."""
@@ -109,39 +115,13 @@ class ServerNode:
         self.stop()
 
 
-def serve(role: Role, num_threads: int = 2, dead_after_s: float = DEFAULT_DEAD_AFTER_S, timeout_s: float = 60.0) -> None:
-    """Run server `role.index` until a client sends `stop`, the process gets SIGTERM / SIGINT
-    (handled when called from the main thread), or every worker left or died without sending
-    `stop` (seen in the coordinator's heartbeat replies); then stop cleanly and return."""
-    node = ServerNode(role, num_threads=num_threads, dead_after_s=dead_after_s, timeout_s=timeout_s).start()
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        def on_signal(signum, frame) -> None:
-            logger.info("%s: signal %d, stopping", role.name, signum)
-            node.server._stop_requested.set()
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            previous[sig] = signal.signal(sig, on_signal)
-    try:
-        # Wake now and then: Python runs signal handlers between bytecodes of the main thread only.
-        while not node.wait(0.5):
-            if node.workers_gone:
-                logger.warning("%s: every worker left or died without stopping the servers; stopping", role.name)
-                break
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        node.stop()
-        logger.info("%s: stopped", role.name)
-
-
 def connect(role: Role, timeout_s: float = 60.0, request_timeout_s: float | None = None) -> PSClient:
     """A worker's PSClient for the cluster of `role`: registers with the coordinator (heartbeats
     start), waits up to `timeout_s` for every server to register (PSTimeoutError naming the missing
     ones; PSError at once if one is dead), and returns the client (`close()` deregisters).
     `request_timeout_s` is the client's default wait (default `timeout_s`)."""
     if not role.is_worker:
-        raise ConfigError(f"connect: role {role.name} is not a worker; servers call serve(role)")
+        raise ConfigError(f"connect: role {role.name} is not a worker; servers run a ServerNode (recps.ps.fleet: init_server)")
     link = CoordinatorClient(role.coordinator, token=role.token, timeout_s=timeout_s)
     try:
         link.register("worker", role.index, timeout_s=timeout_s)

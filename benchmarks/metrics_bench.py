@@ -1,9 +1,10 @@
-"""Cost of metrics during training: ``python -m recps.metrics.bench [--batch 512] [--steps 2000] [--threads N]``.
+"""Cost of metrics during training: ``python -m benchmarks.metrics_bench [--batch 512] [--steps 2000] [--threads N]``.
 
 Prints one JSON object: microseconds per ``update`` of a batch (wall mean and median, and
 the calling thread's CPU time) for AUC alone, for the additive CTR collection and for it
 plus GAUC/PNR, the CPU time's share of a step at a given training throughput (``--rate``
-examples/s, default 25k), and the median cost of ``flatten`` + ``unflatten`` and ``compute``. Meant for benchmarks/ to call; it is not a test.
+examples/s, default 25k), and the median cost of ``flatten`` + ``unflatten`` and ``compute``.
+`benchmarks.metrics_overhead` measures the same cost end to end, in training throughput.
 """
 
 from __future__ import annotations

@@ -1,0 +1,79 @@
+"""The import contracts in pyproject.toml's [tool.importlinter] hold (DESIGN.md, "Layers").
+
+Each contract is its own test, `lint-imports --contract ID`; a broken one fails with the
+linter's report, which names every offending import as `importer -> imported (l.N)`.
+import-linter reads every import statement of a file: those inside functions and under
+`if TYPE_CHECKING:` count, and so do chains through other modules.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+import pytest
+
+try:
+    from importlinter.api import read_configuration
+except ModuleNotFoundError as exc:  # pragma: no cover - an environment without the test extra
+    raise ImportError("tests/test_layers.py needs import-linter: run `make setup` (requirements/cpu.txt) "
+                      "or `.venv/bin/pip install import-linter`") from exc
+
+from recps.config import PROJECT_ROOT
+
+PYPROJECT = PROJECT_ROOT / "pyproject.toml"
+CONFIG = read_configuration(str(PYPROJECT))
+CONTRACTS = {c["id"]: c for c in CONFIG["contracts_options"]}
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")  # the console script next to this python
+# Modules of recps/ and recps/ps/ that the layers contract leaves out on purpose: name -> why.
+UNLAYERED: dict[str, str] = {}
+
+
+def _lint(*args: str) -> subprocess.CompletedProcess:
+    if not LINT_IMPORTS.is_file():
+        pytest.fail(f"no {LINT_IMPORTS}: install import-linter into this environment "
+                    f"(`{sys.executable} -m pip install import-linter`)")
+    # cwd: lint-imports puts it first on sys.path, so this checkout is analysed, not an installed copy.
+    # --no-cache: leave no .import_linter_cache in the checkout.
+    return subprocess.run([str(LINT_IMPORTS), "--no-cache", "--no-logo", *args, str(PYPROJECT)],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_the_contracts_are_the_ones_designed():
+    """A contract deleted or renamed in pyproject.toml fails here, not silently."""
+    assert sorted(CONTRACTS) == sorted([
+        "layers", "l0-independent", "models-pure", "engine-names-models", "observers-not-trainer",
+        "orchestration-through-fleet",
+    ])
+    assert CONFIG["session_options"]["root_packages"] == ["recps", "models"]
+
+
+@pytest.mark.parametrize("contract", list(CONTRACTS))
+def test_contract_holds(contract):
+    proc = _lint("--contract", contract)
+    report = (proc.stdout + proc.stderr).strip()
+    if proc.returncode != 0 or "KEPT" not in report:
+        pytest.fail(f"import contract {contract!r} ({CONTRACTS[contract]['name']}) is not kept "
+                    f"(lint-imports exit {proc.returncode}):\n{report}", pytrace=False)
+
+
+def _layer_modules(layers: list[str]) -> set[str]:
+    """The module names a layers contract lists: "a | b", "a : b", "(optional)"."""
+    return {tail.strip().strip("()") for layer in layers for tail in re.split(r"[|:]", layer)}
+
+
+def test_every_module_has_a_layer():
+    """Each module directly in recps/ and recps/ps/ is named by the layers contract: one that is
+    not is free to import anything (only chains through it are checked). A new module gets a
+    layer in pyproject.toml, or, with a reason, an entry in UNLAYERED."""
+    named = _layer_modules(CONTRACTS["layers"]["layers"])
+    graph = grimp.build_graph("recps", cache_dir=None)
+    children = graph.find_children("recps") | graph.find_children("recps.ps")
+    containers = {"recps.ps"}  # its children are the layers
+    unplaced = sorted(m for m in children - named - containers - set(UNLAYERED) if not m.endswith(".__main__"))
+    if unplaced:
+        pytest.fail(f"{unplaced}: in no layer of pyproject.toml's `layers` contract; add each to the "
+                    "layer between what it imports and what imports it", pytrace=False)

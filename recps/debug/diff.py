@@ -122,7 +122,8 @@ def _at0(r: Record) -> Record:
 
 
 def _max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
-    x, y = a.astype(np.float64), b.astype(np.float64)  # (N...)
+    # at least 1-d: a 0-d record (the loss, a scalar parameter) would make `d` a numpy scalar
+    x, y = np.atleast_1d(a.astype(np.float64)), np.atleast_1d(b.astype(np.float64))  # (N...)
     nan_x, nan_y = np.isnan(x), np.isnan(y)
     d = np.abs(x - y)
     d[nan_x & nan_y] = 0.0  # NaN on both sides (other payload bits): the same

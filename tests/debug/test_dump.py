@@ -155,6 +155,23 @@ def test_diff_finds_a_planted_divergence_at_its_step_and_layer(api_run, tmp_path
     assert proc.stdout.startswith("first divergence: step 3 (batch 3), worker 0, thread 0, grad/dense_linear.weight float32 (1, 13)")
 
 
+def test_diff_of_two_learning_rates_names_the_first_step_and_tensor(api_run, tmp_path):
+    """The case `recps.debug diff` exists for: the same run but the dense optimizer's lr. Step 1's
+    forward and gradients come from equal initial values; its parameters are dumped after the
+    update, so the first divergence is step 1's first dense parameter (here `param/bias`, a 0-d
+    record: the one that crashed the diff before)."""
+    out = tmp_path / "lr"
+    run_training(config(*DUMP, "metrics.every_steps=4", "optimizer.lr=0.01"), out)
+    d = diff_runs(api_run[0], out).divergence
+    assert d is not None and (d.step, d.reason) == (1, "values") and d.max_abs_diff > 0
+    step1 = [r.name for _, r, _ in records(api_run[0]) if r.step == 1]
+    assert d.name == next(n for n in step1 if n.startswith("param/"))  # everything before it is equal
+    proc = subprocess.run([sys.executable, "-m", "recps.debug", "diff", str(api_run[0]), str(out)],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stdout.startswith(f"first divergence: step 1 (batch 1), worker 0, thread 0, {d.name} "), proc.stdout
+
+
 def test_hogwild_threads_write_their_own_files(tmp_path):
     cfg = config("trainer.threads=2", "debug=dump", "debug.fields=[labels,loss]", "debug.params=[bias]",
                  "debug.every_steps=2")

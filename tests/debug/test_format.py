@@ -98,6 +98,14 @@ def test_nan_on_one_side_is_an_infinite_difference(tmp_path):
     assert diff_runs(tmp_path / "a", tmp_path / "b").divergence.max_abs_diff == float("inf")
 
 
+def test_a_scalar_record_that_diverges_is_measured(tmp_path):
+    """0-d records (the loss, a scalar parameter) get a difference, not a TypeError."""
+    write(tmp_path / "a" / "dump", [(1, "loss", torch.tensor(0.5)), (2, "loss", torch.tensor(float("nan")))])
+    write(tmp_path / "b" / "dump", [(1, "loss", torch.tensor(0.75)), (2, "loss", torch.tensor(float("nan")))])
+    div = diff_runs(tmp_path / "a", tmp_path / "b").divergence
+    assert (div.step, div.name, div.shape, div.max_abs_diff) == (1, "loss", (), 0.25)
+
+
 def test_cli_exit_codes_and_output(tmp_path, capsys):
     write(tmp_path / "a" / "dump", [(1, "x", torch.ones(2)), (2, "param/w", torch.ones(2))])
     write(tmp_path / "b" / "dump", [(1, "x", torch.ones(2)), (2, "param/w", torch.tensor([1.0, 1.25]))])

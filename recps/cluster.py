@@ -4,8 +4,9 @@
 
 The Hydra process (no role in its environment, cluster=local) is the launcher: it generates
 the data set if the config asks for it, then starts S servers and W workers on
-`cluster.host` (127.0.0.1) with `recps.launch.launch`, each one `python -m recps.train` with
-the same overrides, the same run folder and its role in RECPS_* variables. Their output is
+`cluster.host` (127.0.0.1) with `recps.launch.launch`, each one `python -m recps.train` of the
+composed config itself (<run dir>/recps-job.yaml: a user's --config-dir and every override are in
+it), the same run folder and its role in RECPS_* variables. Their output is
 forwarded with a "[worker0] " prefix and copied to <run dir>/cluster.log. `launch` supervises:
 when the workers are done the servers stop; when any process dies every other one is stopped
 and the run fails naming it; nothing is left behind.
@@ -109,13 +110,13 @@ def _check(cfg: DictConfig) -> None:
                           "group; their metrics merge through the servers: use metrics.merge=auto (or ps)")
 
 
-def run_distributed(cfg: DictConfig, out_dir: Path, overrides: Sequence[str] = ()) -> dict[str, Any] | None:
+def run_distributed(cfg: DictConfig, out_dir: Path) -> dict[str, Any] | None:
     """Launch a local cluster, or act as this process's role; see the module docstring."""
     _check(cfg)
     ps_mode(cfg)  # a bad mode knob fails here, before any process starts
     role = environment_role(cfg)
     if role is None:
-        return _launch_local(cfg, Path(out_dir), overrides)
+        return _launch_local(cfg, Path(out_dir))
     _role_logging(role)
     run_role(cfg, role, Path(out_dir))
     return None
@@ -138,11 +139,23 @@ def run_role(cfg: DictConfig, role, out_dir: Path, *, data=None, observers: Sequ
 # ---------------------------------------------------------------------------------- the launcher
 
 
-def child_command(overrides: Sequence[str], out_dir: Path) -> list[str]:
-    """`python -m recps.train` with this job's overrides, in the same run folder, logging to stdout."""
-    own = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/"))]
-    return [sys.executable, "-m", "recps.train", *own, f"hydra.run.dir={out_dir}", "hydra.output_subdir=null",
-            "hydra/job_logging=none", "hydra/hydra_logging=none", "progress=false"]
+JOB_CONFIG = "recps-job"  # <run dir>/recps-job.yaml: the composed config the cluster's processes run
+
+
+def child_command(cfg: DictConfig, out_dir: Path) -> list[str]:
+    """`python -m recps.train` of the composed config `cfg` itself, written to <out_dir>/recps-job.yaml
+    (so a process cannot compose anything else: a user's --config-dir, --config-name and every
+    override are in it), in the same run folder, logging to stdout, `progress` off."""
+    path = Path(out_dir) / f"{JOB_CONFIG}.yaml"
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        tmp.write_text(OmegaConf.to_yaml(cfg))  # unresolved: ${recps.root:} etc. resolve in each process
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return [sys.executable, "-m", "recps.train", "--config-dir", str(Path(out_dir).resolve()), "--config-name", JOB_CONFIG,
+            f"hydra.run.dir={out_dir}", "hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none",
+            "progress=false"]
 
 
 def _role_logging(role) -> None:
@@ -186,7 +199,7 @@ def _generate_data(cfg: DictConfig) -> None:
     ensure_split(ds["dir"], int(gen.pop("train_rows")), int(gen.pop("test_rows")), seed=int(gen.pop("seed", 0)), **gen)
 
 
-def _launch_local(cfg: DictConfig, out_dir: Path, overrides: Sequence[str]) -> dict[str, Any]:
+def _launch_local(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     from recps.launch import launch
 
     c = cfg.cluster
@@ -194,7 +207,7 @@ def _launch_local(cfg: DictConfig, out_dir: Path, overrides: Sequence[str]) -> d
     out_dir.mkdir(parents=True, exist_ok=True)
     metrics_file = out_dir / "metrics.json"
     metrics_file.unlink(missing_ok=True)
-    command = child_command(overrides, out_dir)
+    command = child_command(cfg, out_dir)
     log.info("ps=%s: starting %d server(s) and %d worker(s) x %d thread(s) on %s", cfg.ps.name, c.servers,
              c.workers, cfg.trainer.threads, c.host)
     tee = _Tee(out_dir / "cluster.log")

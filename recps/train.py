@@ -45,7 +45,7 @@ def main(cfg: DictConfig) -> float:
     else:
         from recps.cluster import run_distributed
 
-        metrics = run_distributed(cfg, out_dir, list(HydraConfig.get().overrides.task))
+        metrics = run_distributed(cfg, out_dir)
         if metrics is None:  # a server or worker of the cluster: the launcher reports
             return float("nan")
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")

@@ -137,6 +137,23 @@ def test_cfg_job_starts_nothing(tmp_path):
     assert seconds < 60, seconds
 
 
+@pytest.mark.parametrize("ps", ["async", "sync"])
+def test_a_users_config_folder_works_under_a_ps_mode(tmp_path, ps):
+    """`--config-dir` with the user's own data set config: the cluster's processes run the composed
+    config itself (<run dir>/recps-job.yaml), so they find what the parent found."""
+    conf = tmp_path / "myconf" / "dataset"
+    conf.mkdir(parents=True)
+    text = (PROJECT_ROOT / "conf" / "dataset" / "synthetic.yaml").read_text().replace("name: synthetic", "name: mine")
+    (conf / "mine.yaml").write_text(text)
+    run = tmp_path / "run"
+    check(recps("recps.train", "--config-dir", str(tmp_path / "myconf"), "dataset=mine", f"ps={ps}",
+                "progress=false", "checkpoint=false", "trainer.max_steps=4", f"dataset.dir={tmp_path / 'data'}",
+                f"dataset.generate.train_rows={TRAIN_ROWS}", f"dataset.generate.test_rows={TEST_ROWS}",
+                "dataset.generate.vocab=100", f"hydra.run.dir={run}", timeout=300))
+    assert "name: mine" in (run / "recps-job.yaml").read_text()
+    assert metrics_of(run)["ps"] == ps and metrics_of(run)["train_steps"] > 0
+
+
 def test_wrong_override_is_one_line_naming_it(tmp_path):
     proc = recps("recps.train", "model.hiden=[8]", f"hydra.run.dir={tmp_path / 'run'}", timeout=120)
     assert proc.returncode != 0

@@ -118,7 +118,9 @@ class Trainer:
         `thread_steps_per_epoch` > 0 caps the batches each thread takes per epoch (sync mode:
         every thread of every worker must take the same number of steps)."""
         lock = threading.Lock()
-        state = {"steps": 0, "examples": 0, "loss": math.nan, "first": []}
+        # reserved: steps a thread has claimed before training them, so that max_steps is exact
+        # over all threads (a thread finishing step max_steps cannot stop the others' steps in flight).
+        state = {"steps": 0, "reserved": 0, "examples": 0, "loss": math.nan, "first": []}
         errors: list[BaseException] = []
         stop = threading.Event()
         bar = _progress_bar(progress)
@@ -142,6 +144,11 @@ class Trainer:
                             return
                         if 0 < thread_steps_per_epoch <= taken:
                             break
+                        if max_steps > 0:
+                            with lock:
+                                if state["reserved"] >= max_steps:
+                                    return  # the others train the last reserved steps
+                                state["reserved"] += 1
                         logits = self.task.forward(replica, batch)  # (B,) or the task's output
                         loss = self.task.loss(logits, batch)
                         if prefetch is not None and following is not None and not 0 < thread_steps_per_epoch <= taken + 1:

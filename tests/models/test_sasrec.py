@@ -91,5 +91,8 @@ def test_local_job_learns_a_walk_that_needs_two_clicks(tmp_path, tiny_seq):
     after = evaluate(job)
     assert stats.last_loss < stats.first_losses[0]
     # Reading only the last click, the best ranking puts the true next item first, second or third
-    # with equal chance: MRR (1 + 1/2 + 1/3) / 3 = 0.61. Two clicks leave one candidate.
-    assert after["mrr@20"] > 0.75, after
+    # with equal chance: MRR (1 + 1/2 + 1/3) / 3 = 0.61. Two clicks leave one candidate. Measured
+    # with 2 Hogwild threads (session 6, 12 runs here and in full suites, the same at cf0cd15):
+    # 0.689-0.868, so the bound sits between that spread and the one-click ceiling (it was 0.75,
+    # which failed 2 of 4 full-suite runs).
+    assert after["mrr@20"] > 0.66, after

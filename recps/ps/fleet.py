@@ -274,14 +274,14 @@ class Fleet:
             self.client.create_dense_table(DENSE_TABLE, {n: p.detach() for n, p in opt.named_params().items()},
                                            optimizer=opt.rule, mode=s.mode.name)
         self.client.barrier("recps.init_worker", timeout=self.connect_timeout_s)  # tables exist everywhere
-        if opt is not None:
-            assign_flat(opt.params, self.client.pull_dense(DENSE_TABLE).wait())  # every worker starts equal
+        self._pull_dense_params()  # every worker starts equal
         self.communicators = [m.communicator(self.client, s.threads) for m in modes]
         self.communicator = self.communicators[0]
+        by_mode = {id(m): c for m, c in zip(modes, self.communicators)}
         for collection, mode in self._collections:
-            collection.bind(self.communicators[next(i for i, m in enumerate(modes) if m is (mode or s.mode))])
+            collection.bind(by_mode[id(mode or s.mode)])
         if opt is not None:
-            updater = s.mode.dense_updater(opt.params, opt.optimizer, self.communicator, DENSE_TABLE)
+            updater = s.mode.dense_updater(opt.named_params(), opt.optimizer, self.communicator, DENSE_TABLE)
             opt.updater = updater if len(modes) == 1 else _EveryMode(updater, self.communicators[1:])
         log.info("%s: %s mode%s, %d server(s), %d worker(s), %d thread(s)", self.role.name, s.mode.name,
                  "".join(f" + {m.name}" for m in modes[1:]), self.role.num_servers, self.role.num_workers, s.threads)
@@ -295,8 +295,8 @@ class Fleet:
             raise PSError("barrier: call init_worker() first")
         self.flush()
         self.client.barrier(name, timeout=timeout)
-        if self._optimizer is not None and self.strategy.mode.name != "geo":
-            assign_flat(self._optimizer.params, self.client.pull_dense(DENSE_TABLE).wait())
+        if self.strategy.mode.name != "geo":
+            self._pull_dense_params()
 
     def flush(self) -> None:
         """Everything this worker pushed is applied on the servers (geo: the last deltas sent)."""
@@ -318,6 +318,10 @@ class Fleet:
         reader = ServerReader(self.client)
         for collection, _ in self._collections:
             collection.bind(reader)
+        self._pull_dense_params()
+
+    def _pull_dense_params(self) -> None:
+        """The servers' dense values into the distributed optimizer's parameters (if there is one)."""
         if self._optimizer is not None:
             assign_flat(self._optimizer.params, self.client.pull_dense(DENSE_TABLE).wait())
 

@@ -51,7 +51,6 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Callable
 

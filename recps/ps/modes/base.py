@@ -27,7 +27,7 @@ A mode is one constructor (`SyncMode`, `AsyncMode`, `GeoMode`; conf/ps/<mode>.ya
 mode is on both sides of the wire:
 
     mode.communicator(client, threads)       the worker half over one PSClient
-    mode.dense_updater(params, opt, comm)    what a step does with the dense gradients
+    mode.dense_updater(named, opt, comm, t)  what a step does with the dense gradients
     mode.dense_rule(opt)                     the servers' rule of the dense table
     type(mode).server_half(server_index)     the server half (`recps.ps.node.server.ServerHalf`)
 
@@ -39,11 +39,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol, Sequence, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
 
 from recps.errors import ConfigError
+from recps.ps.modes.dense import PSDenseUpdater, torch_optimizer_rule
 from recps.ps.node.specs import TableConfig
 
 __all__ = ["Communicator", "Mode", "OnArrivalServer", "check_int"]
@@ -111,16 +112,13 @@ class Mode:
 
     def dense_rule(self, optimizer: torch.optim.Optimizer) -> dict:
         """The update rule the servers apply to the dense table (the optimizer's own by default)."""
-        from recps.ps.modes.dense import torch_optimizer_rule
-
         return torch_optimizer_rule(optimizer)
 
-    def dense_updater(self, params: Sequence[torch.nn.Parameter], optimizer: torch.optim.Optimizer,
+    def dense_updater(self, named: Mapping[str, torch.nn.Parameter], optimizer: torch.optim.Optimizer,
                       communicator, table: str):
-        """What a training step does with the dense gradients (recps.trainer.DenseUpdater)."""
-        from recps.ps.modes.dense import PSDenseUpdater
-
-        return PSDenseUpdater(params, communicator, table)
+        """What a training step does with the dense gradients (recps.trainer.DenseUpdater); `named`:
+        the dense table's parameters by the names it was created with, in its order."""
+        return PSDenseUpdater(list(named.values()), communicator, table)
 
 
 class OnArrivalServer:

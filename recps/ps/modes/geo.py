@@ -122,9 +122,9 @@ class GeoMode(Mode):
         """Unused: the servers only add the dense deltas; the trainer's optimizer steps the replica."""
         return {"name": "sgd", "lr": 0.01}
 
-    def dense_updater(self, params, optimizer, communicator, table: str) -> "GeoDenseUpdater":
-        communicator.attach_dense(table, {f"param{i}": p for i, p in enumerate(params)})
-        return GeoDenseUpdater(params, optimizer, communicator)
+    def dense_updater(self, named, optimizer, communicator, table: str) -> "GeoDenseUpdater":
+        communicator.attach_dense(table, named)
+        return GeoDenseUpdater(list(named.values()), optimizer, communicator)
 
 
 class GeoDenseUpdater(LocalDenseUpdater):

@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.recps-installed
 TORCHREC := torchrec==1.8.0
 
-.PHONY: train test setup setup-gpu bench bench-quick clean
+.PHONY: train test setup setup-gpu bench bench-quick clean hdfs hdfs-stop
 
 setup: $(STAMP)
 
@@ -28,6 +28,16 @@ test: $(STAMP)
 
 bench-quick: $(STAMP)
 	$(PY) -m benchmarks.run --quick
+
+# A test HDFS (Hadoop 2.7.3 NameNode + DataNode on 127.0.0.1; needs Java and Debian's Jersey 1,
+# the jars are fetched once into ~/.cache/recps): tests/hdfs/start_hdfs.sh.
+HDFS_DIR ?= /tmp/recps-hdfs
+hdfs:
+	PYTHON=$(PYTHON) bash tests/hdfs/start_hdfs.sh $(HDFS_DIR)
+	@echo "HDFS up: see $(HDFS_DIR)/cluster.env; stop it with: make hdfs-stop HDFS_DIR=$(HDFS_DIR)  (or tests/hdfs/stop_hdfs.sh $(HDFS_DIR))"
+
+hdfs-stop:
+	bash tests/hdfs/stop_hdfs.sh $(HDFS_DIR)
 
 # CUDA variant: a separate venv with torch 2.13 (CUDA) and the matching fbgemm-gpu 1.8.0.
 setup-gpu:

@@ -1,0 +1,101 @@
+"""Suite-wide fixtures: `hdfs`, a real Apache Hadoop 2.7.3 HDFS on 127.0.0.1 (tests/hdfs/)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+_HDFS_SCRIPTS = Path(__file__).resolve().parent / "hdfs"
+# start_hdfs.sh waits at most RECPS_HDFS_TIMEOUT (120 s) for the cluster and 480 s for the
+# one-time jar download; this bound stays under the suite's 600 s pytest-timeout.
+_START_TIMEOUT_S = 570
+_STOP_TIMEOUT_S = 60
+
+
+@dataclasses.dataclass(frozen=True)
+class HdfsCluster:
+    """A running one-NameNode, one-DataNode HDFS started by tests/hdfs/start_hdfs.sh."""
+
+    host: str
+    rpc_port: int
+    http_port: int
+    work_dir: Path
+    info: dict  # start_hdfs.sh's cluster.json: pids, logs, startup_s, ...
+
+    @property
+    def url(self) -> str:
+        return f"hdfs://{self.host}:{self.rpc_port}"
+
+    @property
+    def webhdfs_url(self) -> str:
+        return f"webhdfs://{self.host}:{self.http_port}"
+
+
+def _stop(work_dir: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(_HDFS_SCRIPTS / "stop_hdfs.sh"), str(work_dir)],
+        capture_output=True,
+        text=True,
+        timeout=_STOP_TIMEOUT_S,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="session")
+def hdfs(tmp_path_factory) -> Iterator[HdfsCluster]:
+    """One HDFS for the whole test run, stopped (by pid) at the end of the session.
+
+    Where Java, Jersey or the Hadoop jars cannot be had, the tests that use it skip with the
+    reason, or fail with it when RECPS_REQUIRE_HDFS=1 (CI). A cluster that does not come up
+    fails either way.
+    """
+    work_dir = tmp_path_factory.mktemp("hdfs")
+    env = dict(os.environ, PYTHON=sys.executable, RECPS_HDFS_WATCH_PID=str(os.getpid()))
+    try:
+        proc = subprocess.run(
+            ["bash", str(_HDFS_SCRIPTS / "start_hdfs.sh"), str(work_dir)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=_START_TIMEOUT_S,
+        )
+    except BaseException:  # a timeout or an interrupt mid-start: stop what was started
+        _stop(work_dir)
+        raise
+    if proc.returncode == 3:
+        lines = proc.stderr.strip().splitlines() or ["start_hdfs.sh: exit 3"]
+        reason = lines[-1]
+        if os.environ.get("RECPS_REQUIRE_HDFS") == "1":
+            pytest.fail(f"RECPS_REQUIRE_HDFS=1 and {reason}", pytrace=False)
+        pytest.skip(reason)
+    if proc.returncode != 0:
+        _stop(work_dir)
+        pytest.fail(
+            f"tests/hdfs/start_hdfs.sh {work_dir} failed (exit {proc.returncode}):\n{proc.stderr}",
+            pytrace=False,
+        )
+    try:
+        info = json.loads((work_dir / "cluster.json").read_text())
+        cluster = HdfsCluster(
+            host=info["host"],
+            rpc_port=info["rpc_port"],
+            http_port=info["http_port"],
+            work_dir=work_dir,
+            info=info,
+        )
+    except BaseException:
+        _stop(work_dir)
+        raise
+    try:
+        yield cluster
+    finally:
+        stopped = _stop(work_dir)
+    if stopped.returncode != 0:
+        raise RuntimeError(f"stop_hdfs.sh {work_dir} failed: {stopped.stderr}")

@@ -48,15 +48,14 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 from typing import Protocol
 
 import torch
 
+from recps import fs as rfs
 from recps.errors import ConfigError, PSError
 from recps.ps.node.specs import (
     DenseLayout,
@@ -351,14 +350,14 @@ class PSServer:
         return [self._get(n) for n in names]
 
     def _save(self, name, fields, meta):
-        path, mode = Path(str(meta["path"])), str(meta.get("mode", "full"))
+        path, mode = str(meta["path"]), str(meta.get("mode", "full"))
         if mode not in SAVE_MODES:
             raise ConfigError(f"save: mode={mode!r}; use one of {SAVE_MODES}")
         result = {}
         for table in self._selected(meta):
-            folder = path / table.name
+            folder = rfs.join(path, table.name)
             if self.index == 0:
-                _write_spec(folder, table.json)
+                rfs.write_atomic(rfs.join(folder, SPEC_FILE), table.json, overwrite=True)
             if table.spec["kind"] == "sparse":
                 man = table.shard.save(folder, mode, shard=self.index, num_shards=self.num_servers)
                 result[table.name] = int(man.get("rows", 0))
@@ -371,21 +370,24 @@ class PSServer:
         return [], {"result": json.dumps(result)}
 
     def _load(self, name, fields, meta):
-        path = Path(str(meta["path"]))
+        path = str(meta["path"])
         names = [n for n in str(meta.get("tables", "")).split(",") if n]
         if not names:
             with self._tables_lock:
                 names = sorted(self._tables)
-            if not names and path.is_dir():  # a fresh cluster restores every saved table
-                names = sorted(p.name for p in path.iterdir() if (p / SPEC_FILE).is_file())
+            if not names:  # a fresh cluster restores every saved table
+                fs, root = rfs.resolve(path)
+                if fs.isdir(root):
+                    names = sorted(d.rstrip("/").rsplit("/", 1)[-1] for d in fs.ls(root, detail=False)
+                                   if fs.isfile(f"{d.rstrip('/')}/{SPEC_FILE}"))
         result = {}
         for n in names:
-            folder = path / n
+            folder = rfs.join(path, n)
             if n not in self._tables:
-                spec_file = folder / SPEC_FILE
-                if not spec_file.is_file():
+                spec_file = rfs.join(folder, SPEC_FILE)
+                if not rfs.exists(spec_file):
                     raise ConfigError(f"load: table {n!r} does not exist here and {spec_file} is missing; create the table first")
-                spec = parse_spec(spec_file.read_text(), f"load {spec_file}")
+                spec = parse_spec(rfs.read_bytes(spec_file).decode(), f"load {spec_file}")
                 verb = self._create_sparse if spec["kind"] == "sparse" else self._create_dense
                 verb(n, {}, {"spec": spec_json(spec)})
             table = self._get(n)
@@ -422,10 +424,3 @@ class PSServer:
         logger.info("server %d: stop requested by a client", self.index)
         self._stop_requested.set()
         return []
-
-
-def _write_spec(folder: Path, text: str) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{SPEC_FILE}.{os.getpid()}.{threading.get_ident()}"
-    tmp.write_text(text)
-    os.replace(tmp, folder / SPEC_FILE)

@@ -7,11 +7,13 @@ Layout written by `SparseTable.save(path, ...)` / `DenseTable.save(path, ...)`:
                              /values.bin ...
     path/shard-00001-of-00002/...
 
+`path` is a local path or any fsspec URL (recps.fs: hdfs://, webhdfs://, memory://, s3:// ...).
 Arrays are raw little-endian C-order bytes (no pickle), so a reader in any language can
-load them. A shard folder is written under a temporary name and renamed into place only
-after every file and the manifest are flushed (atomic on POSIX), so a reader sees either
-the old folder or the complete new one. Readers verify sizes and sha256 checksums and
-refuse a mismatch with an error that names the file.
+load them. A shard folder is written under a hidden temporary name and renamed into place only
+after every file and the manifest are written (and, on a local disk, flushed to it), so a reader
+sees the old folder or the complete new one (on file systems whose rename cannot replace a
+folder, such as HDFS, the old one is removed first: save each checkpoint into its own folder).
+Readers verify sizes and sha256 checksums and refuse a mismatch with an error that names the file.
 """
 
 from __future__ import annotations
@@ -19,15 +21,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import posixpath
 import re
 import shutil
 import sys
 import time
 import uuid
-from pathlib import Path
 
 import torch
+from fsspec.implementations.local import LocalFileSystem
 
+from recps import fs as rfs
 from recps.errors import PSError
 
 __all__ = ["FORMAT_VERSION", "CheckpointError", "ShardWriter", "ShardReader", "list_shards", "shard_dirname"]
@@ -62,7 +66,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
     raise CheckpointError(f"dtype {dtype} cannot be written to a checkpoint; use one of {sorted(_DTYPES)}")
 
 
-def _fsync_dir(path: Path) -> None:
+def _fsync_dir(path: str) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:  # pragma: no cover - platforms without directory fds
@@ -73,29 +77,38 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _join(fs, *parts: str) -> str:
+    return os.path.join(*parts) if isinstance(fs, LocalFileSystem) else posixpath.join(*parts)
+
+
 class ShardWriter:
     """Writes one shard folder atomically; arrays are appended chunk by chunk.
 
     Use as a context manager: the folder appears under its final name only if the block
-    ends without an exception and `commit()` was called.
+    ends without an exception and `commit()` was called. `path`: a local path or fsspec URL.
     """
 
     def __init__(self, path: str | os.PathLike, shard: int, num_shards: int) -> None:
         if not 0 <= shard < num_shards:
             raise CheckpointError(f"save: shard={shard} is outside [0, num_shards={num_shards})")
-        self.root = Path(path)
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.final = self.root / shard_dirname(shard, num_shards)
-        self.tmp = self.root / f".{self.final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.tmp.mkdir()
+        self.fs, self.root = rfs.resolve(path)
+        self.local = isinstance(self.fs, LocalFileSystem)
+        self.fs.makedirs(self.root, exist_ok=True)
+        name = shard_dirname(shard, num_shards)
+        self.final = _join(self.fs, self.root, name)
+        self.tmp = _join(self.fs, self.root, f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        self.fs.makedirs(self.tmp, exist_ok=True)
         self._files: dict[str, dict] = {}
         self._handles: dict[str, tuple] = {}
         self._committed = False
 
+    def _open(self, name: str):
+        path = _join(self.fs, self.tmp, name)
+        return open(path, "wb") if self.local else self.fs.open(path, "wb")
+
     def declare(self, name: str, dtype: torch.dtype, row_shape: tuple[int, ...]) -> None:
         """Create an (initially empty) array `name` with rows of shape `row_shape`."""
-        handle = open(self.tmp / f"{name}.bin", "wb")
-        self._handles[name] = (handle, hashlib.sha256())
+        self._handles[name] = (self._open(f"{name}.bin"), hashlib.sha256())
         self._files[name] = {"dtype": _dtype_name(dtype), "shape": [0, *row_shape], "bytes": 0}
 
     def append(self, name: str, rows: torch.Tensor) -> None:
@@ -116,8 +129,9 @@ class ShardWriter:
     def commit(self, header: dict) -> dict:
         """Flush arrays, write the manifest, rename into place; returns the manifest."""
         for name, (handle, digest) in self._handles.items():
-            handle.flush()
-            os.fsync(handle.fileno())
+            if self.local:
+                handle.flush()
+                os.fsync(handle.fileno())
             handle.close()
             self._files[name]["sha256"] = digest.hexdigest()
         self._handles = {}
@@ -127,29 +141,42 @@ class ShardWriter:
             "files": self._files,
             "created_unix": time.time(),
         }
-        tmp_manifest = self.tmp / "manifest.json.tmp"
-        with open(tmp_manifest, "w") as f:
-            json.dump(manifest, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp_manifest, self.tmp / "manifest.json")
-        _fsync_dir(self.tmp)
-        old = None
-        if self.final.exists():
-            old = self.root / f".{self.final.name}.old-{uuid.uuid4().hex[:8]}"
-            os.replace(self.final, old)
-        os.replace(self.tmp, self.final)
-        _fsync_dir(self.root)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        with self._open("manifest.json") as f:
+            f.write(json.dumps(manifest, indent=1, sort_keys=True).encode())
+            if self.local:
+                f.flush()
+                os.fsync(f.fileno())
+        if self.local:
+            _fsync_dir(self.tmp)
+            old = None
+            if os.path.exists(self.final):
+                old = _join(self.fs, self.root, f".{os.path.basename(self.final)}.old-{uuid.uuid4().hex[:8]}")
+                os.replace(self.final, old)
+            os.replace(self.tmp, self.final)
+            _fsync_dir(self.root)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+        else:
+            if self.fs.exists(self.final):  # HDFS cannot rename over a folder
+                self.fs.rm(self.final, recursive=True)
+            self.fs.mv(self.tmp, self.final, recursive=True)
         self._committed = True
         return manifest
 
     def abort(self) -> None:
         for handle, _ in self._handles.values():
-            handle.close()
+            try:
+                handle.close()
+            except Exception:  # noqa: BLE001 - the failure that led here matters more
+                pass
         self._handles = {}
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        try:
+            if self.local:
+                shutil.rmtree(self.tmp, ignore_errors=True)
+            elif self.fs.exists(self.tmp):
+                self.fs.rm(self.tmp, recursive=True)
+        except Exception:  # noqa: BLE001 - as above
+            pass
 
     def __enter__(self) -> ShardWriter:
         return self
@@ -159,46 +186,55 @@ class ShardWriter:
             self.abort()
 
 
-def list_shards(path: str | os.PathLike) -> list[Path]:
-    """The complete set of shard folders under `path`, in shard order; refuses gaps or mixes."""
-    root = Path(path)
-    if not root.is_dir():
-        raise CheckpointError(f"load: checkpoint folder {root} does not exist")
-    found: dict[int, dict[int, Path]] = {}
-    for child in root.iterdir():
-        m = _SHARD_RE.match(child.name)
-        if m and child.is_dir():
-            found.setdefault(int(m.group(2)), {})[int(m.group(1))] = child
+def list_shards(path: str | os.PathLike) -> list[str]:
+    """The complete set of shard folders under `path` (URLs or local paths, in shard order);
+    refuses gaps or mixes."""
+    fs, root = rfs.resolve(path)
+    shown = rfs.display(fs, root)
+    if not fs.isdir(root):
+        raise CheckpointError(f"load: checkpoint folder {shown} does not exist")
+    found: dict[int, dict[int, str]] = {}
+    for info in fs.ls(root, detail=True):
+        name = info["name"].rstrip("/").rsplit("/", 1)[-1]
+        m = _SHARD_RE.match(name)
+        if m and info.get("type") == "directory":
+            found.setdefault(int(m.group(2)), {})[int(m.group(1))] = rfs.join(os.fspath(path), name)
     if not found:
-        raise CheckpointError(f"load: no shard-XXXXX-of-XXXXX folder in {root}; was the table saved there?")
+        raise CheckpointError(f"load: no shard-XXXXX-of-XXXXX folder in {shown}; was the table saved there?")
     if len(found) > 1:
         raise CheckpointError(
-            f"load: {root} mixes saves with {sorted(found)} shards; save each checkpoint into its own folder"
+            f"load: {shown} mixes saves with {sorted(found)} shards; save each checkpoint into its own folder"
         )
     num_shards, shards = next(iter(found.items()))
     missing = sorted(set(range(num_shards)) - set(shards))
     if missing:
-        raise CheckpointError(f"load: {root} has {num_shards} shards but shard(s) {missing} are missing")
+        raise CheckpointError(f"load: {shown} has {num_shards} shards but shard(s) {missing} are missing")
     return [shards[i] for i in range(num_shards)]
 
 
 class ShardReader:
-    """Reads and verifies one shard folder written by ShardWriter."""
+    """Reads and verifies one shard folder written by ShardWriter (a local path or URL)."""
 
     def __init__(self, shard_dir: str | os.PathLike) -> None:
-        self.dir = Path(shard_dir)
-        manifest_path = self.dir / "manifest.json"
-        if not manifest_path.is_file():
-            raise CheckpointError(f"load: {manifest_path} is missing; the save did not complete")
+        self.fs, self.path = rfs.resolve(shard_dir)
+        self.dir = rfs.display(self.fs, self.path)
+        manifest_path = _join(self.fs, self.path, "manifest.json")
+        shown = rfs.display(self.fs, manifest_path)
         try:
-            with open(manifest_path) as f:
-                self.manifest = json.load(f)
-        except (OSError, ValueError) as e:
-            raise CheckpointError(f"load: {manifest_path} is unreadable ({e}); restore it or re-save") from e
+            raw = self.fs.cat_file(manifest_path)
+        except FileNotFoundError:
+            raise CheckpointError(f"load: {shown} is missing; the save did not complete") from None
+        except OSError as e:
+            raise CheckpointError(f"load: {shown} is unreadable ({e}); restore it or re-save") from e
+        self.manifest_sha256 = hashlib.sha256(raw).hexdigest()
+        try:
+            self.manifest = json.loads(raw)
+        except ValueError as e:
+            raise CheckpointError(f"load: {shown} is unreadable ({e}); restore it or re-save") from e
         version = self.manifest.get("format_version")
         if version != FORMAT_VERSION:
             raise CheckpointError(
-                f"load: {manifest_path} has format_version={version}, this recps reads {FORMAT_VERSION}"
+                f"load: {shown} has format_version={version}, this recps reads {FORMAT_VERSION}"
             )
 
     def has(self, name: str) -> bool:
@@ -209,27 +245,41 @@ class ShardReader:
         spec = self.manifest["files"].get(name)
         if spec is None:
             raise CheckpointError(f"load: {self.dir} has no array {name!r}; the manifest lists {sorted(self.manifest['files'])}")
-        path = self.dir / f"{name}.bin"
-        size = path.stat().st_size if path.is_file() else -1
+        path = _join(self.fs, self.path, f"{name}.bin")
+        shown = rfs.display(self.fs, path)
+        try:
+            size = self.fs.size(path)
+        except FileNotFoundError:
+            size = -1
         if size != spec["bytes"]:
             raise CheckpointError(
-                f"load: {path} has {size} bytes, the manifest says {spec['bytes']}: the file is truncated "
+                f"load: {shown} has {size} bytes, the manifest says {spec['bytes']}: the file is truncated "
                 f"or replaced; restore it or load another checkpoint"
             )
         out = torch.empty(spec["shape"], dtype=_DTYPES[spec["dtype"]])
         buf = memoryview(out.view(torch.uint8).reshape(-1).numpy())
         digest = hashlib.sha256()
-        with open(path, "rb") as f:
+        with (open(path, "rb") if isinstance(self.fs, LocalFileSystem) else self.fs.open(path, "rb")) as f:
             pos = 0
             while pos < spec["bytes"]:
-                n = f.readinto(buf[pos : pos + _IO_CHUNK])
+                n = _read_into(f, buf[pos : pos + _IO_CHUNK])
                 if not n:
-                    raise CheckpointError(f"load: {path} ended early at byte {pos}; restore it")
+                    raise CheckpointError(f"load: {shown} ended early at byte {pos}; restore it")
                 digest.update(buf[pos : pos + n])
                 pos += n
         if digest.hexdigest() != spec["sha256"]:
             raise CheckpointError(
-                f"load: checksum mismatch in {path}: sha256 {digest.hexdigest()[:16]}..., manifest "
+                f"load: checksum mismatch in {shown}: sha256 {digest.hexdigest()[:16]}..., manifest "
                 f"{spec['sha256'][:16]}...; the file is corrupted, restore it or load another checkpoint"
             )
         return out
+
+
+def _read_into(f, view: memoryview) -> int:
+    """f.readinto(view), or read + copy for file objects without it (hdfs-native's)."""
+    try:
+        return f.readinto(view)
+    except (NotImplementedError, AttributeError):
+        data = f.read(len(view))
+        view[: len(data)] = data
+        return len(data)

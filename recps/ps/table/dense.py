@@ -31,7 +31,6 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Mapping
-from pathlib import Path
 
 import torch
 
@@ -217,7 +216,7 @@ class DenseTable:
         """Load this table's parameters from every shard under `path` (checksums and shapes
         verified first; nothing changes on a mismatch). Returns parameters loaded."""
         found: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
-        for shard_dir in list_shards(Path(path)):
+        for shard_dir in list_shards(path):
             reader = ShardReader(shard_dir)
             man = reader.manifest
             if man.get("kind") != "dense":

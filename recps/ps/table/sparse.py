@@ -42,7 +42,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -719,7 +718,7 @@ class SparseTable:
             start = end
         return total
 
-    def _check_manifest(self, man: dict, where: Path) -> None:
+    def _check_manifest(self, man: dict, where: str) -> None:
         def refuse(what: str, saved, here, fix: str) -> None:
             raise CheckpointError(f"load {where}: checkpoint {what}={saved!r}, table {self.name} has {what}={here!r}; {fix}")
 
@@ -747,7 +746,7 @@ class SparseTable:
         """
         if not 0 <= shard < num_shards:
             raise ConfigError(f"SparseTable {self.name}.load: shard={shard} is outside [0, num_shards={num_shards})")
-        parts = self._read_checkpoint(Path(path), shard, num_shards)
+        parts = self._read_checkpoint(os.fspath(path), shard, num_shards)
         mode = parts["mode"]
         with self._save_lock, self._lock:
             if mode != "delta":
@@ -790,7 +789,7 @@ class SparseTable:
         block[:, self._mcol :] = meta
         return block
 
-    def _read_checkpoint(self, path: Path, shard: int, num_shards: int) -> dict:
+    def _read_checkpoint(self, path: str, shard: int, num_shards: int) -> dict:
         """Read, verify and re-partition every saved shard; nothing in the table changes here."""
         pieces: dict[str, list[torch.Tensor]] = {}
         mode = None

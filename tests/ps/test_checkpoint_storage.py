@@ -1,0 +1,116 @@
+"""PS checkpoints through recps.fs: written by 2 servers, read back by 1 and by 3 (re-sharding),
+on the local disk and on the real HDFS (tests/conftest.py's `hdfs` fixture), through hdfs://
+(hdfs-native) and webhdfs://; rows and optimizer state bit-equal."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+
+import pytest
+import torch
+
+from recps.ps.modes import server_halves
+from recps.ps.node.client import PSClient
+from recps.ps.table.checkpoint import CheckpointError
+
+TOKEN = "storage-test"
+KEYS = torch.arange(-3000, 3000, 7, dtype=torch.int64) * 1_000_003  # spread over every partition
+
+
+@contextlib.contextmanager
+def cluster(num_servers: int):
+    from recps.ps.node.server import PSServer
+
+    servers = [PSServer(index=i, num_servers=num_servers, token=TOKEN, halves=server_halves()).start()
+               for i in range(num_servers)]
+    try:
+        with PSClient([s.endpoint for s in servers], token=TOKEN) as client:
+            yield servers, client
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def trained(client: PSClient) -> None:
+    client.create_sparse_table("emb", dim=8, optimizer={"name": "adagrad", "lr": 0.1},
+                               initializer={"kind": "normal", "std": 0.1}, seed=3)
+    client.create_dense_table("dense", {"w": torch.zeros(5, 3), "b": torch.zeros(3)},
+                              optimizer={"name": "adam", "lr": 0.01})
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        client.pull("emb", KEYS).wait()
+        client.push("emb", KEYS, torch.randn(KEYS.numel(), 8, generator=gen)).wait()
+        client.push_dense("dense", torch.randn(18, generator=gen)).wait()
+
+
+def snapshot(servers) -> dict[int, torch.Tensor]:
+    """key -> [values | optimizer state] over every server's shard of "emb"."""
+    rows = {}
+    for s in servers:
+        table = s.sparse("emb")
+        keys, values, state = _rows(table)
+        for k, v, st in zip(keys.tolist(), values, state):
+            rows[k] = torch.cat([v, st])
+    return rows
+
+
+def _rows(table):
+    used = table._used
+    live = table._live[:used]
+    keys = table._keys[:used][live]
+    block = table._rows[:used][live]
+    return keys, block[:, : table.dim], block[:, table._scol : table._mcol]
+
+
+def dense_state(client: PSClient) -> torch.Tensor:
+    return client.pull_dense("dense").wait()
+
+
+def roundtrip(url: str, readers: int) -> None:
+    with cluster(2) as (servers, client):
+        trained(client)
+        before, dense_before = snapshot(servers), dense_state(client)
+        client.save(url, tables=["emb", "dense"])
+        dense_opt = [s.dense("dense") for s in servers if s.dense("dense") is not None]
+        state_before = {n: st.clone() for d in dense_opt for n, st in d._state.items()}
+    with cluster(readers) as (servers, client):
+        client.load(url)  # a fresh cluster restores every saved table from its spec
+        after = snapshot(servers)
+        assert sorted(after) == sorted(before) and len(after) == len(set(KEYS.tolist()))
+        for k, row in before.items():
+            assert torch.equal(after[k], row), k
+        assert torch.equal(dense_state(client), dense_before)
+        state_after = {n: st for s in servers if s.dense("dense") is not None for n, st in s.dense("dense")._state.items()}
+        assert sorted(state_after) == sorted(state_before)
+        for n, st in state_before.items():
+            assert torch.equal(state_after[n], st), n
+
+
+@pytest.mark.parametrize("readers", [1, 3])
+def test_two_servers_write_one_and_three_read_on_file(tmp_path, readers):
+    roundtrip(str(tmp_path / "ckpt"), readers)
+
+
+@pytest.mark.parametrize("readers", [1, 3])
+@pytest.mark.parametrize("scheme", ["hdfs", "webhdfs"])
+def test_two_servers_write_one_and_three_read_on_real_hdfs(hdfs, scheme, readers):
+    base = hdfs.url if scheme == "hdfs" else hdfs.webhdfs_url
+    roundtrip(f"{base}/recps-tests/{uuid.uuid4().hex}/ckpt", readers)
+
+
+def test_a_corrupt_shard_on_hdfs_is_refused_naming_the_file(hdfs):
+    from recps import fs as rfs
+
+    url = f"{hdfs.url}/recps-tests/{uuid.uuid4().hex}/ckpt"
+    with cluster(2) as (_, client):
+        trained(client)
+        client.save(url, tables=["emb"])
+    fs, path = rfs.resolve(rfs.join(url, "emb", "shard-00001-of-00002", "values.bin"))
+    data = bytearray(fs.cat_file(path))
+    data[100] ^= 0xFF
+    fs.rm_file(path)
+    fs.pipe_file(path, bytes(data))
+    with cluster(1) as (_, client):
+        with pytest.raises(Exception, match="checksum mismatch in .*shard-00001-of-00002/values.bin"):
+            client.load(url)

@@ -68,7 +68,7 @@ def run(rows: int, pairs: int, threads: int, every: int, model: str, batch: int)
     overrides = [
         "ps=local", f"model={model}", f"dataset.generate.train_rows={rows}", "dataset.generate.test_rows=10000",
         f"trainer.threads={threads}", f"trainer.batch_size={batch}", f"metrics.every_steps={every}",
-        "progress=false", "checkpoint=false",
+        "progress=false", "checkpoint.save=false",
     ]
     with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)

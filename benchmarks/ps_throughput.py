@@ -107,7 +107,7 @@ def run_one(mode: str, topology: str | Topology | None, rows: int, vocab: int, s
     topo = (Topology.parse(topology) if isinstance(topology, str) else topology) or Topology(0, 1, 2)
     if (mode == "local") != topo.local:
         raise ValueError(f"mode {mode!r} with topology {topo.name}: ps=local runs as 1PxTT, the PS modes as SS+WWxTT")
-    overrides = [f"model={model}", f"trainer.batch_size={batch}", f"trainer.epochs={epochs}", "checkpoint=false",
+    overrides = [f"model={model}", f"trainer.batch_size={batch}", f"trainer.epochs={epochs}", "checkpoint.save=false",
                  "progress=false", "metrics=off", f"seed={seed}",
                  *data_overrides(rows, vocab, seed, data_root, test_rows)]
     if mode == "local":

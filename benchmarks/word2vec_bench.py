@@ -97,7 +97,7 @@ def recps_overrides(system: str, epochs: int, seed: int, corpus: str, k_steps: i
     s = SETTINGS
     common = ["model=word2vec", f"model.embedding_dim={s['dim']}", f"task.window={s['window']}",
               f"task.negatives={s['negatives']}", f"task.subsample={s['sample']}", f"dataset.min_count={s['min_count']}",
-              f"trainer.batch_size={s['batch']}", f"trainer.epochs={epochs}", f"seed={seed}", "checkpoint=false",
+              f"trainer.batch_size={s['batch']}", f"trainer.epochs={epochs}", f"seed={seed}", "checkpoint.save=false",
               "progress=false", *corpus_overrides(corpus)]
     if system == "local":
         return [*common, "ps=local", "trainer.threads=2"]

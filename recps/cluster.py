@@ -95,8 +95,12 @@ def _check(cfg: DictConfig) -> None:
         raise ConfigError(f"ps={cfg.ps.name} trains on CPU workers in this build, device={cfg.device!r}; "
                           "set device=cpu (or ps=local for GPU training)")
     if cfg.trainer.resume:
-        raise ConfigError(f"trainer.resume={cfg.trainer.resume!r} with ps={cfg.ps.name}: resuming a cluster "
-                          "from a PS checkpoint is not supported yet; resume with ps=local or start fresh")
+        from recps.checkpoint import find_checkpoint
+
+        kind, found = find_checkpoint(str(cfg.trainer.resume))
+        if kind != "ps":
+            raise ConfigError(f"trainer.resume={cfg.trainer.resume!r} is a ps=local checkpoint ({found}); resume it "
+                              "with ps=local, or give a parameter-server checkpoint")
     if cfg.cluster.name != "local":
         raise ConfigError(f"cluster={cfg.cluster.name!r} is unknown; use cluster=local (started processes with "
                           "role variables act as their role under it)")
@@ -116,10 +120,22 @@ def run_distributed(cfg: DictConfig, out_dir: Path) -> dict[str, Any] | None:
     ps_mode(cfg)  # a bad mode knob fails here, before any process starts
     role = environment_role(cfg)
     if role is None:
+        _check_checkpoint_target(cfg, Path(out_dir))
         return _launch_local(cfg, Path(out_dir))
     _role_logging(role)
     run_role(cfg, role, Path(out_dir))
     return None
+
+
+def _check_checkpoint_target(cfg: DictConfig, out_dir: Path) -> None:
+    """A committed checkpoint is never overwritten: refuse its folder before any process starts."""
+    from recps.checkpoint import MANIFEST, is_committed
+    from recps.run import checkpoint_dir
+
+    target = checkpoint_dir(cfg, out_dir)
+    if cfg.checkpoint.save and is_committed(target):
+        raise ConfigError(f"checkpoint.dir: {target} holds a committed checkpoint ({MANIFEST}); it is never "
+                          "overwritten: give another checkpoint.dir or hydra.run.dir (or move it away)")
 
 
 def run_role(cfg: DictConfig, role, out_dir: Path, *, data=None, observers: Sequence = ()) -> dict[str, Any] | None:
@@ -306,8 +322,9 @@ def _work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence =
     import torch
 
     from recps.data.sharding import WorkerShards
+    from recps.checkpoint import commit_ps_checkpoint
     from recps.ps.fleet import DENSE_TABLE, DistributedStrategy
-    from recps.run import build_job, evaluate, training_observers
+    from recps.run import build_job, checkpoint_dir, evaluate, training_observers
 
     job = build_job(cfg, data)  # the same data, model, task and trainer as ps=local, over a PS-backed collection
     job.trainer.observers = [*job.trainer.observers, *observers]
@@ -317,17 +334,22 @@ def _work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence =
     source = WorkerShards(job.data.train, role.index, role.num_workers)
     if _on_this_machine(role):  # W workers share this machine's cores: no oversubscribed OpenMP pools
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // role.num_workers))
+    resume = _resume_point(cfg, job, role, threads, batch_size) if cfg.trainer.resume else None
+    first_epoch, skip = (resume["epoch"], resume["skip"]) if resume else (0, None)
     per_thread = -1
     if strategy.mode.name == "sync":
         # Every thread of every worker takes the same number of steps (each step waits for all).
         per_thread = min(source.shard_batches(batch_size, threads))
+        if skip is not None:
+            skip = [min(skip)] * threads  # equal steps for every thread
         if max_steps > 0:
-            per_thread, epochs, max_steps = min(per_thread, max(1, max_steps // threads)), 1, -1
+            done = skip[0] if skip else 0
+            per_thread, epochs, max_steps = min(per_thread, done + max(1, max_steps // threads)), 1, -1
 
     with _fleet(cfg, role) as fleet:
         fleet.add_collection(job.collection)
         dist = fleet.distributed_optimizer(job.optimizer, strategy)
-        fleet.init_worker()
+        fleet.init_worker(load_from=resume["folder"] if resume else None)
         job.trainer.updater = dist.updater
         job.trainer.prefetch = strategy.mode.prefetches
         fleet.client.create_dense_table(STATS_TABLE, 4, mode="geo")  # GEO's server half adds what arrives
@@ -337,7 +359,7 @@ def _work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence =
         with training_observers(job, out_dir, client=fleet.client, rank=role.index) as reporter:
             cpu = time.process_time()
             stats = job.trainer.fit(source, batch_size, epochs=epochs, max_steps=max_steps, progress=False,
-                                    thread_steps_per_epoch=per_thread)
+                                    thread_steps_per_epoch=per_thread, first_epoch=first_epoch, skip=skip)
             cpu = time.process_time() - cpu
         # Everything is sent (geo: the last deltas) and nothing more will be: worker 0 below
         # overwrites its dense params with the servers' values, which must not count as a delta.
@@ -346,6 +368,9 @@ def _work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence =
             [float(stats.examples), stats.examples_per_sec, stats.seconds, cpu])).wait()
         log.info("%s trained: %d steps, %d examples, %.0f examples/s", role.name, stats.steps, stats.examples,
                  stats.examples_per_sec)
+        ckpt = checkpoint_dir(cfg, out_dir)
+        if cfg.checkpoint.save:  # where every thread stopped, for a resume
+            _write_progress(ckpt, role, job.steps_done + stats.steps, stats.positions)
         fleet.barrier("recps.trained")
         if role.index != 0:
             return None
@@ -368,12 +393,69 @@ def _work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence =
             metrics["best_reachable_auc"] = best
         if best_per_label := getattr(job.data, "best_aucs", None):  # multi-label generators: one per label
             metrics["best_reachable_aucs"] = dict(best_per_label)
-        if cfg.checkpoint:
-            path = out_dir / "checkpoint"
+        if cfg.checkpoint.save:
             # Named: the servers also hold STATS_TABLE and the metric reporter's merge tables.
             tables = [*job.collection.table_dims(), DENSE_TABLE]
-            fleet.client.save(str(path), mode="full", tables=tables)
-            (path / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-            metrics["checkpoint"] = str(path)
+            fleet.client.save(ckpt, mode="full", tables=tables, timeout=max(strategy.mode.timeout_s, 600.0))
+            progress = _read_progress(ckpt, role.num_workers)
+            commit_ps_checkpoint(ckpt, tables, cfg, {"steps": job.steps_done + stats.steps, "workers": progress})
+            metrics["checkpoint"] = ckpt
         (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
         return metrics
+
+
+# ---------------------------------------------------------------------------- PS checkpoints
+
+_PROGRESS = "progress"
+
+
+def _write_progress(ckpt: str, role, steps: int, positions) -> None:
+    """<checkpoint>/progress/worker-XXXXX.json: this worker's steps and each thread's (epoch, batches)."""
+    from recps import fs as rfs
+
+    record = {"worker": role.index, "num_workers": role.num_workers, "steps": steps,
+              "positions": [list(p) for p in positions or ()]}
+    rfs.write_atomic(rfs.join(ckpt, _PROGRESS, f"worker-{role.index:05d}.json"), json.dumps(record), overwrite=True)
+
+
+def _read_progress(ckpt: str, num_workers: int) -> list[dict]:
+    from recps import fs as rfs
+
+    return [json.loads(rfs.read_bytes(rfs.join(ckpt, _PROGRESS, f"worker-{w:05d}.json")))
+            for w in range(num_workers)]
+
+
+def _resume_point(cfg: DictConfig, job, role, threads: int, batch_size: int) -> dict:
+    """Where this worker's threads continue a PS checkpoint: {"folder", "epoch", "skip" per thread}.
+
+    The same workers x threads continue exactly where each thread stopped. Another layout takes
+    the fraction of the (earliest) epoch the old threads had trained, from each new shard."""
+    from recps.checkpoint import find_checkpoint, verify_ps_checkpoint
+    from recps.data.sharding import WorkerShards
+    from recps.ps.fleet import DENSE_TABLE
+
+    _, folder = find_checkpoint(str(cfg.trainer.resume))
+    manifest = verify_ps_checkpoint(folder, needed=[*job.collection.table_dims(), DENSE_TABLE])
+    if manifest["model_target"] != str(cfg.model._target_):
+        raise ConfigError(f"trainer.resume: {folder} holds a {manifest['model_target']} but model={cfg.model._target_}; "
+                          "resume with the model config it was trained with")
+    progress = manifest["progress"]
+    job.steps_done = int(progress["steps"])
+    workers = progress.get("workers") or []
+    positions = [p for w in workers for p in w["positions"]]
+    if not positions:
+        return {"folder": folder, "epoch": 0, "skip": None}
+    epoch = min(e for e, _ in positions)
+    if len(workers) == role.num_workers and all(len(w["positions"]) == threads for w in workers):
+        mine = workers[role.index]["positions"]
+        full = WorkerShards(job.data.train, role.index, role.num_workers).shard_batches(batch_size, threads)
+        skip = [n if e == epoch else full[role.index * threads + t] for t, (e, n) in enumerate(mine)]
+    else:
+        old_threads = len(workers[0]["positions"])
+        old = WorkerShards(job.data.train, 0, len(workers)).shard_batches(batch_size, old_threads)
+        frac = sum(min(1.0, n / max(1, old[i]) + (e - epoch)) for i, (e, n) in enumerate(positions)) / len(positions)
+        new = WorkerShards(job.data.train, role.index, role.num_workers).shard_batches(batch_size, threads)
+        skip = [round(frac * new[role.index * threads + t]) for t in range(threads)]
+    log.info("%s resumes %s at step %d, epoch %d, skipping %s batches per thread", role.name, folder,
+             job.steps_done, epoch, skip)
+    return {"folder": folder, "epoch": epoch, "skip": skip}

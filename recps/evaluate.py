@@ -2,6 +2,9 @@
 
 Rebuilds the job from the checkpoint's own `config.yaml` (dotlist overrides apply on top,
 e.g. `dataset.test=[other.txt]`), loads the weights and prints the task's metrics as JSON.
+The checkpoint may be local (ps=local: checkpoint.pt) or a parameter-server one, on any fsspec
+URL (hdfs://...): its manifest and checksums are verified, a parameter server is started in
+this process, loads every table (re-sharded onto it) and the model reads through it.
 """
 
 from __future__ import annotations
@@ -18,18 +21,38 @@ __all__ = ["main", "evaluate_checkpoint"]
 
 
 def evaluate_checkpoint(path: str, overrides: Sequence[str] = ()) -> dict[str, float]:
-    from recps.checkpoint import checkpoint_file, load_checkpoint
+    from recps import fs as rfs
+    from recps.checkpoint import find_checkpoint, load_checkpoint, parent_url, verify_ps_checkpoint
     from recps.config import register_resolvers
     from recps.run import build_job, evaluate
 
     register_resolvers()
-    file = checkpoint_file(path)
-    cfg = OmegaConf.load(file.parent / "config.yaml")
+    kind, found = find_checkpoint(path)
+    folder = found if kind == "ps" else parent_url(found)
+    cfg = OmegaConf.create(rfs.read_bytes(rfs.join(folder, "config.yaml")).decode())
     cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
     cfg.trainer.resume = None
+    if kind == "local":
+        job = build_job(cfg)
+        load_checkpoint(job, found)
+        return evaluate(job)
+    verify_ps_checkpoint(folder)
+    import secrets
+
+    from recps.ps.fleet import DENSE_TABLE
+    from recps.ps.modes import ServerReader, server_halves
+    from recps.ps.modes.dense import assign_flat
+    from recps.ps.node.client import PSClient
+    from recps.ps.node.server import PSServer
+
+    token = secrets.token_hex(16)
     job = build_job(cfg)
-    load_checkpoint(job, file)
-    return evaluate(job)
+    with PSServer(token=token, halves=server_halves()) as server, PSClient([server.endpoint], token=token) as client:
+        client.load(folder, tables=[*job.collection.table_dims(), DENSE_TABLE])
+        job.collection.bind(ServerReader(client))
+        params = [p for group in job.optimizer.param_groups for p in group["params"]]
+        assign_flat(params, client.pull_dense(DENSE_TABLE).wait())
+        return evaluate(job)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

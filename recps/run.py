@@ -28,7 +28,7 @@ from recps.metrics.reporter import MetricsReporter, build_reporter, check_metric
 from recps.nn import LocalEmbeddingBagCollection, LocalEmbeddingCollection
 from recps.trainer import LocalDenseUpdater, Trainer, dense_parameters
 
-__all__ = ["Job", "build_job", "build_observers", "prepare_dataset", "run_training", "evaluate", "training_observers"]
+__all__ = ["Job", "build_job", "checkpoint_dir", "build_observers", "prepare_dataset", "run_training", "evaluate", "training_observers"]
 
 log = logging.getLogger("recps.run")
 
@@ -80,6 +80,11 @@ def prepare_dataset(cfg: DictConfig, seed: int) -> PreparedData:
         check_target_args(cfg, "dataset", injected=("seed",))
         return instantiate(cfg, seed=seed, _convert_="all")
     return prepare_data(cfg, seed=seed)
+
+
+def checkpoint_dir(cfg: DictConfig, out_dir: Path) -> str:
+    """Where the run's checkpoint goes: checkpoint.dir (a path or fsspec URL), else <run dir>/checkpoint."""
+    return str(cfg.checkpoint.get("dir") or Path(out_dir) / "checkpoint")
 
 
 def build_job(cfg: DictConfig, data: PreparedData | None = None) -> Job:
@@ -186,7 +191,7 @@ def run_training(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
         metrics["best_reachable_auc"] = data_best
     if best_per_label := getattr(job.data, "best_aucs", None):  # multi-label generators: one per label
         metrics["best_reachable_aucs"] = dict(best_per_label)
-    if cfg.checkpoint:
-        path = save_checkpoint(job, out_dir / "checkpoint")
+    if cfg.checkpoint.save:
+        path = save_checkpoint(job, checkpoint_dir(cfg, out_dir))
         metrics["checkpoint"] = str(path)
     return metrics

@@ -14,6 +14,7 @@ barrier; geo: counts towards k) and refreshes the shared dense parameters
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
 import math
 import threading
@@ -57,6 +58,7 @@ class TrainStats:
     seconds: float
     last_loss: float
     first_losses: list[float]
+    positions: list[tuple[int, int]] | None = None  # per thread: (epoch, batches of it trained)
 
     @property
     def examples_per_sec(self) -> float:
@@ -112,15 +114,22 @@ class Trainer:
         self._replicas = [thread_replica(model, collection) for _ in range(threads)]
 
     def fit(self, source: BatchSource, batch_size: int, epochs: int = 1, max_steps: int = -1,
-            progress: bool = True, first_epoch: int = 0, thread_steps_per_epoch: int = -1) -> TrainStats:
+            progress: bool = True, first_epoch: int = 0, thread_steps_per_epoch: int = -1,
+            skip: Sequence[int] | None = None) -> TrainStats:
         """Trains for `epochs` passes (or `max_steps` steps over all threads, if > 0).
 
         `thread_steps_per_epoch` > 0 caps the batches each thread takes per epoch (sync mode:
-        every thread of every worker must take the same number of steps)."""
+        every thread of every worker must take the same number of steps). `skip[t]`: batches of
+        `first_epoch` thread t trained before (a resumed run continues where it stopped); the
+        stats' `positions` say where each thread stopped."""
+        if skip is not None and len(skip) != self.threads:
+            raise ConfigError(f"Trainer.fit: skip has {len(skip)} entries for {self.threads} threads")
         lock = threading.Lock()
         # reserved: steps a thread has claimed before training them, so that max_steps is exact
         # over all threads (a thread finishing step max_steps cannot stop the others' steps in flight).
         state = {"steps": 0, "reserved": 0, "examples": 0, "loss": math.nan, "first": []}
+        skipped = list(skip) if skip is not None else [0] * self.threads
+        positions = [(first_epoch, skipped[t]) for t in range(self.threads)]
         errors: list[BaseException] = []
         stop = threading.Event()
         bar = _progress_bar(progress)
@@ -139,7 +148,11 @@ class Trainer:
                     obs.on_thread_start(thread)
                 for epoch in range(first_epoch, first_epoch + epochs):
                     batches = source.batches(batch_size, thread, self.threads, epoch)
-                    for taken, (batch, following) in enumerate(_with_next(batches)):
+                    done = skipped[thread] if epoch == first_epoch else 0
+                    if done:
+                        batches = itertools.islice(batches, done, None)
+                    positions[thread] = (epoch, done)
+                    for taken, (batch, following) in enumerate(_with_next(batches), start=done):
                         if stop.is_set():
                             return
                         if 0 < thread_steps_per_epoch <= taken:
@@ -162,6 +175,7 @@ class Trainer:
                         self.updater.step_end(thread)
                         value = float(loss.detach())
                         with lock:
+                            positions[thread] = (epoch, taken + 1)
                             state["steps"] += 1
                             state["examples"] += batch.batch_size
                             state["loss"] = value
@@ -216,7 +230,7 @@ class Trainer:
         if errors:
             raise errors[0]
         return TrainStats(steps=state["steps"], examples=state["examples"], seconds=seconds,
-                          last_loss=state["loss"], first_losses=state["first"])
+                          last_loss=state["loss"], first_losses=state["first"], positions=list(positions))
 
     @torch.no_grad()
     def predict(self, source: BatchSource, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:

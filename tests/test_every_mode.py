@@ -67,7 +67,7 @@ def model_config(model: str, mode: str, extra: list[str] = ()) -> DictConfig:
 
 def trainer_overrides(model: str, mode: str) -> list[str]:
     out = [f"model={model}", f"ps={mode}", f"trainer.threads={THREADS}", f"trainer.batch_size={BATCH}",
-           "trainer.max_steps=-1", "checkpoint=false", "progress=false"]
+           "trainer.max_steps=-1", "checkpoint.save=false", "progress=false"]
     return out + ([f"ps.k_steps={GEO_K_STEPS}"] if mode == "geo" else [])
 
 

@@ -47,7 +47,7 @@ REAL_OVERRIDES = ("trainer.batch_size=16", "trainer.epochs=5")  # 100 train rows
 def config(*overrides: str):
     register_resolvers()
     with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
-        return compose(config_name="config", overrides=["ps=local", "progress=false", "checkpoint=false",
+        return compose(config_name="config", overrides=["ps=local", "progress=false", "checkpoint.save=false",
                                                         *overrides])
 
 

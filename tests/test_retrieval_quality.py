@@ -28,7 +28,7 @@ MOVIELENS = PROJECT_ROOT.parent / "shared" / "data" / "movielens_latest_small"
 
 # The settings each proof trains with (the rest is conf/'s defaults for the model:
 # dataset=movielens, task=retrieval with in-batch negatives and the log-Q correction).
-COMMON = ("ps=local", "trainer.threads=2", "progress=false", "checkpoint=false")
+COMMON = ("ps=local", "trainer.threads=2", "progress=false", "checkpoint.save=false")
 COMMANDS = {
     "two_tower": ("trainer.epochs=4", "ps.table.optimizer.lr=0.2", "optimizer.lr=0.003"),
     "youtube_dnn": ("trainer.epochs=8", "ps.table.optimizer.lr=0.2", "optimizer.lr=0.003"),

@@ -51,7 +51,7 @@ def baseline() -> dict[str, float]:
 
 
 def train(model: str, out: Path) -> dict:
-    cmd = [sys.executable, "-m", "recps.train", *COMMANDS[model], "progress=false", "checkpoint=false",
+    cmd = [sys.executable, "-m", "recps.train", *COMMANDS[model], "progress=false", "checkpoint.save=false",
            f"hydra.run.dir={out}"]
     proc = subprocess.run(cmd, cwd=PROJECT_ROOT, env=dict(os.environ, HYDRA_FULL_ERROR="1"), capture_output=True,
                           text=True, timeout=800)

@@ -147,7 +147,7 @@ def test_a_users_config_folder_works_under_a_ps_mode(tmp_path, ps):
     (conf / "mine.yaml").write_text(text)
     run = tmp_path / "run"
     check(recps("recps.train", "--config-dir", str(tmp_path / "myconf"), "dataset=mine", f"ps={ps}",
-                "progress=false", "checkpoint=false", "trainer.max_steps=4", f"dataset.dir={tmp_path / 'data'}",
+                "progress=false", "checkpoint.save=false", "trainer.max_steps=4", f"dataset.dir={tmp_path / 'data'}",
                 f"dataset.generate.train_rows={TRAIN_ROWS}", f"dataset.generate.test_rows={TEST_ROWS}",
                 "dataset.generate.vocab=100", f"hydra.run.dir={run}", timeout=300))
     assert "name: mine" in (run / "recps-job.yaml").read_text()

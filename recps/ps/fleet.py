@@ -245,8 +245,12 @@ class Fleet:
         self._optimizer = DistributedOptimizer(optimizer, self.strategy)
         return self._optimizer
 
-    def init_worker(self, strategy: DistributedStrategy | None = None) -> None:
-        """Connect, create the tables, start from the servers' dense values, bind the communicators."""
+    def init_worker(self, strategy: DistributedStrategy | None = None, load_from: str | None = None) -> None:
+        """Connect, create the tables, start from the servers' dense values, bind the communicators.
+
+        `load_from`: a PS checkpoint folder (any fsspec URL) whose tables the servers load, with their
+        optimizer state and statistics, re-sharded onto this cluster's servers (the first worker
+        asks, the others wait for it), before any worker reads a value."""
         self._require("worker", "init_worker")
         if self.client is not None:
             raise PSError(f"{self.role.name}: init_worker was called twice")
@@ -274,6 +278,12 @@ class Fleet:
             self.client.create_dense_table(DENSE_TABLE, {n: p.detach() for n, p in opt.named_params().items()},
                                            optimizer=opt.rule, mode=s.mode.name)
         self.client.barrier("recps.init_worker", timeout=self.connect_timeout_s)  # tables exist everywhere
+        if load_from is not None:
+            if self.role.index == 0:
+                loaded = self.client.load(str(load_from), tables=sorted(tables) + ([DENSE_TABLE] if opt is not None else []),
+                                          timeout=max(m.timeout_s for m in modes) * 10)
+                log.info("%s: the servers loaded %s from %s", self.role.name, loaded, load_from)
+            self.client.barrier("recps.loaded", timeout=self.connect_timeout_s * 10)
         self._pull_dense_params()  # every worker starts equal
         self.communicators = [m.communicator(self.client, s.threads) for m in modes]
         self.communicator = self.communicators[0]

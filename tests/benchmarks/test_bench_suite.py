@@ -314,7 +314,7 @@ def test_ctr_dnn_reaches_best_reachable_minus_0_01_on_the_quality_world(tmp_path
                 and c.model == "ctr_dnn")
     curve = tmp_path / "curve.jsonl"
     cfg = compose_config([f"model={case.model}", "ps=local", "trainer.threads=2", f"trainer.epochs={case.epochs}",
-                          "progress=false", "metrics=off", "checkpoint=false",
+                          "progress=false", "metrics=off", "checkpoint.save=false",
                           *ps_throughput.data_overrides(case.rows, case.vocab, 0, tmp_path, case.test_rows),
                           *bench_run.case_overrides(case, curve)])
     job = build_job(cfg)

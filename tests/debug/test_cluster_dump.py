@@ -49,7 +49,7 @@ BASE = [
     "ps=sync", f"cluster.workers={WORKERS}", "trainer.threads=1", f"trainer.batch_size={BATCH}",
     "model=ctr_dnn", "model.hidden=[16,8]", "optimizer=sgd", f"dataset.generate.train_rows={ROWS}",
     "dataset.generate.test_rows=300", "dataset.generate.vocab=500", "debug=dump", f"metrics.every_steps={EVERY}",
-    "checkpoint=false", "progress=false",
+    "checkpoint.save=false", "progress=false",
 ]
 ENV = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
 
@@ -79,7 +79,7 @@ def run_b(tmp_path_factory) -> Path:
 def run_c(tmp_path_factory) -> Path:
     """The planted difference: the dense learning rate; also TensorBoard and a checkpoint."""
     return cluster_run(tmp_path_factory, "c", f"optimizer.lr={PLANTED_LR}", "metrics.tensorboard=true",
-                       "checkpoint=true")
+                       "checkpoint.save=true")
 
 
 def records(run: Path) -> dict[tuple[int, int, str], np.ndarray]:

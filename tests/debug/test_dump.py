@@ -32,7 +32,7 @@ STEPS = math.ceil(ROWS / BATCH)  # 12
 BASE = [
     "ps=local", f"dataset.generate.train_rows={ROWS}", "dataset.generate.test_rows=1000", "dataset.generate.vocab=1000",
     "ps.num_embeddings=1000", "model.hidden=[16,16]", f"trainer.batch_size={BATCH}", "trainer.threads=1",
-    "progress=false", "checkpoint=false",
+    "progress=false", "checkpoint.save=false",
 ]
 DUMP = ["debug=dump", "debug.modules=[over_arch,sparse_arch]", "debug.module_grads=true", "debug.tables=[t_C1]"]
 

@@ -142,7 +142,7 @@ def test_parameters_equal_single_process_sgd_with_the_merged_batch(tmp_path_fact
         ebc.ps_keys[seen], 9, seed=0)).abs().max()) > 1e-4  # rows moved 10x the tolerance: the check has teeth
 
 
-AUC_OVERRIDES = ["model=ctr_dnn", "model.hidden=[64,32]", "trainer.epochs=3", "checkpoint=false", "progress=false"]
+AUC_OVERRIDES = ["model=ctr_dnn", "model.hidden=[64,32]", "trainer.epochs=3", "checkpoint.save=false", "progress=false"]
 
 
 def test_async_and_geo_reach_the_auc_of_local_training(tmp_path_factory):

@@ -43,7 +43,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from recps.errors import ConfigError, RecpsError
 
-__all__ = ["run_distributed", "run_role", "environment_role", "ps_mode", "child_command", "PS_MODES"]
+__all__ = ["run_distributed", "run_role", "storage_checks", "environment_role", "ps_mode", "child_command", "PS_MODES"]
 
 log = logging.getLogger("recps.cluster")
 
@@ -94,13 +94,6 @@ def _check(cfg: DictConfig) -> None:
     if cfg.device != "cpu":
         raise ConfigError(f"ps={cfg.ps.name} trains on CPU workers in this build, device={cfg.device!r}; "
                           "set device=cpu (or ps=local for GPU training)")
-    if cfg.trainer.resume:
-        from recps.checkpoint import find_checkpoint
-
-        kind, found = find_checkpoint(str(cfg.trainer.resume))
-        if kind != "ps":
-            raise ConfigError(f"trainer.resume={cfg.trainer.resume!r} is a ps=local checkpoint ({found}); resume it "
-                              "with ps=local, or give a parameter-server checkpoint")
     if cfg.cluster.name != "local":
         raise ConfigError(f"cluster={cfg.cluster.name!r} is unknown; use cluster=local (started processes with "
                           "role variables act as their role under it)")
@@ -120,20 +113,49 @@ def run_distributed(cfg: DictConfig, out_dir: Path) -> dict[str, Any] | None:
     ps_mode(cfg)  # a bad mode knob fails here, before any process starts
     role = environment_role(cfg)
     if role is None:
-        _check_checkpoint_target(cfg, Path(out_dir))
+        _check_storage(cfg, Path(out_dir))
         return _launch_local(cfg, Path(out_dir))
     _role_logging(role)
     run_role(cfg, role, Path(out_dir))
     return None
 
 
-def _check_checkpoint_target(cfg: DictConfig, out_dir: Path) -> None:
-    """A committed checkpoint is never overwritten: refuse its folder before any process starts."""
-    from recps.checkpoint import MANIFEST, is_committed
+def _check_storage(cfg: DictConfig, out_dir: Path) -> None:
+    """Before any process starts: trainer.resume is a PS checkpoint, and the checkpoint folder holds no
+    committed one (never overwritten). Remote URLs are checked in a child process: hdfs-native's
+    threads in the launcher would make its forks (Popen with preexec_fn) deadlock."""
+    from recps import fs as rfs
     from recps.run import checkpoint_dir
 
-    target = checkpoint_dir(cfg, out_dir)
-    if cfg.checkpoint.save and is_committed(target):
+    resume = str(cfg.trainer.resume) if cfg.trainer.resume else ""
+    target = checkpoint_dir(cfg, out_dir) if cfg.checkpoint.save else ""
+    if all(rfs.is_local(u) for u in (resume, target) if u):
+        storage_checks(resume, target)
+        return
+    import subprocess
+
+    code = "import sys; from recps.cluster import storage_checks; storage_checks(*sys.argv[1:])"
+    try:
+        proc = subprocess.run([sys.executable, "-c", code, resume, target], capture_output=True, text=True,
+                              timeout=float(cfg.cluster.connect_timeout_s))
+    except subprocess.TimeoutExpired:
+        raise ConfigError(f"checking {resume or target} took over cluster.connect_timeout_s="
+                          f"{cfg.cluster.connect_timeout_s} s; is its file system reachable?") from None
+    if proc.returncode:
+        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise ConfigError(last.split(": ", 1)[1] if last.startswith("recps.errors.") else last)
+
+
+def storage_checks(resume: str, target: str) -> None:
+    """See _check_storage (raises ConfigError)."""
+    from recps.checkpoint import MANIFEST, find_checkpoint, is_committed
+
+    if resume:
+        kind, found = find_checkpoint(resume)
+        if kind != "ps":
+            raise ConfigError(f"trainer.resume={resume!r} is a ps=local checkpoint ({found}); resume it "
+                              "with ps=local, or give a parameter-server checkpoint")
+    if target and is_committed(target):
         raise ConfigError(f"checkpoint.dir: {target} holds a committed checkpoint ({MANIFEST}); it is never "
                           "overwritten: give another checkpoint.dir or hydra.run.dir (or move it away)")
 
@@ -445,14 +467,14 @@ def _resume_point(cfg: DictConfig, job, role, threads: int, batch_size: int) -> 
     positions = [p for w in workers for p in w["positions"]]
     if not positions:
         return {"folder": folder, "epoch": 0, "skip": None}
+    old_threads = len(workers[0]["positions"])
+    old = WorkerShards(job.data.train, 0, len(workers)).shard_batches(batch_size, old_threads)
+    positions = [(e + 1, 0) if n >= old[i] else (e, n) for i, (e, n) in enumerate(positions)]  # epoch done: the next
     epoch = min(e for e, _ in positions)
-    if len(workers) == role.num_workers and all(len(w["positions"]) == threads for w in workers):
-        mine = workers[role.index]["positions"]
-        full = WorkerShards(job.data.train, role.index, role.num_workers).shard_batches(batch_size, threads)
-        skip = [n if e == epoch else full[role.index * threads + t] for t, (e, n) in enumerate(mine)]
+    if len(workers) == role.num_workers and old_threads == threads:
+        mine = positions[role.index * threads : (role.index + 1) * threads]
+        skip = [n if e == epoch else old[role.index * threads + t] for t, (e, n) in enumerate(mine)]
     else:
-        old_threads = len(workers[0]["positions"])
-        old = WorkerShards(job.data.train, 0, len(workers)).shard_batches(batch_size, old_threads)
         frac = sum(min(1.0, n / max(1, old[i]) + (e - epoch)) for i, (e, n) in enumerate(positions)) / len(positions)
         new = WorkerShards(job.data.train, role.index, role.num_workers).shard_batches(batch_size, threads)
         skip = [round(frac * new[role.index * threads + t]) for t in range(threads)]

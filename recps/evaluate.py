@@ -37,21 +37,11 @@ def evaluate_checkpoint(path: str, overrides: Sequence[str] = ()) -> dict[str, f
         load_checkpoint(job, found)
         return evaluate(job)
     verify_ps_checkpoint(folder)
-    import secrets
+    from recps.ps.fleet import read_checkpoint
 
-    from recps.ps.fleet import DENSE_TABLE
-    from recps.ps.modes import ServerReader, server_halves
-    from recps.ps.modes.dense import assign_flat
-    from recps.ps.node.client import PSClient
-    from recps.ps.node.server import PSServer
-
-    token = secrets.token_hex(16)
     job = build_job(cfg)
-    with PSServer(token=token, halves=server_halves()) as server, PSClient([server.endpoint], token=token) as client:
-        client.load(folder, tables=[*job.collection.table_dims(), DENSE_TABLE])
-        job.collection.bind(ServerReader(client))
-        params = [p for group in job.optimizer.param_groups for p in group["params"]]
-        assign_flat(params, client.pull_dense(DENSE_TABLE).wait())
+    params = [p for group in job.optimizer.param_groups for p in group["params"]]
+    with read_checkpoint(folder, [job.collection], params):
         return evaluate(job)
 
 

@@ -34,10 +34,10 @@ The same from Python (e.g. `recps.train cluster=local`):
 from __future__ import annotations
 
 import argparse
-import ctypes
 import logging
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -69,7 +69,6 @@ TIMEOUT_EXIT_CODE = 124  # as timeout(1)
 _POLL_S = 0.05
 _REAP_TIMEOUT_S = 5.0  # a SIGKILLed process is normally gone in milliseconds; D-state ones may take longer
 _READER_JOIN_S = 2.0
-_PR_SET_PDEATHSIG = 1
 # Inherited values of these would describe another cluster; the launcher sets its own.
 _ROLE_VARIABLES = (ROLE_ENV, INDEX_ENV, NUM_SERVERS_ENV, NUM_WORKERS_ENV, COORDINATOR_ENV, HOST_ENV, SERVER_ENDPOINTS_ENV)
 
@@ -147,30 +146,21 @@ def free_port(host: str = "127.0.0.1") -> int:
 # ---------------------------------------------------------------------------------------- children
 
 
-def _load_prctl():
-    """libc's prctl on Linux, else None (no parent-death signal there)."""
-    if not sys.platform.startswith("linux"):
-        return None
+# Run in each child before it execs the command: die with the launcher (PR_SET_PDEATHSIG survives
+# exec), and if the launcher died before that took effect, die now.
+_DEATH_SIGNAL_EXEC = """
+import ctypes, os, signal, sys
+parent = int(sys.argv[1])
+if sys.platform.startswith("linux"):
     try:
-        return ctypes.CDLL(None, use_errno=True).prctl
+        ctypes.CDLL(None, use_errno=True).prctl(ctypes.c_int(1), ctypes.c_ulong(signal.SIGKILL), ctypes.c_ulong(0),
+                                                ctypes.c_ulong(0), ctypes.c_ulong(0))
     except (OSError, AttributeError):
-        return None
-
-
-def _child_setup(parent_pid: int):
-    """The function run in each child between fork and exec: own process group, die with the launcher."""
-    prctl = _load_prctl()
-    # Built in the parent, so the child only makes one C call. prctl is variadic: pass full unsigned longs.
-    args = (ctypes.c_int(_PR_SET_PDEATHSIG), ctypes.c_ulong(signal.SIGKILL), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
-
-    def setup() -> None:
-        os.setpgid(0, 0)
-        if prctl is not None:
-            prctl(*args)
-            if os.getppid() != parent_pid:  # the launcher died before prctl took effect
-                os.kill(os.getpid(), signal.SIGKILL)
-
-    return setup
+        pass
+if os.getppid() != parent:
+    os.kill(os.getpid(), signal.SIGKILL)
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
 
 
 # Run by a watchdog process: it learns the children's process groups from its stdin and kills
@@ -346,13 +336,18 @@ def _start(
     env.update(role.to_env())
     log = open(os.path.join(log_dir, f"{role.name}.log"), "wb") if log_dir else None
     try:
+        if shutil.which(command[0]) is None:
+            raise FileNotFoundError(f"no such program: {command[0]!r}")
+        # No preexec_fn (Python code between fork and exec deadlocks when another thread of this
+        # process holds a lock at the fork, e.g. hdfs-native's runtime): the child leads its own
+        # group (process_group=0, done in C) and a tiny exec wrapper sets the parent-death signal.
         proc = subprocess.Popen(
-            list(command),
+            [sys.executable, "-I", "-S", "-c", _DEATH_SIGNAL_EXEC, str(os.getpid()), *command],
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=log if log is not None else subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            preexec_fn=_child_setup(os.getpid()),
+            process_group=0,
             close_fds=True,
         )
     except OSError as e:

@@ -39,6 +39,7 @@ What each call does:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
@@ -56,7 +57,7 @@ from recps.ps.node import ServerNode, connect
 from recps.ps.node.coordinator import DEFAULT_DEAD_AFTER_S
 from recps.ps.roles import Role, detect_role_maker
 
-__all__ = ["Fleet", "DistributedStrategy", "DistributedOptimizer", "DENSE_TABLE", "init"]
+__all__ = ["Fleet", "DistributedStrategy", "DistributedOptimizer", "DENSE_TABLE", "init", "read_checkpoint"]
 
 log = logging.getLogger(__name__)
 
@@ -413,3 +414,24 @@ class _EveryMode:
 def init(role_maker=None, **kwargs) -> Fleet:
     """A Fleet for this process (Paddle's `fleet.init(role_maker)`), usable as a context manager."""
     return Fleet(role_maker, **kwargs)
+
+
+@contextlib.contextmanager
+def read_checkpoint(folder: str, collections, params):
+    """For the block: a server in this process holds every table of the PS checkpoint `folder`
+    (re-sharded onto it), the `collections` read through it (nothing is created or pushed) and the
+    dense `params` (the distributed optimizer's order) hold its dense values. Evaluation of a
+    checkpoint without a cluster."""
+    import secrets
+
+    from recps.ps.node import PSClient, PSServer
+
+    token = secrets.token_hex(16)
+    with PSServer(token=token, halves=server_halves()) as server, PSClient([server.endpoint], token=token) as client:
+        tables = sorted({t for c in collections for t in c.table_dims()})
+        client.load(str(folder), tables=[*tables, DENSE_TABLE])
+        reader = ServerReader(client)
+        for collection in collections:
+            collection.bind(reader)
+        assign_flat(list(params), client.pull_dense(DENSE_TABLE).wait())
+        yield client

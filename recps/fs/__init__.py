@@ -8,12 +8,21 @@
 
 `hdfs://` is chosen here, on purpose: fsspec's own `hdfs` is pyarrow's libhdfs (a JVM in the
 process) and installing hdfs-native re-registers the protocol by entry point; `resolve` makes
-it hdfs-native whatever is installed, and says how to get it when it is not.
+it hdfs-native whatever is installed (recps.fs.native's bounded class), and says how to get it
+when it is not. `webhdfs://` is recps.fs.webhdfs's class (fsspec's, with exact errors).
+
+No call on HDFS waits forever: every request of a file system from `resolve` carries a timeout
+(`timeout_s=` option, else $RECPS_FS_TIMEOUT_S, else 60 s; a bound on each wait for an answer
+or for bytes, not on a whole transfer). An unreachable NameNode raises an OSError naming its
+host:port (TransientFileSystemError; FileSystemTimeoutError when it accepted but never
+answered). `exists` answers False only for a missing path, never for an unreachable one.
+For the verbs of Paddle's HDFSClient with retries, see recps.fs.hdfs.HDFSClient.
 
 Writes that must be atomic (a manifest, a commit record) go through `write_atomic`: the bytes
 go to a hidden temporary beside the target, which is then renamed into place; the temporary
-is removed on failure. A rename never overwrites here (WebHDFS RENAME cannot): a record that
-exists already is refused, so layouts write one file per record.
+is removed on failure. An existing record is refused unless overwrite=True, so layouts write
+one file per record; replacing is atomic on local disks and hdfs:// (a rename with OVERWRITE),
+three renames on webhdfs:// (WebHDFS RENAME cannot overwrite; the old record is never lost).
 """
 
 from __future__ import annotations
@@ -26,31 +35,37 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from recps.errors import RecpsError
+from recps.fs._common import (DEFAULT_TIMEOUT_S, TIMEOUT_ENV, FileSystemError, FileSystemTimeoutError,
+                              TransientFileSystemError, timeout_s)
+from recps.fs.webhdfs import WebHDFS
 
-__all__ = ["FileSystemError", "resolve", "join", "is_local", "local_path", "display", "write_atomic",
-           "read_bytes", "exists", "HDFS_PROTOCOLS"]
+__all__ = ["FileSystemError", "TransientFileSystemError", "FileSystemTimeoutError", "resolve", "join",
+           "is_local", "local_path", "display", "write_atomic", "read_bytes", "exists", "timeout_s",
+           "HDFSClient", "HDFS_PROTOCOLS", "WEBHDFS_PROTOCOLS", "DEFAULT_TIMEOUT_S", "TIMEOUT_ENV"]
 
 HDFS_PROTOCOLS = ("hdfs", "viewfs")
-_registered = False
+WEBHDFS_PROTOCOLS = ("webhdfs", "webHDFS")
+_registered: set[str] = set()
 
 
-class FileSystemError(RecpsError, OSError):
-    """A file system call failed or was refused; the message names the URL and the fix."""
+def _register(protocol: str) -> None:
+    """hdfs:// and viewfs:// -> recps.fs.native (hdfs-native, bounded), webhdfs:// -> recps.fs.webhdfs.
 
-
-def _register_hdfs() -> None:
-    """hdfs:// (and viewfs://) -> hdfs-native's fsspec class, explicitly."""
-    global _registered
-    if _registered:
+    Registered in fsspec's table too (once), so that fsspec.open() elsewhere in the process gets
+    the same classes. An hdfs:// without hdfs-native installed stays unregistered (resolve says)."""
+    if protocol in _registered:
         return
-    try:
-        from hdfs_native.fsspec import HdfsFileSystem
-    except ImportError:
-        return  # resolve() says what to install when an hdfs:// URL is used
-    for protocol in HDFS_PROTOCOLS:
-        fsspec.register_implementation(protocol, HdfsFileSystem, clobber=True)
-    _registered = True
+    if protocol in HDFS_PROTOCOLS:
+        try:
+            from recps.fs import native
+        except ImportError:
+            return
+        classes = {"hdfs": native.HdfsFileSystem, "viewfs": native.ViewfsFileSystem}
+    else:
+        classes = dict.fromkeys(WEBHDFS_PROTOCOLS, WebHDFS)
+    for name, cls in classes.items():
+        fsspec.register_implementation(name, cls, clobber=True)
+        _registered.add(name)
 
 
 def _protocol(url: str) -> str:
@@ -59,14 +74,21 @@ def _protocol(url: str) -> str:
 
 
 def resolve(url: str | os.PathLike, **options: Any) -> tuple[fsspec.AbstractFileSystem, str]:
-    """(file system, path inside it) for a path or URL; `options` go to the file system."""
+    """(file system, path inside it) for a path or URL; `options` go to the file system.
+
+    `timeout_s` (default $RECPS_FS_TIMEOUT_S, else 60) bounds each request on hdfs://, viewfs://
+    and webhdfs:// (other protocols keep their own settings and ignore it). On webhdfs:// the
+    user defaults to $HADOOP_USER_NAME, else the login name (as hdfs-native's); `user=` sets it.
+    """
     url = os.fspath(url)
     protocol = _protocol(url)
-    if protocol in HDFS_PROTOCOLS:
-        _register_hdfs()
-        if not _registered:
-            raise FileSystemError(f"{url}: hdfs:// needs the hdfs-native package (`pip install hdfs-native`), "
-                                  "or use webhdfs://<namenode>:<http port>/... (WebHDFS over HTTP)")
+    seconds = timeout_s(options.pop("timeout_s", None))
+    if protocol in HDFS_PROTOCOLS or protocol in ("webhdfs",):
+        _register(protocol)
+        if protocol not in _registered:
+            raise FileSystemError(f"{url}: {protocol}:// needs the hdfs-native package (`pip install "
+                                  "hdfs-native`), or use webhdfs://<namenode>:<http port>/... (WebHDFS over HTTP)")
+        options["timeout_s"] = seconds
     try:
         return fsspec.core.url_to_fs(url, **options)
     except (ImportError, ValueError) as e:
@@ -75,6 +97,7 @@ def resolve(url: str | os.PathLike, **options: Any) -> tuple[fsspec.AbstractFile
 
 
 def is_local(url: str | os.PathLike) -> bool:
+    """Whether `url` is a plain path or a file:// (local://) URL."""
     return _protocol(os.fspath(url)) in ("file", "local")
 
 
@@ -102,11 +125,13 @@ def display(fs: fsspec.AbstractFileSystem, path: str) -> str:
 
 
 def exists(url: str | os.PathLike) -> bool:
+    """Whether `url` exists; False only for a missing path (an unreachable HDFS raises)."""
     fs, path = resolve(url)
     return fs.exists(path)
 
 
 def read_bytes(url: str | os.PathLike) -> bytes:
+    """The bytes of file `url`; a missing file raises FileSystemError naming it."""
     fs, path = resolve(url)
     try:
         return fs.cat_file(path)
@@ -119,18 +144,23 @@ def write_atomic(url: str | os.PathLike, data: bytes | str, *, overwrite: bool =
 
     A temporary beside the target is written, flushed and renamed into place; on failure it is
     removed. With overwrite=False an existing target is refused (FileExistsError) and left as it
-    is; overwrite=True replaces it atomically on local disks only, elsewhere by delete + rename."""
+    is, also one that appears while the temporary is written (local disks and HDFS: the rename
+    refuses it). overwrite=True replaces the target atomically on local disks and hdfs://
+    (a rename with OVERWRITE); elsewhere (webhdfs://, memory://) the old file is renamed aside
+    first and deleted after: readers may briefly find no file, never a partial one, and a
+    failed replace leaves the old record in place."""
     url = os.fspath(url)
     payload = data.encode() if isinstance(data, str) else bytes(data)
     fs, path = resolve(url)
-    parent, name = posixpath.split(path.rstrip("/")) if not isinstance(fs, LocalFileSystem) else os.path.split(path)
-    tmp = (os.path.join if isinstance(fs, LocalFileSystem) else posixpath.join)(
-        parent, f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    local = isinstance(fs, LocalFileSystem)
+    parent, name = os.path.split(path) if local else posixpath.split(path.rstrip("/"))
+    tmp = (os.path.join if local else posixpath.join)(parent, f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    refused = f"{display(fs, path)} exists; it is a committed record and is never overwritten (overwrite=False)"
     if not overwrite and fs.exists(path):
-        raise FileExistsError(f"{display(fs, path)} exists; it is a committed record and is never overwritten")
+        raise FileExistsError(refused)
     fs.makedirs(parent, exist_ok=True)
     try:
-        if isinstance(fs, LocalFileSystem):
+        if local:
             with open(tmp, "wb") as f:
                 f.write(payload)
                 f.flush()
@@ -138,17 +168,23 @@ def write_atomic(url: str | os.PathLike, data: bytes | str, *, overwrite: bool =
             if overwrite:
                 os.replace(tmp, path)
             else:
-                os.link(tmp, path)  # fails if the target appeared meanwhile: no overwrite, atomic
+                try:
+                    os.link(tmp, path)  # fails if the target appeared meanwhile: no overwrite, atomic
+                except FileExistsError as e:
+                    raise FileExistsError(refused) from e
                 os.unlink(tmp)
             _fsync_dir(parent)
         else:
             with fs.open(tmp, "wb") as f:
                 f.write(payload)
-            if fs.exists(path):
+            if overwrite and _renames_over(fs):
+                fs.mv(tmp, path, overwrite=True)
+            elif fs.exists(path):
                 if not overwrite:
-                    raise FileExistsError(f"{display(fs, path)} exists; it is a committed record and is never overwritten")
-                fs.rm_file(path)
-            fs.mv(tmp, path)
+                    raise FileExistsError(refused)
+                _replace_by_renames(fs, tmp, path)
+            else:
+                fs.mv(tmp, path)
     except BaseException:
         try:
             if fs.exists(tmp):
@@ -157,6 +193,33 @@ def write_atomic(url: str | os.PathLike, data: bytes | str, *, overwrite: bool =
             pass
         raise
     return url
+
+
+def _replace_by_renames(fs: fsspec.AbstractFileSystem, tmp: str, path: str) -> None:
+    """tmp -> path over an existing path where a rename cannot overwrite: the old file is moved
+    aside, the new one renamed in, the old one deleted; if the second rename fails the old one is
+    moved back. Readers may find no file in between, never a partial one, and a failure never
+    loses the old record."""
+    aside = f"{tmp}.old"
+    fs.mv(path, aside)
+    try:
+        fs.mv(tmp, path)
+    except BaseException:
+        try:
+            fs.mv(aside, path)
+        except Exception:  # noqa: BLE001 - the original error matters more; the old record stays at `aside`
+            pass
+        raise
+    fs.rm_file(aside)
+
+
+def _renames_over(fs: fsspec.AbstractFileSystem) -> bool:
+    """Whether fs.mv(a, b, overwrite=True) replaces b atomically (hdfs-native's Rename2 OVERWRITE)."""
+    try:
+        from hdfs_native.fsspec import BaseFileSystem
+    except ImportError:
+        return False
+    return isinstance(fs, BaseFileSystem)
 
 
 def _fsync_dir(path: str) -> None:
@@ -168,3 +231,6 @@ def _fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+from recps.fs.hdfs import HDFSClient  # noqa: E402 - it imports this package's parts

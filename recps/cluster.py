@@ -43,7 +43,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from recps.errors import ConfigError, RecpsError
 
-__all__ = ["run_distributed", "run_role", "storage_checks", "environment_role", "ps_mode", "child_command", "PS_MODES"]
+__all__ = ["run_distributed", "run_role", "environment_role", "ps_mode", "child_command", "PS_MODES"]
 
 log = logging.getLogger("recps.cluster")
 
@@ -122,34 +122,12 @@ def run_distributed(cfg: DictConfig, out_dir: Path) -> dict[str, Any] | None:
 
 def _check_storage(cfg: DictConfig, out_dir: Path) -> None:
     """Before any process starts: trainer.resume is a PS checkpoint, and the checkpoint folder holds no
-    committed one (never overwritten). Remote URLs are checked in a child process: hdfs-native's
-    threads in the launcher would make its forks (Popen with preexec_fn) deadlock."""
-    from recps import fs as rfs
+    committed one (a committed checkpoint is never overwritten)."""
+    from recps.checkpoint import MANIFEST, find_checkpoint, is_committed
     from recps.run import checkpoint_dir
 
     resume = str(cfg.trainer.resume) if cfg.trainer.resume else ""
     target = checkpoint_dir(cfg, out_dir) if cfg.checkpoint.save else ""
-    if all(rfs.is_local(u) for u in (resume, target) if u):
-        storage_checks(resume, target)
-        return
-    import subprocess
-
-    code = "import sys; from recps.cluster import storage_checks; storage_checks(*sys.argv[1:])"
-    try:
-        proc = subprocess.run([sys.executable, "-c", code, resume, target], capture_output=True, text=True,
-                              timeout=float(cfg.cluster.connect_timeout_s))
-    except subprocess.TimeoutExpired:
-        raise ConfigError(f"checking {resume or target} took over cluster.connect_timeout_s="
-                          f"{cfg.cluster.connect_timeout_s} s; is its file system reachable?") from None
-    if proc.returncode:
-        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise ConfigError(last.split(": ", 1)[1] if last.startswith("recps.errors.") else last)
-
-
-def storage_checks(resume: str, target: str) -> None:
-    """See _check_storage (raises ConfigError)."""
-    from recps.checkpoint import MANIFEST, find_checkpoint, is_committed
-
     if resume:
         kind, found = find_checkpoint(resume)
         if kind != "ps":

@@ -40,7 +40,7 @@ from recps.fs._common import (DEFAULT_TIMEOUT_S, TIMEOUT_ENV, FileSystemError, F
 from recps.fs.webhdfs import WebHDFS
 
 __all__ = ["FileSystemError", "TransientFileSystemError", "FileSystemTimeoutError", "resolve", "join",
-           "is_local", "local_path", "display", "write_atomic", "read_bytes", "exists", "timeout_s",
+           "is_local", "local_path", "display", "write_atomic", "fsync_dir", "read_bytes", "exists", "timeout_s",
            "HDFSClient", "HDFS_PROTOCOLS", "WEBHDFS_PROTOCOLS", "DEFAULT_TIMEOUT_S", "TIMEOUT_ENV"]
 
 HDFS_PROTOCOLS = ("hdfs", "viewfs")
@@ -173,7 +173,7 @@ def write_atomic(url: str | os.PathLike, data: bytes | str, *, overwrite: bool =
                 except FileExistsError as e:
                     raise FileExistsError(refused) from e
                 os.unlink(tmp)
-            _fsync_dir(parent)
+            fsync_dir(parent)
         else:
             with fs.open(tmp, "wb") as f:
                 f.write(payload)
@@ -222,7 +222,8 @@ def _renames_over(fs: fsspec.AbstractFileSystem) -> bool:
     return isinstance(fs, BaseFileSystem)
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str) -> None:
+    """Flush a local folder's entries (a rename into it) to disk; a no-op where folders have no fd."""
     try:
         fd = os.open(path or ".", os.O_RDONLY)
     except OSError:  # pragma: no cover - platforms without directory fds

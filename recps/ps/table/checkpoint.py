@@ -66,17 +66,6 @@ def _dtype_name(dtype: torch.dtype) -> str:
     raise CheckpointError(f"dtype {dtype} cannot be written to a checkpoint; use one of {sorted(_DTYPES)}")
 
 
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _join(fs, *parts: str) -> str:
     return os.path.join(*parts) if isinstance(fs, LocalFileSystem) else posixpath.join(*parts)
 
@@ -147,13 +136,13 @@ class ShardWriter:
                 f.flush()
                 os.fsync(f.fileno())
         if self.local:
-            _fsync_dir(self.tmp)
+            rfs.fsync_dir(self.tmp)
             old = None
             if os.path.exists(self.final):
                 old = _join(self.fs, self.root, f".{os.path.basename(self.final)}.old-{uuid.uuid4().hex[:8]}")
                 os.replace(self.final, old)
             os.replace(self.tmp, self.final)
-            _fsync_dir(self.root)
+            rfs.fsync_dir(self.root)
             if old is not None:
                 shutil.rmtree(old, ignore_errors=True)
         else:

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from recps.job import Job
 
 __all__ = ["save_checkpoint", "load_checkpoint", "checkpoint_file", "find_checkpoint", "commit_ps_checkpoint",
-           "verify_ps_checkpoint", "MANIFEST", "FORMAT_VERSION"]
+           "verify_ps_checkpoint", "committed_checkpoints", "MANIFEST", "FORMAT_VERSION"]
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"  # a PS checkpoint's commit record
@@ -144,6 +144,16 @@ def commit_ps_checkpoint(folder: str, tables: Sequence[str], cfg, progress: dict
 
 def is_committed(folder: str) -> bool:
     return rfs.exists(rfs.join(folder, MANIFEST))
+
+
+def committed_checkpoints(folder: str) -> list[str]:
+    """`folder` if it is a committed checkpoint, and its sub-folders that are (a run's step-N/)."""
+    fs, root = rfs.resolve(folder)
+    if not fs.isdir(root):
+        return []
+    found = [folder] if is_committed(folder) else []
+    return found + [rfs.join(folder, name) for name in _child_names(fs, root)
+                    if fs.isfile(f"{root.rstrip('/')}/{name}/{MANIFEST}")]
 
 
 def find_checkpoint(path: str | os.PathLike) -> tuple[str, str]:

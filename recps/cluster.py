@@ -49,6 +49,9 @@ log = logging.getLogger("recps.cluster")
 
 PS_MODES = ("sync", "async", "geo")
 STATS_TABLE = "recps_stats"  # [examples, examples/s, seconds, CPU seconds] summed over workers (a GEO-mode table: pushes add)
+# Mid-run checkpoints' meetings (a GEO-mode table: pushes add): per worker its planned steps as
+# two float32-exact halves (steps >> 20, steps & (2**20 - 1)), then the steps to the next meeting.
+CONTROL_TABLE = "recps_control"
 _PROGRESS_EVERY_S = 5.0
 
 
@@ -122,8 +125,8 @@ def run_distributed(cfg: DictConfig, out_dir: Path) -> dict[str, Any] | None:
 
 def _check_storage(cfg: DictConfig, out_dir: Path) -> None:
     """Before any process starts: trainer.resume is a PS checkpoint, and the checkpoint folder holds no
-    committed one (a committed checkpoint is never overwritten)."""
-    from recps.checkpoint import MANIFEST, find_checkpoint, is_committed
+    committed one, nor do its step-N/ folders (a committed checkpoint is never overwritten)."""
+    from recps.checkpoint import MANIFEST, committed_checkpoints, find_checkpoint
     from recps.run import checkpoint_dir
 
     resume = str(cfg.trainer.resume) if cfg.trainer.resume else ""
@@ -133,9 +136,13 @@ def _check_storage(cfg: DictConfig, out_dir: Path) -> None:
         if kind != "ps":
             raise ConfigError(f"trainer.resume={resume!r} is a ps=local checkpoint ({found}); resume it "
                               "with ps=local, or give a parameter-server checkpoint")
-    if target and is_committed(target):
-        raise ConfigError(f"checkpoint.dir: {target} holds a committed checkpoint ({MANIFEST}); it is never "
-                          "overwritten: give another checkpoint.dir or hydra.run.dir (or move it away)")
+    mode = ps_mode(cfg)
+    if mode.checkpoint_every_steps or mode.checkpoint_every_seconds:
+        target = checkpoint_dir(cfg, out_dir)  # its step-N/ folders
+    committed = committed_checkpoints(target) if target else []
+    if committed:
+        raise ConfigError(f"checkpoint.dir: {target} holds a committed checkpoint ({committed[0]}/{MANIFEST}); "
+                          "none is ever overwritten: give another checkpoint.dir or hydra.run.dir (or move it away)")
 
 
 def run_role(cfg: DictConfig, role, out_dir: Path, *, data=None, observers: Sequence = ()) -> dict[str, Any] | None:
@@ -325,6 +332,7 @@ def _work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence =
     from recps.checkpoint import commit_ps_checkpoint
     from recps.ps.fleet import DENSE_TABLE, DistributedStrategy
     from recps.run import build_job, checkpoint_dir, evaluate, training_observers
+    from recps.trainer import planned_steps
 
     job = build_job(cfg, data)  # the same data, model, task and trainer as ps=local, over a PS-backed collection
     job.trainer.observers = [*job.trainer.observers, *observers]
@@ -354,12 +362,19 @@ def _work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence =
         job.trainer.prefetch = strategy.mode.prefetches
         fleet.client.create_dense_table(STATS_TABLE, 4, mode="geo")  # GEO's server half adds what arrives
         job.trainer.on_step = _Progress(batch_size, threads) if role.index == 0 else None
+        tables = [*job.collection.table_dims(), DENSE_TABLE]  # named: the servers hold other tables too
+        pauses = None
+        if strategy.mode.checkpoint_every_steps or strategy.mode.checkpoint_every_seconds:
+            mine = source.shard_batches(batch_size, threads)[role.index * threads:(role.index + 1) * threads]
+            planned = planned_steps(mine, epochs, max_steps, per_thread, skip)
+            pauses = CheckpointPauses(fleet, cfg, job, strategy.mode, checkpoint_dir(cfg, out_dir), tables, planned)
         # Global metrics (merged over every worker and thread through the servers; worker 0
         # logs and writes them) and the debug dump (each worker's threads write their own files).
         with training_observers(job, out_dir, client=fleet.client, rank=role.index) as reporter:
             cpu = time.process_time()
             stats = job.trainer.fit(source, batch_size, epochs=epochs, max_steps=max_steps, progress=False,
-                                    thread_steps_per_epoch=per_thread, first_epoch=first_epoch, skip=skip)
+                                    thread_steps_per_epoch=per_thread, first_epoch=first_epoch, skip=skip,
+                                    pauses=pauses)
             cpu = time.process_time() - cpu
         # Everything is sent (geo: the last deltas) and nothing more will be: worker 0 below
         # overwrites its dense params with the servers' values, which must not count as a delta.
@@ -393,9 +408,9 @@ def _work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence =
             metrics["best_reachable_auc"] = best
         if best_per_label := getattr(job.data, "best_aucs", None):  # multi-label generators: one per label
             metrics["best_reachable_aucs"] = dict(best_per_label)
+        if pauses is not None:
+            metrics["checkpoints"] = pauses.records
         if cfg.checkpoint.save:
-            # Named: the servers also hold STATS_TABLE and the metric reporter's merge tables.
-            tables = [*job.collection.table_dims(), DENSE_TABLE]
             fleet.client.save(ckpt, mode="full", tables=tables, timeout=max(strategy.mode.timeout_s, 600.0))
             progress = _read_progress(ckpt, role.num_workers)
             commit_ps_checkpoint(ckpt, tables, cfg, {"steps": job.steps_done + stats.steps, "workers": progress})
@@ -423,6 +438,119 @@ def _read_progress(ckpt: str, num_workers: int) -> list[dict]:
 
     return [json.loads(rfs.read_bytes(rfs.join(ckpt, _PROGRESS, f"worker-{w:05d}.json")))
             for w in range(num_workers)]
+
+
+class CheckpointPauses:
+    """`recps.trainer.Pauses` of ps.checkpoint_every_steps / ps.checkpoint_every_seconds: committed
+    checkpoints of a running job at `<checkpoint dir>/step-N/` (N: each worker's steps, over its
+    threads, since the job began: the resumed steps count).
+
+    The workers agree first (one barrier) on the smallest number of steps any of them will take;
+    meetings fall strictly before it (the checkpoint at the end covers the rest), so every worker
+    meets the same number of times. At a meeting each worker's threads stand between two steps;
+    the worker drains its communicators (async: every queued and in-flight push applied; geo: the
+    deltas since the last sync sent and added; sync: nothing is pending after a step) and writes
+    its progress, then at a barrier of every worker (nothing more is pushed until it ends) worker 0
+    has the servers save the tables and commits the manifest. With checkpoint_every_seconds the
+    first meeting, after checkpoint_check_steps steps, only measures worker 0's step rate; each
+    later one is a checkpoint and worker 0 sets the steps to the next from its rate (through
+    CONTROL_TABLE). `records`: per checkpoint its folder, steps, pause and save seconds (worker 0)."""
+
+    def __init__(self, fleet, cfg: DictConfig, job, mode, root: str, tables: Sequence[str], planned: int) -> None:
+        import torch
+
+        self.fleet, self.cfg, self.job, self.root, self.tables = fleet, cfg, job, root, list(tables)
+        self.role = fleet.role
+        self.threads = int(cfg.trainer.threads)
+        self.unit = self.threads if mode.name == "sync" else 1  # sync: every thread takes each step
+        self.every_steps, self.every_s = mode.checkpoint_every_steps, mode.checkpoint_every_seconds
+        self.check_steps = int(mode.checkpoint_check_steps)
+        self.timeout_s = max(float(mode.timeout_s), 600.0)
+        self.records: list[dict] = []
+        self.meetings = 0
+        self.interval = 0  # checkpoint_every_seconds: the steps to the next meeting
+        self.control = 0  # ... as CONTROL_TABLE holds them (worker 0 pushes the change)
+        self.met_at = 0  # the fit's steps at the last meeting
+        self.at: int | None = None
+        self.clock = time.perf_counter()
+        w, workers = self.role.index, self.role.num_workers
+        client = fleet.client
+        client.create_dense_table(CONTROL_TABLE, 2 * workers + 1, mode="geo")
+        plan = torch.zeros(2 * workers + 1)
+        plan[2 * w], plan[2 * w + 1] = float(planned >> 20), float(planned & (2**20 - 1))
+        client.push_dense(CONTROL_TABLE, plan).wait()
+        fleet.barrier("recps.checkpoint.plan", timeout=self.timeout_s)
+        values = [int(v) for v in client.pull_dense(CONTROL_TABLE).wait().tolist()]
+        self.limit = min((values[2 * i] << 20) | values[2 * i + 1] for i in range(workers))
+        log.info("%s: checkpoints every %s during training, before step %d (the fewest steps of a worker)",
+                 self.role.name, f"{self._round(self.every_steps)} steps" if self.every_steps else f"{self.every_s:g} s",
+                 self.limit)
+
+    def _round(self, steps: int) -> int:
+        return max(self.unit, -(-int(steps) // self.unit) * self.unit)
+
+    def _next(self, steps: int) -> int | None:
+        at = steps + self._round(self.every_steps if self.every_steps else self.interval)
+        self.at = at if at < self.limit else None
+        return self.at
+
+    def first(self) -> int | None:
+        if self.every_steps:
+            return self._next(0)
+        self.interval = self._round(self.check_steps)
+        return self._next(0)
+
+    def pause(self, steps: int, positions: list[tuple[int, int]]) -> int | None:
+        import torch
+
+        from recps import fs as rfs
+        from recps.checkpoint import commit_ps_checkpoint, is_committed
+
+        start = time.perf_counter()
+        fleet, role, client = self.fleet, self.role, self.fleet.client
+        trained_s = start - self.clock
+        self.meetings += 1
+        saving = bool(self.every_steps) or self.meetings > 1  # (seconds) the first meeting measures the rate
+        at = self.at if self.at is not None else steps
+        total = self.job.steps_done + at
+        folder = rfs.join(self.root, f"step-{total}")
+        fleet.flush()  # drained: everything this worker pushed is applied (geo: its deltas added)
+        if saving:
+            _write_progress(folder, role, self.job.steps_done + steps, positions)
+        fleet.barrier(f"recps.checkpoint.{self.meetings}", timeout=self.timeout_s)  # every worker drained
+        save_s = 0.0
+        if role.index == 0:
+            if saving:
+                if is_committed(folder):
+                    raise ConfigError(f"{folder} holds a committed checkpoint ({folder}/manifest.json); it is never "
+                                      "overwritten: give another checkpoint.dir or hydra.run.dir (or move it away)")
+                t = time.perf_counter()
+                client.save(folder, mode="full", tables=self.tables, timeout=self.timeout_s)
+                progress = _read_progress(folder, role.num_workers)
+                commit_ps_checkpoint(folder, self.tables, self.cfg,
+                                     {"steps": self.job.steps_done + steps, "workers": progress})
+                save_s = time.perf_counter() - t
+                for obs in self.job.trainer.observers:
+                    if (hook := getattr(obs, "on_checkpoint", None)) is not None:
+                        hook(folder, self.job.steps_done + steps, client)
+            if self.every_s:  # the steps to the next meeting, from worker 0's rate since the last one
+                rate = (steps - self.met_at) / max(trained_s, 1e-3)
+                interval = min(2**24, self._round(max(1.0, rate * float(self.every_s))))
+                change = torch.zeros(2 * role.num_workers + 1)
+                change[-1] = float(interval - self.control)
+                client.push_dense(CONTROL_TABLE, change).wait()
+        fleet.barrier(f"recps.checkpoint.{self.meetings}.done", timeout=self.timeout_s)
+        if self.every_s:
+            self.interval = self.control = int(client.pull_dense(CONTROL_TABLE).wait()[-1])
+        pause_s = time.perf_counter() - start
+        if saving:
+            self.records.append({"folder": folder, "steps": self.job.steps_done + steps,
+                                 "pause_s": round(pause_s, 3), "save_s": round(save_s, 3)})
+            log.info("%s: %s %s at step %d: training paused %.2f s%s", role.name,
+                     "committed" if role.index == 0 else "checkpoint", folder, self.job.steps_done + steps, pause_s,
+                     f" (save and commit {save_s:.2f} s)" if role.index == 0 else "")
+        self.met_at, self.clock = steps, time.perf_counter()
+        return self._next(at)
 
 
 def _resume_point(cfg: DictConfig, job, role, threads: int, batch_size: int) -> dict:

@@ -40,5 +40,10 @@ class TrainObserver:
     def on_epoch_end(self, thread: int, epoch: int) -> None:
         """Thread `thread` has no more batches in `epoch` (not called when stopped early)."""
 
+    def on_checkpoint(self, folder: str, steps: int, client) -> None:
+        """(PS worker 0) A checkpoint of the running job was committed at `folder` after `steps`
+        steps of each worker; every worker is stopped until this returns, the servers hold what
+        the checkpoint holds: `client` (the worker's PSClient) may read them, never push."""
+
     def on_fit_end(self, failed: bool) -> None:
         """After every thread joined; `failed`: a thread raised (skip collectives then)."""

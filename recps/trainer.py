@@ -30,7 +30,8 @@ from recps.errors import ConfigError
 from recps.observer import TrainObserver  # re-exported: recps.trainer.TrainObserver
 from recps.ps.modes.dense import LocalDenseUpdater  # re-exported: recps.trainer.LocalDenseUpdater (ps=local)
 
-__all__ = ["BatchSource", "DenseUpdater", "LocalDenseUpdater", "TrainObserver", "TrainStats", "Trainer"]
+__all__ = ["BatchSource", "DenseUpdater", "LocalDenseUpdater", "Pauses", "TrainObserver", "TrainStats", "Trainer",
+           "planned_steps"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,31 @@ class DenseUpdater(Protocol):
     def apply(self, grads: Sequence[torch.Tensor | None]) -> None: ...
 
     def step_end(self, thread: int) -> None: ...
+
+
+class Pauses(Protocol):
+    """Where a fit stops every thread at a step boundary (a consistent checkpoint, recps.cluster).
+
+    `first()` is the step count (over all threads of the fit) of the first pause, None for none;
+    `pause(steps, positions)` runs once no thread is inside a step, every one stopped before its
+    next (positions: per thread (epoch, batches of it trained)), and returns the next pause's step
+    count (greater than `steps`) or None. A pause whose step count the threads cannot reach (their
+    batches ran out) runs when the last of them stops, with the steps they took, and so does each
+    one `pause` returns after it, until it returns None."""
+
+    def first(self) -> int | None: ...
+
+    def pause(self, steps: int, positions: list[tuple[int, int]]) -> int | None: ...
+
+
+def planned_steps(batches: Sequence[int], epochs: int, max_steps: int = -1, thread_steps_per_epoch: int = -1,
+                  skip: Sequence[int] | None = None) -> int:
+    """The steps `Trainer.fit` takes over all threads, thread t having `batches[t]` batches per epoch."""
+    total = 0
+    for t, n in enumerate(batches):
+        per_epoch = min(n, thread_steps_per_epoch) if thread_steps_per_epoch > 0 else n
+        total += max(0, per_epoch * epochs - (skip[t] if skip else 0)) if epochs > 0 else 0
+    return min(total, max_steps) if max_steps > 0 else total
 
 
 @dataclass
@@ -115,19 +141,25 @@ class Trainer:
 
     def fit(self, source: BatchSource, batch_size: int, epochs: int = 1, max_steps: int = -1,
             progress: bool = True, first_epoch: int = 0, thread_steps_per_epoch: int = -1,
-            skip: Sequence[int] | None = None) -> TrainStats:
+            skip: Sequence[int] | None = None, pauses: Pauses | None = None) -> TrainStats:
         """Trains for `epochs` passes (or `max_steps` steps over all threads, if > 0).
 
         `thread_steps_per_epoch` > 0 caps the batches each thread takes per epoch (sync mode:
         every thread of every worker must take the same number of steps). `skip[t]`: batches of
         `first_epoch` thread t trained before (a resumed run continues where it stopped); the
-        stats' `positions` say where each thread stopped."""
+        stats' `positions` say where each thread stopped. `pauses`: where every thread stops
+        for a checkpoint (see `Pauses`); the thread that completes a pause's last step runs it."""
         if skip is not None and len(skip) != self.threads:
             raise ConfigError(f"Trainer.fit: skip has {len(skip)} entries for {self.threads} threads")
-        lock = threading.Lock()
-        # reserved: steps a thread has claimed before training them, so that max_steps is exact
-        # over all threads (a thread finishing step max_steps cannot stop the others' steps in flight).
-        state = {"steps": 0, "reserved": 0, "examples": 0, "loss": math.nan, "first": []}
+        lock = threading.Condition()
+        # reserved: steps a thread has claimed before training them, so that max_steps and a pause's
+        # step count are exact over all threads (a thread finishing step max_steps cannot stop the
+        # others' steps in flight; no thread starts a step past a pause before it ran).
+        # pause_at: the step count of the next pause (None: none); running: threads not yet done;
+        # waiting: threads stopped before a pause; pausing: a thread runs the pause.
+        state = {"steps": 0, "reserved": 0, "examples": 0, "loss": math.nan, "first": [],
+                 "pause_at": pauses.first() if pauses is not None else None, "running": self.threads,
+                 "waiting": 0, "pausing": False}
         skipped = list(skip) if skip is not None else [0] * self.threads
         positions = [(first_epoch, skipped[t]) for t in range(self.threads)]
         errors: list[BaseException] = []
@@ -140,6 +172,39 @@ class Trainer:
         # Only a task that hands batch.sparse to the model as it is can have it prefetched.
         wanted = self.prefetch and getattr(self.task, "passes_batch_sparse", False)
         prefetch = getattr(self.collection, "prefetch", None) if wanted else None
+
+        def pause_now() -> None:
+            """Run the pause (lock not held; no thread is inside a step), then let the threads go on."""
+            with lock:
+                steps, where = state["steps"], list(positions)
+            following = pauses.pause(steps, where)
+            if following is not None and following <= steps:
+                raise RuntimeError(f"Pauses.pause returned step {following}, not after step {steps}")
+            with lock:
+                state["pause_at"], state["pausing"] = following, False
+                lock.notify_all()
+
+        def reserve() -> bool:
+            """Claim the next step; False: stop (max_steps reached, or another thread failed)."""
+            with lock:
+                while True:
+                    if stop.is_set() or (max_steps > 0 and state["reserved"] >= max_steps):
+                        return False  # (max_steps) the others train the last reserved steps
+                    at = state["pause_at"]
+                    if at is None or state["reserved"] < at:
+                        state["reserved"] += 1
+                        return True
+                    # Stopped before the pause; the thread completing its last step runs it, or this
+                    # one, if every other thread ran out of batches before reaching it.
+                    if (not state["pausing"] and state["steps"] == state["reserved"]
+                            and state["waiting"] + 1 == state["running"]):
+                        state["pausing"] = True
+                        break
+                    state["waiting"] += 1
+                    lock.wait(1.0)  # bounded: the pause's own waits are (and stop / errors wake us)
+                    state["waiting"] -= 1
+            pause_now()
+            return reserve()
 
         def run(thread: int) -> None:
             replica, params = self._replicas[thread]
@@ -157,11 +222,8 @@ class Trainer:
                             return
                         if 0 < thread_steps_per_epoch <= taken:
                             break
-                        if max_steps > 0:
-                            with lock:
-                                if state["reserved"] >= max_steps:
-                                    return  # the others train the last reserved steps
-                                state["reserved"] += 1
+                        if not reserve():
+                            return
                         logits = self.task.forward(replica, batch)  # (B,) or the task's output
                         loss = self.task.loss(logits, batch)
                         if prefetch is not None and following is not None and not 0 < thread_steps_per_epoch <= taken + 1:
@@ -182,10 +244,14 @@ class Trainer:
                             if len(state["first"]) < 10:
                                 state["first"].append(value)
                             step = state["steps"]
+                            pause = step == state["pause_at"] == state["reserved"] and not state["pausing"]
+                            state["pausing"] = state["pausing"] or pause
                             if bar is not None:
                                 bar.update(batch.batch_size)
                                 if step % 20 == 0:
                                     bar.set_postfix(loss=f"{value:.4f}", refresh=False)
+                        if pause:
+                            pause_now()
                         for obs in observers:
                             obs.on_batch(thread, step, epoch, batch, logits, value)
                         if self.on_step is not None:
@@ -199,6 +265,9 @@ class Trainer:
                 errors.append(exc)
                 stop.set()
             finally:
+                with lock:
+                    state["running"] -= 1
+                    lock.notify_all()  # a thread waiting before a pause may now be the last one
                 if prefetch is not None and not errors:
                     try:
                         self.collection.drop_prefetch()  # a batch prefetched but never trained (max_steps)
@@ -225,6 +294,12 @@ class Trainer:
             torch.set_num_threads(previous)
             if bar is not None:
                 bar.close()
+        # Pauses the threads never reached (their batches ran out first): taken where they stopped.
+        while not errors and not (0 < max_steps <= state["steps"]) and state["pause_at"] is not None:
+            try:
+                pause_now()
+            except BaseException as exc:  # noqa: BLE001 - raised below, after the observers
+                errors.append(exc)
         for obs in observers:
             obs.on_fit_end(failed=bool(errors))
         if errors:

@@ -85,6 +85,15 @@ class Mode:
     Args:
         table: the settings of the sparse tables this mode creates (a TableConfig or its fields).
         timeout_s: bound of every wait on a server (sync: including the slowest worker of a step).
+        checkpoint_every_steps: during training, a committed checkpoint every this many steps of
+            each worker (over its threads; sync: rounded up to a multiple of the threads), taken at
+            a barrier of every worker after the communicators drained (recps.cluster); None: only
+            the one at the end (checkpoint.save).
+        checkpoint_every_seconds: the same about every this many seconds of training, as worker 0
+            measures them (the workers meet every `checkpoint_check_steps` steps at first, then
+            when worker 0's step rate says the time is due). Give at most one of the two.
+        checkpoint_check_steps: steps of each worker before the first meeting of
+            checkpoint_every_seconds (worker 0 measures its step rate over them).
     """
 
     name: ClassVar[str] = ""
@@ -92,6 +101,9 @@ class Mode:
 
     table: TableConfig = field(default_factory=TableConfig)
     timeout_s: float = 60.0
+    checkpoint_every_steps: int | None = None
+    checkpoint_every_seconds: float | None = None
+    checkpoint_check_steps: int = 100
 
     def __post_init__(self) -> None:
         if isinstance(self.table, Mapping):
@@ -100,6 +112,16 @@ class Mode:
             raise ConfigError(f"{type(self).__name__}: table={self.table!r}; give a TableConfig or its fields")
         if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) or not self.timeout_s > 0:
             raise ConfigError(f"{type(self).__name__}: timeout_s={self.timeout_s!r}; it must be > 0 seconds (ps.timeout_s)")
+        owner = type(self).__name__
+        check_int(owner, "checkpoint_every_steps", self.checkpoint_every_steps, 1, optional=True)
+        check_int(owner, "checkpoint_check_steps", self.checkpoint_check_steps, 1)
+        seconds = self.checkpoint_every_seconds
+        if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0):
+            raise ConfigError(f"{owner}: checkpoint_every_seconds={seconds!r}; it must be > 0 seconds or null "
+                              "(ps.checkpoint_every_seconds)")
+        if seconds is not None and self.checkpoint_every_steps is not None:
+            raise ConfigError(f"{owner}: checkpoint_every_steps={self.checkpoint_every_steps} and "
+                              f"checkpoint_every_seconds={seconds} are both set; give one of them (the other null)")
 
     @property
     def prefetches(self) -> bool:

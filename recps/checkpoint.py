@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from recps.job import Job
 
 __all__ = ["save_checkpoint", "load_checkpoint", "checkpoint_file", "find_checkpoint", "commit_ps_checkpoint",
-           "verify_ps_checkpoint", "committed_checkpoints", "MANIFEST", "FORMAT_VERSION"]
+           "verify_ps_checkpoint", "committed_checkpoints", "read_ps_checkpoint", "MANIFEST", "FORMAT_VERSION"]
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"  # a PS checkpoint's commit record
@@ -214,3 +214,16 @@ def verify_ps_checkpoint(folder: str, needed: Sequence[str] = ()) -> dict:
                               f"{_sha256(data)[:16]}..., recorded {record['sha256'][:16]}...): it is corrupted "
                               "or replaced; restore it or take another checkpoint")
     return manifest
+
+
+def read_ps_checkpoint(folder: str, tables: Sequence[str] | None = None, with_state: bool = False) -> dict:
+    """The tables of the committed PS checkpoint `folder` (any fsspec URL), read in this process
+    without a server, for serving or inspection: {sparse table: recps.ps.table.SparseRows (keys,
+    values, and the optimizer state if `with_state`), dense table: {parameter name: tensor}}.
+    `tables`: which (default: all the manifest lists). A sparse table's keys are the PS's:
+    `recps.ps.embedding.salted_keys(ids, torchrec_table)` of the feature ids, in the PS table
+    `embedding_d<dim>` of that width."""
+    from recps.ps.table.checkpoint import read_table
+
+    manifest = verify_ps_checkpoint(folder, needed=tables or ())
+    return {t: read_table(rfs.join(folder, t), with_state=with_state) for t in (tables or manifest["tables"])}

@@ -358,6 +358,8 @@ def _work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence =
         fleet.add_collection(job.collection)
         dist = fleet.distributed_optimizer(job.optimizer, strategy)
         fleet.init_worker(load_from=resume["folder"] if resume else None)
+        if resume and resume["worker"] is not None:
+            _load_worker_state(resume["folder"], resume["worker"], fleet)
         job.trainer.updater = dist.updater
         job.trainer.prefetch = strategy.mode.prefetches
         fleet.client.create_dense_table(STATS_TABLE, 4, mode="geo")  # GEO's server half adds what arrives
@@ -385,7 +387,7 @@ def _work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence =
                  stats.examples_per_sec)
         ckpt = checkpoint_dir(cfg, out_dir)
         if cfg.checkpoint.save:  # where every thread stopped, for a resume
-            _write_progress(ckpt, role, job.steps_done + stats.steps, stats.positions)
+            _write_progress(ckpt, role, job.steps_done + stats.steps, stats.positions, fleet)
         fleet.barrier("recps.trained")
         if role.index != 0:
             return None
@@ -422,15 +424,53 @@ def _work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence =
 # ---------------------------------------------------------------------------- PS checkpoints
 
 _PROGRESS = "progress"
+_WORKER_STATE = "workers"
 
 
-def _write_progress(ckpt: str, role, steps: int, positions) -> None:
-    """<checkpoint>/progress/worker-XXXXX.json: this worker's steps and each thread's (epoch, batches)."""
+def _write_progress(ckpt: str, role, steps: int, positions, fleet) -> None:
+    """<checkpoint>/progress/worker-XXXXX.json: this worker's steps and each thread's (epoch, batches);
+    and what only the worker holds (Fleet.worker_state: geo's replica and dense optimizer state) in
+    <checkpoint>/workers/worker-XXXXX.pt, its size and sha256 in the progress record (so in the manifest)."""
+    import hashlib
+    import io
+
+    import torch
+
     from recps import fs as rfs
 
     record = {"worker": role.index, "num_workers": role.num_workers, "steps": steps,
               "positions": [list(p) for p in positions or ()]}
+    state = fleet.worker_state()
+    if state:
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        data = buffer.getvalue()
+        rel = f"{_WORKER_STATE}/worker-{role.index:05d}.pt"
+        rfs.write_atomic(rfs.join(ckpt, rel), data, overwrite=True)
+        record["state_file"] = {"path": rel, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     rfs.write_atomic(rfs.join(ckpt, _PROGRESS, f"worker-{role.index:05d}.json"), json.dumps(record), overwrite=True)
+
+
+def _load_worker_state(folder: str, record: dict, fleet) -> None:
+    """This worker's state file of a checkpoint (checked against the manifest's record) into the fleet."""
+    import hashlib
+    import io
+
+    import torch
+
+    from recps import fs as rfs
+
+    spec = record["state_file"]
+    url = rfs.join(folder, spec["path"])
+    try:
+        data = rfs.read_bytes(url)
+    except rfs.FileSystemError as e:
+        raise ConfigError(f"trainer.resume: {url} is missing from the committed checkpoint ({e}); restore it "
+                          "or take another checkpoint") from e
+    if len(data) != spec["bytes"] or hashlib.sha256(data).hexdigest() != spec["sha256"]:
+        raise ConfigError(f"trainer.resume: {url} does not match {folder}/manifest.json (its size or sha256): it is "
+                          "corrupted or replaced; restore it or take another checkpoint")
+    fleet.load_worker_state(torch.load(io.BytesIO(data), map_location="cpu", weights_only=True))
 
 
 def _read_progress(ckpt: str, num_workers: int) -> list[dict]:
@@ -516,7 +556,7 @@ class CheckpointPauses:
         folder = rfs.join(self.root, f"step-{total}")
         fleet.flush()  # drained: everything this worker pushed is applied (geo: its deltas added)
         if saving:
-            _write_progress(folder, role, self.job.steps_done + steps, positions)
+            _write_progress(folder, role, self.job.steps_done + steps, positions, fleet)
         fleet.barrier(f"recps.checkpoint.{self.meetings}", timeout=self.timeout_s)  # every worker drained
         save_s = 0.0
         if role.index == 0:
@@ -572,12 +612,18 @@ def _resume_point(cfg: DictConfig, job, role, threads: int, batch_size: int) -> 
     workers = progress.get("workers") or []
     positions = [p for w in workers for p in w["positions"]]
     if not positions:
-        return {"folder": folder, "epoch": 0, "skip": None}
+        return {"folder": folder, "epoch": 0, "skip": None, "worker": None}
     old_threads = len(workers[0]["positions"])
     old = WorkerShards(job.data.train, 0, len(workers)).shard_batches(batch_size, old_threads)
     positions = [(e + 1, 0) if n >= old[i] else (e, n) for i, (e, n) in enumerate(positions)]  # epoch done: the next
     epoch = min(e for e, _ in positions)
-    if len(workers) == role.num_workers and old_threads == threads:
+    # What only the workers held (geo: replica and dense optimizer state) continues on the same workers.
+    same_workers = len(workers) == role.num_workers
+    own = workers[role.index] if same_workers and "state_file" in workers[role.index] else None
+    if not same_workers and any("state_file" in w for w in workers):
+        log.warning("%s: %s was trained by %d workers, this run has %d: their local optimizer state (geo) is "
+                    "not carried over, it starts afresh", role.name, folder, len(workers), role.num_workers)
+    if same_workers and old_threads == threads:
         mine = positions[role.index * threads : (role.index + 1) * threads]
         skip = [n if e == epoch else old[role.index * threads + t] for t, (e, n) in enumerate(mine)]
     else:
@@ -586,4 +632,4 @@ def _resume_point(cfg: DictConfig, job, role, threads: int, batch_size: int) -> 
         skip = [round(frac * new[role.index * threads + t]) for t in range(threads)]
     log.info("%s resumes %s at step %d, epoch %d, skipping %s batches per thread", role.name, folder,
              job.steps_done, epoch, skip)
-    return {"folder": folder, "epoch": epoch, "skip": skip}
+    return {"folder": folder, "epoch": epoch, "skip": skip, "worker": own}

@@ -47,3 +47,6 @@ class TrainObserver:
 
     def on_fit_end(self, failed: bool) -> None:
         """After every thread joined; `failed`: a thread raised (skip collectives then)."""
+
+    def close(self) -> None:
+        """The run is over (recps.run.training_observers): release files and threads."""

@@ -336,6 +336,34 @@ class Fleet:
         if self._optimizer is not None:
             assign_flat(self._optimizer.params, self.client.pull_dense(DENSE_TABLE).wait())
 
+    def worker_state(self) -> dict:
+        """What this worker holds that the servers do not, for a checkpoint (geo: its replicas' keys
+        and optimizer state, the local dense optimizer's state; sync and async: nothing). Call
+        between steps, after `flush`."""
+        state: dict = {}
+        sparse = {t: v for c in self.communicators if hasattr(c, "state_dict") for t, v in c.state_dict().items()}
+        if sparse:
+            state["sparse"] = sparse
+        dense = self._local_dense_updater()
+        if dense is not None:
+            state["dense_optimizer"] = dense.state_dict()
+        return state
+
+    def load_worker_state(self, state: dict) -> None:
+        """A `worker_state` of this worker's place in a checkpointed run, before training."""
+        for communicator in self.communicators:
+            if hasattr(communicator, "load_state_dict") and state.get("sparse"):
+                communicator.load_state_dict(state["sparse"])
+        dense = self._local_dense_updater()
+        if dense is not None and "dense_optimizer" in state:
+            dense.load_state_dict(state["dense_optimizer"])
+
+    def _local_dense_updater(self):
+        """The dense updater whose optimizer runs on this worker (geo), or None."""
+        updater = self._optimizer.updater if self._optimizer is not None else None
+        updater = getattr(updater, "updater", updater)  # _EveryMode wraps the strategy's
+        return updater if hasattr(updater, "state_dict") else None
+
     def save(self, path: str, mode: str = "full") -> dict[str, int]:
         """The servers write their shards of every table under `path` (call from one worker, after a barrier)."""
         if self.client is None:

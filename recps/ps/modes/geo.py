@@ -59,7 +59,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -137,6 +137,15 @@ class GeoDenseUpdater(LocalDenseUpdater):
 
     def step_end(self, thread: int) -> None:
         self.communicator.step_end(thread)
+
+    def state_dict(self) -> dict:
+        """The local dense optimizer's state (the servers never see it)."""
+        with self._lock:
+            return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        with self._lock:
+            self.optimizer.load_state_dict(state)
 
 
 class _Replica:
@@ -382,6 +391,32 @@ class GeoCommunicator:
         """Use `params` (name -> the trainer's shared tensors, every parameter of dense table
         `table`) as that table's replica; their current values count as synced."""
         self._dense[table] = _DenseReplica(table, params, self.client)
+
+    def state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
+        """What the replicas hold that the servers do not: per table the keys seen and their
+        row-wise Adagrad accumulators (SGD: zeros). Call between steps (after `flush`)."""
+        out = {}
+        for name, replica in list(self._replicas.items()):
+            with replica.lock:
+                n = replica.size
+                out[name] = {"keys": replica.slot_keys[:n].clone(), "state": replica.state_rows[:n].clone()}
+        return out
+
+    def load_state_dict(self, state: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
+        """Replicas as `state_dict` left them: the keys (their values pulled from the servers,
+        counted as synced) with their accumulators. Call before training."""
+        for name, saved in state.items():
+            keys, accumulators = saved["keys"], saved["state"]
+            if keys.numel() == 0:
+                continue
+            replica = self._replica(name)
+            values = self.client.pull(name, keys, assume_unique=True).wait(self.timeout_s)  # (K, D)
+            with replica.lock:
+                slots = replica.slots(keys, self.timeout_s)
+                replica.rows[slots, : replica.dim] = values
+                replica.synced[slots] = values
+                replica.touched[slots] = False
+                replica.state_rows[slots] = accumulators
 
     def replica_rows(self, table: str) -> int:
         """Rows the replica of `table` holds (the worker's share of the table, never all of it)."""

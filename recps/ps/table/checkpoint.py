@@ -27,6 +27,7 @@ import shutil
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 
 import torch
 from fsspec.implementations.local import LocalFileSystem
@@ -34,7 +35,8 @@ from fsspec.implementations.local import LocalFileSystem
 from recps import fs as rfs
 from recps.errors import PSError
 
-__all__ = ["FORMAT_VERSION", "CheckpointError", "ShardWriter", "ShardReader", "list_shards", "shard_dirname"]
+__all__ = ["FORMAT_VERSION", "CheckpointError", "ShardWriter", "ShardReader", "SparseRows", "list_shards", "read_table",
+           "shard_dirname"]
 
 FORMAT_VERSION = 1
 _SHARD_RE = re.compile(r"^shard-(\d{5})-of-(\d{5})$")
@@ -262,6 +264,54 @@ class ShardReader:
                 f"{spec['sha256'][:16]}...; the file is corrupted, restore it or load another checkpoint"
             )
         return out
+
+
+@dataclass(frozen=True)
+class SparseRows:
+    """A sparse table as a checkpoint holds it, read without a server: `keys` (N,) int64 ascending,
+    `values` (N, D) float32 and, when asked for, the optimizer `state` (N, S)."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    state: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return int(self.keys.numel())
+
+    def lookup(self, keys: torch.Tensor, default: float = 0.0) -> torch.Tensor:
+        """(K, D) rows of int64 `keys` (the table's keys); `default` fills the rows of absent ones."""
+        keys = keys.reshape(-1).to(torch.int64)
+        at = torch.searchsorted(self.keys, keys).clamp_(max=max(len(self) - 1, 0))
+        out = torch.full((keys.numel(), self.values.shape[1]), float(default), dtype=self.values.dtype)
+        if len(self):
+            found = self.keys[at] == keys
+            out[found] = self.values[at[found]]
+        return out
+
+
+def read_table(path: str | os.PathLike, with_state: bool = False) -> SparseRows | dict[str, torch.Tensor]:
+    """One table saved under `path` (any of its save modes, every shard verified), in this process:
+    a sparse table's rows (SparseRows), a dense table's parameters by name. The serving side of a
+    checkpoint: no server, no optimizer state unless `with_state`."""
+    readers = [ShardReader(d) for d in list_shards(path)]
+    if readers[0].manifest.get("kind") == "dense":
+        params: dict[str, torch.Tensor] = {}
+        for r in readers:
+            for name, spec in r.manifest["params"].items():
+                params[name] = r.read(f"value.{spec['file']}").reshape(spec["shape"])
+        return params
+    keys, values, state = [], [], []
+    for r in readers:
+        keys.append(r.read("keys"))
+        values.append(r.read("values").to(torch.float32))
+        if with_state:
+            if not r.has("state"):
+                raise CheckpointError(f"load: {r.dir} holds no optimizer state (a {r.manifest['mode']!r} save); "
+                                      "read it with with_state=False")
+            state.append(r.read("state"))
+    all_keys = torch.cat(keys)
+    order = torch.argsort(all_keys)
+    return SparseRows(all_keys[order], torch.cat(values)[order], torch.cat(state)[order] if with_state else None)
 
 
 def _read_into(f, view: memoryview) -> int:

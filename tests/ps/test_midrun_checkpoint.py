@@ -1,0 +1,193 @@
+"""Checkpoints taken while a PS job runs (ps.checkpoint_every_steps): drained, untorn, resumable.
+
+- async, 1 worker x 2 threads, pushes merged by 4 (so some are queued when a checkpoint starts):
+  at each checkpoint, while every worker waits, the servers hold exactly what the checkpoint holds
+  (every row's values, the row count, the dense values), and pushes were queued when it began;
+- geo, k_steps=7, a checkpoint at step 30 (2 steps after the last sync): it holds those steps'
+  deltas, it equals the checkpoint of a run stopped at step 30 (drained by its end) to 1e-6;
+- `python -m recps.train ps=async ps.checkpoint_every_steps=...` with checkpoint.dir on the real
+  HDFS commits step-N/ checkpoints there; recps.evaluate reads one; a resume from it (2 workers)
+  ends within 0.005 AUC of the uninterrupted run; the same for geo on file://;
+- a checkpoint folder holding a committed step-N/ is refused before any process starts.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from recps.checkpoint import read_ps_checkpoint
+from recps.config import PROJECT_ROOT, compose_config
+from recps.errors import ConfigError
+from recps.observer import TrainObserver
+from recps.ps.fleet import Fleet
+
+pytestmark = pytest.mark.slow
+
+TIMEOUT_S = 420
+
+SMALL = ["model=ctr_dnn", "model.hidden=[16,8]", "trainer.batch_size=32", "metrics=off", "progress=false",
+         "dataset.generate.train_rows=6000", "dataset.generate.test_rows=1000", "dataset.generate.vocab=2000"]
+
+
+class LiveEqualsCheckpoint(TrainObserver):
+    """At each checkpoint (every worker waiting): the servers' rows and dense values equal the checkpoint's."""
+
+    def __init__(self) -> None:
+        self.checked: list[int] = []
+
+    def on_checkpoint(self, folder: str, steps: int, client) -> None:
+        live_rows = client.stats()["tables"]
+        for name, table in read_ps_checkpoint(folder).items():
+            if isinstance(table, dict):  # dense: its parameters in the table's order
+                flat = torch.cat([v.reshape(-1) for v in table.values()])
+                torch.testing.assert_close(client.pull_dense(name).wait(), flat, atol=0, rtol=0)
+                continue
+            assert live_rows[name]["rows"] == len(table), name
+            torch.testing.assert_close(client.pull(name, table.keys, create=False).wait(), table.values, atol=0, rtol=0)
+        self.checked.append(steps)
+
+
+def train_in_process(overrides: list[str], out_dir: Path, observers=()) -> dict:
+    """Server 0 on a thread and worker 0 here, as the processes of `cluster=local` run them."""
+    from recps.cluster import run_role
+    from recps.launch import free_port
+    from recps.ps.roles import UserDefinedRoleMaker
+
+    cfg = compose_config([*SMALL, "cluster.workers=1", *overrides])
+    address, token = f"127.0.0.1:{free_port()}", "midrun"
+    server, worker = (UserDefinedRoleMaker(kind, 0, 1, 1, coordinator=address, token=token).role()
+                      for kind in ("server", "worker"))
+    errors: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            run_role(cfg, server, out_dir)
+        except BaseException as exc:  # noqa: BLE001 - surfaced below
+            errors.append(exc)
+
+    thread = threading.Thread(target=serve, name="server0", daemon=True)
+    thread.start()
+    try:
+        metrics = run_role(cfg, worker, out_dir, observers=list(observers))
+    finally:
+        thread.join(TIMEOUT_S)
+    assert not thread.is_alive() and not errors, errors
+    return metrics
+
+
+@pytest.fixture
+def queued_at_flush(monkeypatch) -> list[int]:
+    """Pushes each Fleet.flush found queued or in flight (the async communicators' `pending`)."""
+    seen: list[int] = []
+    flush = Fleet.flush
+
+    def probe(self) -> None:
+        seen.append(sum(c.pending for c in self.communicators if hasattr(c, "pending")))  # async: a property
+        flush(self)
+
+    monkeypatch.setattr(Fleet, "flush", probe)
+    return seen
+
+
+def test_async_checkpoint_mid_run_is_the_drained_servers(tmp_path, queued_at_flush):
+    check = LiveEqualsCheckpoint()
+    metrics = train_in_process(["ps=async", "trainer.threads=2", "ps.min_merge=4", "ps.merge_threshold=4",
+                                "ps.checkpoint_every_steps=30", f"dataset.dir={tmp_path / 'data'}"],
+                               tmp_path / "run", observers=[check])
+    folders = [r["folder"] for r in metrics["checkpoints"]]
+    due = list(range(30, metrics["train_steps"], 30))  # the last one before the end (its own checkpoint)
+    assert len(due) >= 3 and check.checked == due
+    assert folders == [str(tmp_path / "run" / "checkpoint" / f"step-{n}") for n in due]
+    assert max(queued_at_flush) > 0, queued_at_flush  # pushes were queued when a checkpoint began
+    for folder in folders:
+        manifest = json.loads(Path(folder, "manifest.json").read_text())
+        assert manifest["progress"]["steps"] == int(folder.rsplit("-", 1)[1])
+        assert sum(n for _, n in manifest["progress"]["workers"][0]["positions"]) == manifest["progress"]["steps"]
+
+
+def test_geo_checkpoint_mid_run_holds_the_unsynced_deltas(tmp_path):
+    """k_steps=7: at step 30 the last sync was at step 28; the checkpoint equals a run stopped at 30."""
+    geo = ["ps=geo", "trainer.threads=1", "ps.k_steps=7", "ps.background_sync=false", f"dataset.dir={tmp_path / 'data'}",
+           "optimizer=sgd", "ps.table.optimizer.name=sgd"]
+    check = LiveEqualsCheckpoint()
+    train_in_process([*geo, "ps.checkpoint_every_steps=30", "trainer.max_steps=40"], tmp_path / "long", [check])
+    train_in_process([*geo, "trainer.max_steps=30"], tmp_path / "short")
+    assert check.checked == [30]
+    mid = read_ps_checkpoint(str(tmp_path / "long" / "checkpoint" / "step-30"))
+    end = read_ps_checkpoint(str(tmp_path / "short" / "checkpoint"))
+    assert sorted(mid) == sorted(end)
+    for name, table in end.items():
+        if isinstance(table, dict):
+            for param, value in table.items():
+                torch.testing.assert_close(mid[name][param], value, atol=1e-6, rtol=0)
+            continue
+        assert torch.equal(mid[name].keys, table.keys), name
+        torch.testing.assert_close(mid[name].values, table.values, atol=1e-6, rtol=0)
+
+
+def recps(module: str, *args: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                          timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return proc
+
+
+def cli_auc(run_dir: Path, *overrides: str) -> dict:
+    recps("recps.train", *overrides, f"hydra.run.dir={run_dir}")
+    return json.loads((run_dir / "metrics.json").read_text())
+
+
+RESUMABLE = ["cluster.workers=2", "trainer.threads=2", "trainer.batch_size=64", "model=ctr_dnn", "metrics=off",
+             "progress=false", "dataset.generate.train_rows=40000", "dataset.generate.test_rows=10000",
+             "dataset.generate.vocab=2000"]
+
+
+def test_async_checkpoints_on_hdfs_evaluate_and_resume(hdfs, tmp_path_factory):
+    data = tmp_path_factory.mktemp("midrun-data")
+    ckpt = f"{hdfs.url}/midrun/{tmp_path_factory.getbasetemp().name}"
+    common = ["ps=async", *RESUMABLE, f"dataset.dir={data}"]
+    straight = cli_auc(tmp_path_factory.mktemp("straight"), *common, "ps.checkpoint_every_steps=100",
+                       f"checkpoint.dir={ckpt}")
+    assert [r["steps"] for r in straight["checkpoints"]] == [100, 200, 300]
+    step = f"{ckpt}/step-200"
+    evaluated = json.loads(recps("recps.evaluate", step).stdout)  # the model as it was at step 200
+    assert 0.5 < evaluated["auc"] < straight["auc"] + 0.02
+    resumed = cli_auc(tmp_path_factory.mktemp("resumed"), *common, f"trainer.resume={step}")
+    assert abs(resumed["auc"] - straight["auc"]) <= 0.005, (resumed["auc"], straight["auc"])
+
+
+def test_geo_resume_from_a_mid_run_checkpoint(tmp_path_factory):
+    data = tmp_path_factory.mktemp("midrun-geo-data")
+    first = tmp_path_factory.mktemp("geo-straight")
+    common = ["ps=geo", *RESUMABLE, f"dataset.dir={data}"]
+    straight = cli_auc(first, *common, "ps.checkpoint_every_steps=150")
+    assert [r["steps"] for r in straight["checkpoints"]] == [150, 300]
+    resumed = cli_auc(tmp_path_factory.mktemp("geo-resumed"), *common,
+                      f"trainer.resume={first / 'checkpoint' / 'step-150'}")
+    assert abs(resumed["auc"] - straight["auc"]) <= 0.005, (resumed["auc"], straight["auc"])
+
+
+def test_a_committed_step_checkpoint_is_never_overwritten(tmp_path):
+    from recps.cluster import _check_storage
+
+    step = tmp_path / "checkpoint" / "step-100"
+    step.mkdir(parents=True)
+    (step / "manifest.json").write_text("{}")
+    cfg = compose_config([*SMALL, "ps=async", "ps.checkpoint_every_steps=100"])
+    with pytest.raises(ConfigError, match="step-100/manifest.json.*none is ever overwritten"):
+        _check_storage(cfg, tmp_path)
+
+
+def test_both_checkpoint_intervals_are_refused():
+    from recps.cluster import ps_mode
+
+    cfg = compose_config(["ps=sync", "ps.checkpoint_every_steps=10", "ps.checkpoint_every_seconds=60"])
+    with pytest.raises(ConfigError, match="both set; give one of them"):
+        ps_mode(cfg)

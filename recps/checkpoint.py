@@ -129,11 +129,14 @@ def _records(folder: str, tables: Sequence[str]) -> dict[str, dict]:
     return records
 
 
-def commit_ps_checkpoint(folder: str, tables: Sequence[str], cfg, progress: dict) -> dict:
-    """After the servers saved `tables` into `folder`: write config.yaml, then the manifest (last,
-    atomically, never over a committed one). Returns the manifest."""
+def commit_ps_checkpoint(folder: str, tables: Sequence[str], cfg, progress: dict, save=None) -> dict:
+    """Write config.yaml, then the manifest (last, atomically, never over a committed one) of the
+    tables the servers saved into `folder`. Returns the manifest. `save`: a call that has the
+    servers save the tables now; it runs while config.yaml is written (on HDFS each file's close
+    is a fixed wait, rfs.concurrently)."""
     config = OmegaConf.to_yaml(cfg, resolve=True).encode()
-    rfs.write_atomic(rfs.join(folder, "config.yaml"), config, overwrite=True)
+    write_config = lambda: rfs.write_atomic(rfs.join(folder, "config.yaml"), config, overwrite=True)  # noqa: E731
+    rfs.concurrently([write_config] + ([save] if save is not None else []))
     records = _records(folder, tables)
     records["config.yaml"] = {"bytes": len(config), "sha256": _sha256(config)}
     manifest = {"format_version": FORMAT_VERSION, "kind": "ps", "tables": list(tables), "progress": progress,

@@ -413,9 +413,10 @@ def _work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence =
         if pauses is not None:
             metrics["checkpoints"] = pauses.records
         if cfg.checkpoint.save:
-            fleet.client.save(ckpt, mode="full", tables=tables, timeout=max(strategy.mode.timeout_s, 600.0))
             progress = _read_progress(ckpt, role.num_workers)
-            commit_ps_checkpoint(ckpt, tables, cfg, {"steps": job.steps_done + stats.steps, "workers": progress})
+            commit_ps_checkpoint(ckpt, tables, cfg, {"steps": job.steps_done + stats.steps, "workers": progress},
+                                 save=lambda: fleet.client.save(ckpt, mode="full", tables=tables,
+                                                                timeout=max(strategy.mode.timeout_s, 600.0)))
             metrics["checkpoint"] = ckpt
         (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
         return metrics
@@ -440,15 +441,19 @@ def _write_progress(ckpt: str, role, steps: int, positions, fleet) -> None:
 
     record = {"worker": role.index, "num_workers": role.num_workers, "steps": steps,
               "positions": [list(p) for p in positions or ()]}
+    writes = []
     state = fleet.worker_state()
     if state:
         buffer = io.BytesIO()
         torch.save(state, buffer)
         data = buffer.getvalue()
         rel = f"{_WORKER_STATE}/worker-{role.index:05d}.pt"
-        rfs.write_atomic(rfs.join(ckpt, rel), data, overwrite=True)
+        writes.append(lambda: rfs.write_atomic(rfs.join(ckpt, rel), data, overwrite=True))
         record["state_file"] = {"path": rel, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    rfs.write_atomic(rfs.join(ckpt, _PROGRESS, f"worker-{role.index:05d}.json"), json.dumps(record), overwrite=True)
+    # Both are read only after the meeting's barrier, so they are written at once (rfs.concurrently).
+    progress = rfs.join(ckpt, _PROGRESS, f"worker-{role.index:05d}.json")
+    writes.append(lambda: rfs.write_atomic(progress, json.dumps(record), overwrite=True))
+    rfs.concurrently(writes)
 
 
 def _load_worker_state(folder: str, record: dict, fleet) -> None:
@@ -565,10 +570,11 @@ class CheckpointPauses:
                     raise ConfigError(f"{folder} holds a committed checkpoint ({folder}/manifest.json); it is never "
                                       "overwritten: give another checkpoint.dir or hydra.run.dir (or move it away)")
                 t = time.perf_counter()
-                client.save(folder, mode="full", tables=self.tables, timeout=self.timeout_s)
                 progress = _read_progress(folder, role.num_workers)
                 commit_ps_checkpoint(folder, self.tables, self.cfg,
-                                     {"steps": self.job.steps_done + steps, "workers": progress})
+                                     {"steps": self.job.steps_done + steps, "workers": progress},
+                                     save=lambda: client.save(folder, mode="full", tables=self.tables,
+                                                              timeout=self.timeout_s))
                 save_s = time.perf_counter() - t
                 for obs in self.job.trainer.observers:
                     if (hook := getattr(obs, "on_checkpoint", None)) is not None:

@@ -30,7 +30,8 @@ from __future__ import annotations
 import os
 import posixpath
 import uuid
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import Any, Callable, Sequence
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -41,7 +42,7 @@ from recps.fs.webhdfs import WebHDFS
 
 __all__ = ["FileSystemError", "TransientFileSystemError", "FileSystemTimeoutError", "resolve", "join",
            "is_local", "local_path", "display", "write_atomic", "fsync_dir", "read_bytes", "exists", "timeout_s",
-           "HDFSClient", "HDFS_PROTOCOLS", "WEBHDFS_PROTOCOLS", "DEFAULT_TIMEOUT_S", "TIMEOUT_ENV"]
+           "concurrently", "HDFSClient", "HDFS_PROTOCOLS", "WEBHDFS_PROTOCOLS", "DEFAULT_TIMEOUT_S", "TIMEOUT_ENV"]
 
 HDFS_PROTOCOLS = ("hdfs", "viewfs")
 WEBHDFS_PROTOCOLS = ("webhdfs", "webHDFS")
@@ -220,6 +221,24 @@ def _renames_over(fs: fsspec.AbstractFileSystem) -> bool:
     except ImportError:
         return False
     return isinstance(fs, BaseFileSystem)
+
+
+def concurrently(calls: Sequence[Callable[[], Any]], max_workers: int = 16) -> list[Any]:
+    """Run `calls` (file system operations) in threads at once; their results in order.
+
+    On HDFS a write's close waits for the NameNode to complete the file (a fixed latency, not
+    bandwidth), so files closed together cost one wait. Every call ends: each request of a file
+    system from `resolve` is bounded by its timeout. All calls finish before the first error
+    (in call order) is raised, so no write is left running behind a caller that moved on."""
+    if len(calls) <= 1:
+        return [call() for call in calls]
+    with ThreadPoolExecutor(min(max_workers, len(calls)), thread_name_prefix="recps-fs") as pool:
+        futures = [pool.submit(call) for call in calls]
+        wait(futures)
+    for future in futures:
+        if (error := future.exception()) is not None:
+            raise error
+    return [future.result() for future in futures]
 
 
 def fsync_dir(path: str) -> None:

@@ -353,19 +353,28 @@ class PSServer:
         path, mode = str(meta["path"]), str(meta.get("mode", "full"))
         if mode not in SAVE_MODES:
             raise ConfigError(f"save: mode={mode!r}; use one of {SAVE_MODES}")
-        result = {}
+        calls, names = [], []
         for table in self._selected(meta):
             folder = rfs.join(path, table.name)
             if self.index == 0:
-                rfs.write_atomic(rfs.join(folder, SPEC_FILE), table.json, overwrite=True)
+                calls.append(lambda f=folder, t=table: rfs.write_atomic(rfs.join(f, SPEC_FILE), t.json, overwrite=True))
+                names.append(None)
             if table.spec["kind"] == "sparse":
-                man = table.shard.save(folder, mode, shard=self.index, num_shards=self.num_servers)
-                result[table.name] = int(man.get("rows", 0))
+                calls.append(lambda f=folder, t=table: int(
+                    t.shard.save(f, mode, shard=self.index, num_shards=self.num_servers).get("rows", 0)))
+                names.append(table.name)
             elif table.shard is not None:
                 # Only servers holding parameters write: shard numbers count the owners.
                 owners = sorted({o for o in table.layout.owner})
-                table.shard.save(folder, mode, shard=owners.index(self.index), num_shards=len(owners))
-                result[table.name] = len(table.shard)
+
+                def dense(f=folder, t=table, shard=owners.index(self.index), n=len(owners)) -> int:
+                    t.shard.save(f, mode, shard=shard, num_shards=n)
+                    return len(t.shard)
+
+                calls.append(dense)
+                names.append(table.name)
+        # Tables are written at once: on HDFS each file's close is a fixed wait (rfs.concurrently).
+        result = {n: r for n, r in zip(names, rfs.concurrently(calls)) if n is not None}
         logger.info("server %d: saved %s (%s) to %s", self.index, sorted(result), mode, path)
         return [], {"result": json.dumps(result)}
 

@@ -790,10 +790,23 @@ class SparseTable:
         return block
 
     def _read_checkpoint(self, path: str, shard: int, num_shards: int) -> dict:
-        """Read, verify and re-partition every saved shard; nothing in the table changes here."""
+        """Read, verify and re-partition the saved shards; nothing in the table changes here.
+
+        Saved by as many servers as read it, shard `shard` holds exactly the keys this shard owns
+        (the client routes with the same `partition`): only it is read. Otherwise, or if it holds
+        another shard's key, every saved shard is read and this shard's keys are kept."""
+        shard_dirs = list_shards(path)
+        if num_shards > 1 and len(shard_dirs) == num_shards:
+            parts = self._read_shards(path, shard_dirs[shard:shard + 1], shard, num_shards, own=True)
+            if parts is not None:
+                return parts
+        return self._read_shards(path, shard_dirs, shard, num_shards, own=False)
+
+    def _read_shards(self, path: str, shard_dirs: list[str], shard: int, num_shards: int, own: bool) -> dict | None:
+        """The keys of `shard` in `shard_dirs`; with `own`, None if a saved key is not this shard's."""
         pieces: dict[str, list[torch.Tensor]] = {}
         mode = None
-        for shard_dir in list_shards(path):
+        for shard_dir in shard_dirs:
             reader = ShardReader(shard_dir)
             man = reader.manifest
             self._check_manifest(man, shard_dir)
@@ -812,7 +825,11 @@ class SparseTable:
             if mode == "full":
                 arrays["pending_keys"] = reader.read("pending_keys")
                 arrays["pending"] = reader.read("pending")
-            if num_shards > 1:
+            if own:
+                if not all(bool((partition(arrays[k], num_shards) == shard).all())
+                           for k in ("keys", "deleted", "pending_keys") if k in arrays):
+                    return None
+            elif num_shards > 1:
                 for key_name, names in (("keys", ("keys", "values", "state", "meta")), ("deleted", ("deleted",)), ("pending_keys", ("pending_keys", "pending"))):
                     if key_name in arrays:
                         mine = partition(arrays[key_name], num_shards) == shard

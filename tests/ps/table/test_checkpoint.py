@@ -145,6 +145,37 @@ def test_reshard_two_to_three(tmp_path):
         assert torch.equal(t.stats(mine)["show"], full.stats(mine)["show"])
 
 
+def test_same_server_count_reads_only_its_own_shard(tmp_path):
+    keys = torch.arange(4000, dtype=torch.int64) * 7919
+    full = trained(keys)
+    full.save(tmp_path / "one", "full")
+    for i in range(2):  # as two servers save: each holds its partition
+        shard = make()
+        shard.load(tmp_path / "one", shard=i, num_shards=2)
+        shard.save(tmp_path / "two", "full", shard=i, num_shards=2)
+    # Shard 1's values are gone: shard 0 loads without reading them; shard 1 is refused, named.
+    (tmp_path / "two" / "shard-00001-of-00002" / "values.bin").unlink()
+    zero = make()
+    mine = keys[partition(keys, 2) == 0]
+    assert zero.load(tmp_path / "two", shard=0, num_shards=2) == mine.numel()
+    assert torch.equal(zero.pull(mine, create=False), full.pull(mine))
+    with pytest.raises(CheckpointError, match="shard-00001-of-00002"):
+        make().load(tmp_path / "two", shard=1, num_shards=2)
+
+
+def test_shards_not_split_by_partition_are_all_read(tmp_path):
+    keys = torch.arange(3000, dtype=torch.int64)
+    halves = [keys[:1500], keys[1500:]]  # not partition's split: each shard holds keys of both servers
+    tables = [trained(h) for h in halves]
+    for i, t in enumerate(tables):
+        t.save(tmp_path / "ckpt", "full", shard=i, num_shards=2)
+    for i in range(2):
+        t = make()
+        mine = keys[partition(keys, 2) == i]
+        assert t.load(tmp_path / "ckpt", shard=i, num_shards=2) == mine.numel()
+        assert sorted(t.keys().tolist()) == sorted(mine.tolist())
+
+
 def corrupt(path, name, how):
     f = path / "shard-00000-of-00001" / f"{name}.bin"
     data = bytearray(f.read_bytes())

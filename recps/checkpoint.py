@@ -9,10 +9,13 @@ their shards into, committed by one manifest written last and atomically:
 
     <folder>/<table>/spec.json, shard-SSSSS-of-NNNNN/...   each server's shard (recps.ps.table)
     <folder>/config.yaml                                   the composed config
+    <folder>/progress/worker-XXXXX.json                    each worker's steps and positions
+    <folder>/workers/worker-XXXXX.pt                       what only a worker holds (geo)
     <folder>/manifest.json                                 kind "ps", tables, progress, and the
                                                            sha256 of every spec.json, shard
                                                            manifest (which holds the sha256 of
-                                                           each array) and config.yaml
+                                                           each array), worker state file and
+                                                           config.yaml
 
 A folder without manifest.json is not a checkpoint (a save that did not finish); readers refuse
 it, and refuse a shard or spec whose checksum differs from the manifest, naming the file.
@@ -37,7 +40,7 @@ if TYPE_CHECKING:
     from recps.job import Job
 
 __all__ = ["save_checkpoint", "load_checkpoint", "checkpoint_file", "find_checkpoint", "commit_ps_checkpoint",
-           "verify_ps_checkpoint", "committed_checkpoints", "read_ps_checkpoint", "MANIFEST", "FORMAT_VERSION"]
+           "verify_ps_checkpoint", "read_recorded", "committed_checkpoints", "read_ps_checkpoint", "MANIFEST", "FORMAT_VERSION"]
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"  # a PS checkpoint's commit record
@@ -111,21 +114,21 @@ def _child_names(fs, path: str) -> list[str]:
                   if info.get("type") == "directory")
 
 
-def _records(folder: str, tables: Sequence[str]) -> dict[str, dict]:
-    """relative path -> {bytes, sha256} of each table's spec.json and shard manifests."""
+def _records(folder: str, tables: Sequence[str], extra: Sequence[str] = ()) -> dict[str, dict]:
+    """relative path -> {bytes, sha256} of each table's spec.json and shard manifests, and of the
+    files `extra` names (relative paths: the workers' state files)."""
     fs, root = rfs.resolve(folder)
     records = {}
-    for table in tables:
-        names = [SPEC_FILE, *(f"{d}/manifest.json" for d in _child_names(fs, f"{root.rstrip('/')}/{table}")
-                              if d.startswith("shard-"))]
-        for name in names:
-            rel = f"{table}/{name}"
-            try:
-                data = fs.cat_file(f"{root.rstrip('/')}/{rel}")
-            except FileNotFoundError:
-                raise ConfigError(f"checkpoint {folder}: {rel} is missing after the save; "
-                                  "did every server write to the same file system?") from None
-            records[rel] = {"bytes": len(data), "sha256": _sha256(data)}
+    rels = [f"{table}/{name}" for table in tables
+            for name in [SPEC_FILE, *(f"{d}/manifest.json" for d in _child_names(fs, f"{root.rstrip('/')}/{table}")
+                                      if d.startswith("shard-"))]]
+    for rel in [*rels, *extra]:
+        try:
+            data = fs.cat_file(f"{root.rstrip('/')}/{rel}")
+        except FileNotFoundError:
+            raise ConfigError(f"checkpoint {folder}: {rel} is missing after the save; "
+                              "did every server and worker write to the same file system?") from None
+        records[rel] = {"bytes": len(data), "sha256": _sha256(data)}
     return records
 
 
@@ -137,7 +140,8 @@ def commit_ps_checkpoint(folder: str, tables: Sequence[str], cfg, progress: dict
     config = OmegaConf.to_yaml(cfg, resolve=True).encode()
     write_config = lambda: rfs.write_atomic(rfs.join(folder, "config.yaml"), config, overwrite=True)  # noqa: E731
     rfs.concurrently([write_config] + ([save] if save is not None else []))
-    records = _records(folder, tables)
+    state_files = [w["state_file"] for w in progress.get("workers", ()) if w.get("state_file")]
+    records = _records(folder, tables, state_files)
     records["config.yaml"] = {"bytes": len(config), "sha256": _sha256(config)}
     manifest = {"format_version": FORMAT_VERSION, "kind": "ps", "tables": list(tables), "progress": progress,
                 "model_target": str(cfg.model._target_), "files": records, "created_unix": time.time()}
@@ -186,10 +190,11 @@ def find_checkpoint(path: str | os.PathLike) -> tuple[str, str]:
                       "pass the checkpoint folder a run wrote")
 
 
-def verify_ps_checkpoint(folder: str, needed: Sequence[str] = ()) -> dict:
+def verify_ps_checkpoint(folder: str, needed: Sequence[str] = (), worker_states: bool = True) -> dict:
     """The manifest of a committed PS checkpoint, after checking that it has every table of
-    `needed` and that each spec, shard manifest and config matches its recorded checksum (the
-    shards' arrays are checked against their manifests when the servers read them)."""
+    `needed` and that each spec, shard manifest, config and (with `worker_states`) worker state
+    file matches its recorded checksum (the shards' arrays are checked against their manifests
+    when the servers read them; a worker reads the state files it needs with `read_recorded`)."""
     man_url = rfs.join(folder, MANIFEST)
     try:
         manifest = json.loads(rfs.read_bytes(man_url))
@@ -205,18 +210,29 @@ def verify_ps_checkpoint(folder: str, needed: Sequence[str] = ()) -> dict:
     if missing:
         raise ConfigError(f"{folder} has no table {missing} (it holds {manifest['tables']}); resume with the model "
                           "and features it was trained with, or start fresh")
-    fs, root = rfs.resolve(folder)
-    for rel, record in manifest["files"].items():
-        try:
-            data = fs.cat_file(f"{root.rstrip('/')}/{rel}")
-        except FileNotFoundError:
-            raise ConfigError(f"{rfs.join(folder, rel)} is missing from the committed checkpoint; restore it "
-                              "or take another checkpoint") from None
-        if len(data) != record["bytes"] or _sha256(data) != record["sha256"]:
-            raise ConfigError(f"{rfs.join(folder, rel)} does not match {MANIFEST} (sha256 "
-                              f"{_sha256(data)[:16]}..., recorded {record['sha256'][:16]}...): it is corrupted "
-                              "or replaced; restore it or take another checkpoint")
+    states = {w["state_file"] for w in manifest["progress"].get("workers", ()) if w.get("state_file")}
+    for rel in manifest["files"]:
+        if worker_states or rel not in states:
+            read_recorded(folder, manifest, rel)
     return manifest
+
+
+def read_recorded(folder: str, manifest: dict, rel: str) -> bytes:
+    """The bytes of `folder/rel`, a file the committed `manifest` records; refuses, naming the
+    file, one that is missing or whose size or sha256 differs from the record."""
+    url = rfs.join(folder, rel)
+    fs, path = rfs.resolve(url)
+    try:
+        data = fs.cat_file(path)
+    except FileNotFoundError:
+        raise ConfigError(f"{url} is missing from the committed checkpoint; restore it "
+                          "or take another checkpoint") from None
+    record = manifest["files"][rel]
+    if len(data) != record["bytes"] or _sha256(data) != record["sha256"]:
+        raise ConfigError(f"{url} does not match {MANIFEST} (sha256 {_sha256(data)[:16]}..., recorded "
+                          f"{record['sha256'][:16]}...): it is corrupted or replaced; restore it or take another "
+                          "checkpoint")
+    return data
 
 
 def read_ps_checkpoint(folder: str, tables: Sequence[str] | None = None, with_state: bool = False) -> dict:

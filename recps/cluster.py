@@ -113,17 +113,17 @@ def _check(cfg: DictConfig) -> None:
 def run_distributed(cfg: DictConfig, out_dir: Path) -> dict[str, Any] | None:
     """Launch a local cluster, or act as this process's role; see the module docstring."""
     _check(cfg)
-    ps_mode(cfg)  # a bad mode knob fails here, before any process starts
+    mode = ps_mode(cfg)  # a bad mode knob fails here, before any process starts
     role = environment_role(cfg)
     if role is None:
-        _check_storage(cfg, Path(out_dir))
+        _check_storage(cfg, mode, Path(out_dir))
         return _launch_local(cfg, Path(out_dir))
     _role_logging(role)
     run_role(cfg, role, Path(out_dir))
     return None
 
 
-def _check_storage(cfg: DictConfig, out_dir: Path) -> None:
+def _check_storage(cfg: DictConfig, mode, out_dir: Path) -> None:
     """Before any process starts: trainer.resume is a PS checkpoint, and the checkpoint folder holds no
     committed one, nor do its step-N/ folders (a committed checkpoint is never overwritten)."""
     from recps.checkpoint import MANIFEST, committed_checkpoints, find_checkpoint
@@ -136,7 +136,6 @@ def _check_storage(cfg: DictConfig, out_dir: Path) -> None:
         if kind != "ps":
             raise ConfigError(f"trainer.resume={resume!r} is a ps=local checkpoint ({found}); resume it "
                               "with ps=local, or give a parameter-server checkpoint")
-    mode = ps_mode(cfg)
     if mode.checkpoint_every_steps or mode.checkpoint_every_seconds:
         target = checkpoint_dir(cfg, out_dir)  # its step-N/ folders
     committed = committed_checkpoints(target) if target else []
@@ -358,8 +357,8 @@ def _work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence =
         fleet.add_collection(job.collection)
         dist = fleet.distributed_optimizer(job.optimizer, strategy)
         fleet.init_worker(load_from=resume["folder"] if resume else None)
-        if resume and resume["worker"] is not None:
-            _load_worker_state(resume["folder"], resume["worker"], fleet)
+        if resume and resume["state_files"]:
+            _load_worker_state(resume["folder"], resume["manifest"], resume["state_files"], fleet)
         job.trainer.updater = dist.updater
         job.trainer.prefetch = strategy.mode.prefetches
         fleet.client.create_dense_table(STATS_TABLE, 4, mode="geo")  # GEO's server half adds what arrives
@@ -431,8 +430,8 @@ _WORKER_STATE = "workers"
 def _write_progress(ckpt: str, role, steps: int, positions, fleet) -> None:
     """<checkpoint>/progress/worker-XXXXX.json: this worker's steps and each thread's (epoch, batches);
     and what only the worker holds (Fleet.worker_state: geo's replica and dense optimizer state) in
-    <checkpoint>/workers/worker-XXXXX.pt, its size and sha256 in the progress record (so in the manifest)."""
-    import hashlib
+    <checkpoint>/workers/worker-XXXXX.pt, named by the progress record ("state_file"), so the
+    manifest records its size and sha256 (recps.checkpoint.commit_ps_checkpoint)."""
     import io
 
     import torch
@@ -446,36 +445,28 @@ def _write_progress(ckpt: str, role, steps: int, positions, fleet) -> None:
     if state:
         buffer = io.BytesIO()
         torch.save(state, buffer)
-        data = buffer.getvalue()
-        rel = f"{_WORKER_STATE}/worker-{role.index:05d}.pt"
-        writes.append(lambda: rfs.write_atomic(rfs.join(ckpt, rel), data, overwrite=True))
-        record["state_file"] = {"path": rel, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        record["state_file"] = rel = f"{_WORKER_STATE}/worker-{role.index:05d}.pt"
+        writes.append(lambda: rfs.write_atomic(rfs.join(ckpt, rel), buffer.getbuffer(), overwrite=True))
     # Both are read only after the meeting's barrier, so they are written at once (rfs.concurrently).
     progress = rfs.join(ckpt, _PROGRESS, f"worker-{role.index:05d}.json")
     writes.append(lambda: rfs.write_atomic(progress, json.dumps(record), overwrite=True))
     rfs.concurrently(writes)
 
 
-def _load_worker_state(folder: str, record: dict, fleet) -> None:
-    """This worker's state file of a checkpoint (checked against the manifest's record) into the fleet."""
-    import hashlib
+def _load_worker_state(folder: str, manifest: dict, state_files: Sequence[str], fleet) -> None:
+    """The workers' state files of a checkpoint (each checked against the manifest) into the fleet:
+    this worker's own on a resume onto as many workers, else all of them merged
+    (recps.ps.fleet.merge_worker_states)."""
     import io
 
     import torch
 
-    from recps import fs as rfs
+    from recps.checkpoint import read_recorded
+    from recps.ps.fleet import merge_worker_states
 
-    spec = record["state_file"]
-    url = rfs.join(folder, spec["path"])
-    try:
-        data = rfs.read_bytes(url)
-    except rfs.FileSystemError as e:
-        raise ConfigError(f"trainer.resume: {url} is missing from the committed checkpoint ({e}); restore it "
-                          "or take another checkpoint") from e
-    if len(data) != spec["bytes"] or hashlib.sha256(data).hexdigest() != spec["sha256"]:
-        raise ConfigError(f"trainer.resume: {url} does not match {folder}/manifest.json (its size or sha256): it is "
-                          "corrupted or replaced; restore it or take another checkpoint")
-    fleet.load_worker_state(torch.load(io.BytesIO(data), map_location="cpu", weights_only=True))
+    states = [torch.load(io.BytesIO(read_recorded(folder, manifest, rel)), map_location="cpu", weights_only=True)
+              for rel in state_files]
+    fleet.load_worker_state(states[0] if len(states) == 1 else merge_worker_states(states))
 
 
 def _read_progress(ckpt: str, num_workers: int) -> list[dict]:
@@ -609,7 +600,8 @@ def _resume_point(cfg: DictConfig, job, role, threads: int, batch_size: int) -> 
     from recps.ps.fleet import DENSE_TABLE
 
     _, folder = find_checkpoint(str(cfg.trainer.resume))
-    manifest = verify_ps_checkpoint(folder, needed=[*job.collection.table_dims(), DENSE_TABLE])
+    # Each worker reads the state files it takes (_load_worker_state), not all of them.
+    manifest = verify_ps_checkpoint(folder, needed=[*job.collection.table_dims(), DENSE_TABLE], worker_states=False)
     if manifest["model_target"] != str(cfg.model._target_):
         raise ConfigError(f"trainer.resume: {folder} holds a {manifest['model_target']} but model={cfg.model._target_}; "
                           "resume with the model config it was trained with")
@@ -618,17 +610,19 @@ def _resume_point(cfg: DictConfig, job, role, threads: int, batch_size: int) -> 
     workers = progress.get("workers") or []
     positions = [p for w in workers for p in w["positions"]]
     if not positions:
-        return {"folder": folder, "epoch": 0, "skip": None, "worker": None}
+        return {"folder": folder, "epoch": 0, "skip": None, "manifest": manifest, "state_files": []}
     old_threads = len(workers[0]["positions"])
     old = WorkerShards(job.data.train, 0, len(workers)).shard_batches(batch_size, old_threads)
     positions = [(e + 1, 0) if n >= old[i] else (e, n) for i, (e, n) in enumerate(positions)]  # epoch done: the next
     epoch = min(e for e, _ in positions)
     # What only the workers held (geo: replica and dense optimizer state) continues on the same workers.
     same_workers = len(workers) == role.num_workers
-    own = workers[role.index] if same_workers and "state_file" in workers[role.index] else None
-    if not same_workers and any("state_file" in w for w in workers):
-        log.warning("%s: %s was trained by %d workers, this run has %d: their local optimizer state (geo) is "
-                    "not carried over, it starts afresh", role.name, folder, len(workers), role.num_workers)
+    state_files = [w["state_file"] for w in workers if w.get("state_file")]
+    if same_workers:
+        state_files = [workers[role.index]["state_file"]] if workers[role.index].get("state_file") else []
+    elif state_files:
+        log.info("%s: %s was trained by %d workers, this run has %d: each starts from their local state (geo) "
+                 "merged", role.name, folder, len(workers), role.num_workers)
     if same_workers and old_threads == threads:
         mine = positions[role.index * threads : (role.index + 1) * threads]
         skip = [n if e == epoch else old[role.index * threads + t] for t, (e, n) in enumerate(mine)]
@@ -638,4 +632,4 @@ def _resume_point(cfg: DictConfig, job, role, threads: int, batch_size: int) -> 
         skip = [round(frac * new[role.index * threads + t]) for t in range(threads)]
     log.info("%s resumes %s at step %d, epoch %d, skipping %s batches per thread", role.name, folder,
              job.steps_done, epoch, skip)
-    return {"folder": folder, "epoch": epoch, "skip": skip, "worker": own}
+    return {"folder": folder, "epoch": epoch, "skip": skip, "manifest": manifest, "state_files": state_files}

@@ -1,4 +1,5 @@
-"""Suite-wide fixtures: `hdfs`, a real Apache Hadoop 2.7.3 HDFS on 127.0.0.1 (tests/hdfs/)."""
+"""Suite-wide fixtures: `hdfs`, a real Apache Hadoop 2.7.3 HDFS on 127.0.0.1 (tests/hdfs/), and
+`in_process_cluster`, a PS job's server 0 and worker 0 in this process."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -99,3 +101,42 @@ def hdfs(tmp_path_factory) -> Iterator[HdfsCluster]:
         stopped = _stop(work_dir)
     if stopped.returncode != 0:
         raise RuntimeError(f"stop_hdfs.sh {work_dir} failed: {stopped.stderr}")
+
+
+_CLUSTER_TIMEOUT_S = 300
+
+
+def _run_in_process(cfg, out_dir: Path, token: str = "in-process", **worker_kwargs) -> dict:
+    """ps=sync|async|geo with one server and one worker: server 0 on a thread, worker 0 here, as
+    `cluster=local`'s processes run them (recps.cluster.run_role). `worker_kwargs` go to the
+    worker's run_role (data=, observers=). Returns worker 0's metrics."""
+    from recps.cluster import run_role
+    from recps.launch import free_port
+    from recps.ps.roles import UserDefinedRoleMaker
+
+    address = f"127.0.0.1:{free_port()}"
+    server, worker = (UserDefinedRoleMaker(kind, 0, 1, 1, coordinator=address, token=token).role()
+                      for kind in ("server", "worker"))
+    errors: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            run_role(cfg, server, out_dir)
+        except BaseException as exc:  # noqa: BLE001 - surfaced below
+            errors.append(exc)
+
+    thread = threading.Thread(target=serve, name="server0", daemon=True)
+    thread.start()
+    try:
+        metrics = run_role(cfg, worker, out_dir, **worker_kwargs)
+    finally:
+        thread.join(_CLUSTER_TIMEOUT_S)  # worker 0 stops the server when it leaves
+    assert not thread.is_alive(), "server 0 did not stop after worker 0 left"
+    assert not errors, errors
+    return metrics
+
+
+@pytest.fixture
+def in_process_cluster() -> Callable[..., dict]:
+    """`run(cfg, out_dir, token=..., data=..., observers=[...]) -> metrics` (see _run_in_process)."""
+    return _run_in_process

@@ -43,7 +43,6 @@ STEPS = 96           # about this many steps per run (over both threads), in who
 BATCH = 64
 THREADS = 2
 GEO_K_STEPS = 8      # a few delta syncs within the run (the default 100 would sync only at the end)
-RUN_TIMEOUT_S = 120  # the server thread's join after worker 0 left
 CLI_TIMEOUT_S = 300
 
 # Generated worlds: ~31 batches a pass, vocabularies that a few passes learn.
@@ -162,32 +161,10 @@ def train_local(cfg: DictConfig, data, out_dir: Path) -> list[float]:
     return log.losses()
 
 
-def train_in_process_cluster(cfg: DictConfig, data, out_dir: Path) -> tuple[list[float], dict]:
-    """ps=sync|async|geo: server 0 on a thread, worker 0 here, as `cluster=local`'s processes run them."""
-    from recps.cluster import run_role
-    from recps.launch import free_port
-    from recps.ps.roles import UserDefinedRoleMaker
-
-    address, token = f"127.0.0.1:{free_port()}", "every-mode"
-    server, worker = (UserDefinedRoleMaker(kind, 0, 1, 1, coordinator=address, token=token).role()
-                      for kind in ("server", "worker"))
-    errors: list[BaseException] = []
-
-    def serve() -> None:
-        try:
-            run_role(cfg, server, out_dir)
-        except BaseException as exc:  # noqa: BLE001 - surfaced below
-            errors.append(exc)
-
-    thread = threading.Thread(target=serve, name="server0", daemon=True)
-    thread.start()
+def train_in_process_cluster(run, cfg: DictConfig, data, out_dir: Path) -> tuple[list[float], dict]:
+    """ps=sync|async|geo: server 0 on a thread, worker 0 here (conftest's in_process_cluster `run`)."""
     log = LossLog()
-    try:
-        metrics = run_role(cfg, worker, out_dir, data=data, observers=[log])
-    finally:
-        thread.join(RUN_TIMEOUT_S)  # worker 0 stops the server when it leaves (or the server sees it gone)
-    assert not thread.is_alive(), "server 0 did not stop after worker 0 left"
-    assert not errors, errors
+    metrics = run(cfg, out_dir, token="every-mode", data=data, observers=[log])
     return log.losses(), metrics
 
 
@@ -226,13 +203,13 @@ TRAINING_KEYS = {"examples_per_sec", "train_seconds", "train_loss", "worker_cpu_
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("model", MODELS)
-def test_model_trains_in_mode(model, mode, data_folder, tmp_path):
+def test_model_trains_in_mode(model, mode, data_folder, tmp_path, in_process_cluster):
     cfg = model_config(model, mode)
     data, cfg = prepared(model, cfg, data_folder)
     if mode == "local":
         losses = train_local(cfg, data, tmp_path)
     else:
-        losses, metrics = train_in_process_cluster(cfg, data, tmp_path)
+        losses, metrics = train_in_process_cluster(in_process_cluster, cfg, data, tmp_path)
         # Worker 0 counted what it trained and evaluated what the servers hold afterwards.
         assert (metrics["ps"], metrics["servers"], metrics["workers"], metrics["threads"]) == (mode, 1, 1, THREADS)
         assert metrics["train_steps"] == len(losses)

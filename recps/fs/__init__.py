@@ -37,12 +37,12 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from recps.fs._common import (DEFAULT_TIMEOUT_S, TIMEOUT_ENV, FileSystemError, FileSystemTimeoutError,
-                              TransientFileSystemError, timeout_s)
+                              TransientFileSystemError, retry_transient, timeout_s)
 from recps.fs.webhdfs import WebHDFS
 
 __all__ = ["FileSystemError", "TransientFileSystemError", "FileSystemTimeoutError", "resolve", "join",
            "is_local", "local_path", "display", "write_atomic", "fsync_dir", "read_bytes", "exists", "timeout_s",
-           "concurrently", "HDFSClient", "HDFS_PROTOCOLS", "WEBHDFS_PROTOCOLS", "DEFAULT_TIMEOUT_S", "TIMEOUT_ENV"]
+           "concurrently", "retry_transient", "HDFSClient", "HDFS_PROTOCOLS", "WEBHDFS_PROTOCOLS", "DEFAULT_TIMEOUT_S", "TIMEOUT_ENV"]
 
 HDFS_PROTOCOLS = ("hdfs", "viewfs")
 WEBHDFS_PROTOCOLS = ("webhdfs", "webHDFS")

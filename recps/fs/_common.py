@@ -2,15 +2,19 @@
 
 A call that reached no answer is *transient* (worth another attempt): a refused, reset or
 broken connection, a timeout, an HTTP 5xx without a definite answer, or a NameNode that says
-"try again" (SafeModeException, StandbyException, RetriableException). A definite answer never
+"try again" (SafeModeException, StandbyException, RetriableException, NotReplicatedYetException:
+a new block asked for before the DataNode reported the last one, which Hadoop's own client retries
+and hdfs-native does not). A definite answer never
 is: a missing path, an existing target, a refused permission, a bad argument.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import threading
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -19,14 +23,17 @@ import requests
 from recps.errors import RecpsError
 
 __all__ = ["FileSystemError", "TransientFileSystemError", "FileSystemTimeoutError", "DEFAULT_TIMEOUT_S",
-           "TIMEOUT_ENV", "timeout_s", "is_transient", "bounded", "first_line"]
+           "TIMEOUT_ENV", "timeout_s", "is_transient", "bounded", "first_line", "retry_transient"]
 
 DEFAULT_TIMEOUT_S = 60.0
 TIMEOUT_ENV = "RECPS_FS_TIMEOUT_S"
 
 # Server-side exceptions (Java simple names) that mean "not now", not "no".
 RETRIABLE_REMOTE = frozenset({"RetriableException", "StandbyException", "SafeModeException",
-                              "ObserverRetryOnActiveException"})
+                              "ObserverRetryOnActiveException", "NotReplicatedYetException"})
+MAX_BACKOFF_S = 30.0
+
+log = logging.getLogger("recps.fs")
 # Messages of the bare OSErrors hdfs-native raises for its sockets ("Connection refused (os error 111)").
 _TRANSIENT_TEXT = re.compile(r"connection refused|connection reset|connection aborted|broken pipe|timed out|"
                              r"unexpected eof|network is unreachable|no route to host", re.IGNORECASE)
@@ -123,3 +130,20 @@ def bounded(fn: Callable[[], T], seconds: float, what: str, hint: str = "is the 
     if "error" in box:
         raise box["error"]  # type: ignore[misc]
     return box["value"]  # type: ignore[return-value]
+
+
+def retry_transient(fn: Callable[[], T], what: str, retries: int = 2, backoff_s: float = 0.5) -> T:
+    """fn(), tried again up to `retries` more times after backoff_s, 2 x backoff_s, ... (at most
+    MAX_BACKOFF_S) while it fails transiently (`is_transient`); a definite failure, or the last
+    transient one, is raised as it is. `fn` must be safe to repeat (a whole atomic write)."""
+    for attempt in range(1, retries + 2):
+        try:
+            return fn()
+        except Exception as e:  # noqa: BLE001 - classified right here
+            if not is_transient(e) or attempt > retries:
+                raise
+            pause = min(backoff_s * 2 ** (attempt - 1), MAX_BACKOFF_S)
+            log.warning("%s: attempt %d/%d failed (%s); again in %.2f s", what, attempt, retries + 1,
+                        first_line(e), pause)
+            time.sleep(pause)
+    raise AssertionError("unreachable")  # pragma: no cover

@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from recps.fs._common import FileSystemError, first_line, is_transient
+from recps.fs._common import FileSystemError, first_line, is_transient, retry_transient
 from recps.fs._common import timeout_s as _timeout
 from recps.fs.webhdfs import WebHDFS
 
@@ -52,7 +52,6 @@ __all__ = ["HDFSClient", "BACKENDS"]
 
 BACKENDS = ("webhdfs", "hdfs-native")
 _SCHEMES = {"webhdfs": "webhdfs", "hdfs": "hdfs-native", "viewfs": "hdfs-native"}
-_MAX_BACKOFF_S = 30.0
 _CHUNK = 8 * 2**20
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -139,25 +138,18 @@ class HDFSClient:
     def _attempt(self, verb: str, path: str, fn: Callable[[], T]) -> T:
         """fn() with the retry policy (module docstring); definite answers are raised at once."""
         start, attempts = time.monotonic(), self.retries + 1
-        for attempt in range(1, attempts + 1):
-            try:
-                return fn()
-            except Exception as e:  # noqa: BLE001 - classified right here
-                if not is_transient(e):
-                    raise
-                if attempt == attempts:
-                    cause = str(e).strip().splitlines()[0] if isinstance(e, FileSystemError) else first_line(e)
-                    hint = "" if "is the NameNode up" in cause else f"; is the NameNode up at {self.address}?"
-                    raise FileSystemError(
-                        f"HDFSClient.{verb}({self.url(path)}): no answer after {attempts} attempt"
-                        f"{'s' if attempts > 1 else ''} in {time.monotonic() - start:.1f} s (timeout_s="
-                        f"{self.timeout_s:g}, retries={self.retries}, backend={self.backend}): {cause}{hint} "
-                        "Raise retries= / timeout_s= if the cluster is only slow.") from e
-                pause = min(self.backoff_s * 2 ** (attempt - 1), _MAX_BACKOFF_S)
-                log.warning("HDFSClient.%s(%s): attempt %d/%d failed (%s); again in %.2f s", verb,
-                            self.url(path), attempt, attempts, first_line(e), pause)
-                time.sleep(pause)
-        raise AssertionError("unreachable")  # pragma: no cover
+        try:
+            return retry_transient(fn, f"HDFSClient.{verb}({self.url(path)})", self.retries, self.backoff_s)
+        except Exception as e:  # noqa: BLE001 - classified right here
+            if not is_transient(e):
+                raise
+            cause = str(e).strip().splitlines()[0] if isinstance(e, FileSystemError) else first_line(e)
+            hint = "" if "is the NameNode up" in cause else f"; is the NameNode up at {self.address}?"
+            raise FileSystemError(
+                f"HDFSClient.{verb}({self.url(path)}): no answer after {attempts} attempt"
+                f"{'s' if attempts > 1 else ''} in {time.monotonic() - start:.1f} s (timeout_s="
+                f"{self.timeout_s:g}, retries={self.retries}, backend={self.backend}): {cause}{hint} "
+                "Raise retries= / timeout_s= if the cluster is only slow.") from e
 
     def _info(self, verb: str, path: str) -> dict | None:
         """The file status of `path`, None when it does not exist."""

@@ -275,3 +275,40 @@ def test_webhdfs_acts_as_the_same_user_as_hdfs_native(hdfs, monkeypatch):
     web, path = rfs.resolve(url)
     native, _ = rfs.resolve(f"{hdfs.url}{path}")
     assert web.info(path)["owner"] == getpass.getuser() == native.info(path)["owner"]
+
+
+def test_retry_transient_repeats_only_what_may_succeed_later(monkeypatch):
+    monkeypatch.setattr("recps.fs._common.time.sleep", lambda s: None)
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise TransientFileSystemError("addBlock on hdfs://nn: NotReplicatedYetException: Not replicated yet")
+        return "done"
+
+    assert rfs.retry_transient(flaky, "save", retries=2) == "done" and len(calls) == 3
+    calls.clear()
+    with pytest.raises(TransientFileSystemError):  # the budget spent: the last failure as it was
+        rfs.retry_transient(flaky, "save", retries=1)
+    assert len(calls) == 2
+
+    def refused():
+        calls.append(1)
+        raise FileExistsError("exists")
+
+    calls.clear()
+    with pytest.raises(FileExistsError):  # a definite answer: never tried again
+        rfs.retry_transient(refused, "save", retries=3)
+    assert len(calls) == 1
+
+
+def test_not_replicated_yet_is_transient():
+    from recps.fs.native import call_bounded
+
+    def add_block():
+        raise RuntimeError('RPCError("org.apache.hadoop.hdfs.server.namenode.NotReplicatedYetException", '
+                           '"Not replicated yet: /x/keys.bin\\n\\tat org.apache...")')
+
+    with pytest.raises(TransientFileSystemError, match="NotReplicatedYetException: Not replicated yet: /x/keys.bin"):
+        call_bounded("hdfs://127.0.0.1:1", "write", add_block, 5.0)

@@ -373,3 +373,22 @@ def test_two_modes_in_one_job_each_table_follows_its_own_mode():
         torch.testing.assert_close(results[w]["b"], geo_server, atol=1e-5, rtol=1e-5)
     # Not what the other mode would give: the GEO table is no SGD run on the mean gradients.
     assert not torch.allclose(geo_server, local_y[0])
+
+
+def test_merge_worker_states_unions_replicas_and_averages_optimizer_state():
+    from recps.ps.fleet import merge_worker_states
+
+    a = {"sparse": {"t": {"keys": torch.tensor([5, 1, 9]), "state": torch.tensor([1.0, 2.0, 3.0])}},
+         "dense_optimizer": {"param_groups": [{"lr": 0.1, "params": [0]}],
+                             "state": {0: {"step": torch.tensor(4.0), "exp_avg": torch.tensor([1.0, 3.0])}}}}
+    b = {"sparse": {"t": {"keys": torch.tensor([9, 2]), "state": torch.tensor([5.0, 7.0])},
+                    "u": {"keys": torch.tensor([3]), "state": torch.tensor([0.5])}},
+         "dense_optimizer": {"param_groups": [{"lr": 0.1, "params": [0]}],
+                             "state": {0: {"step": torch.tensor(6.0), "exp_avg": torch.tensor([3.0, 5.0])}}}}
+    merged = merge_worker_states([a, b])
+    assert merged["sparse"]["t"]["keys"].tolist() == [1, 2, 5, 9]
+    assert merged["sparse"]["t"]["state"].tolist() == [2.0, 7.0, 1.0, 4.0]  # key 9: mean of 3 and 5
+    assert merged["sparse"]["u"]["keys"].tolist() == [3]
+    state = merged["dense_optimizer"]["state"][0]
+    assert state["step"].item() == 5.0 and state["exp_avg"].tolist() == [2.0, 4.0]
+    assert merged["dense_optimizer"]["param_groups"] == a["dense_optimizer"]["param_groups"]

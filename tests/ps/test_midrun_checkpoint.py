@@ -7,7 +7,8 @@
   deltas, it equals the checkpoint of a run stopped at step 30 (drained by its end) to 1e-6;
 - `python -m recps.train ps=async ps.checkpoint_every_steps=...` with checkpoint.dir on the real
   HDFS commits step-N/ checkpoints there; recps.evaluate reads one; a resume from it (2 workers)
-  ends within 0.005 AUC of the uninterrupted run; the same for geo on file://;
+  ends within 0.005 AUC of the uninterrupted run; the same for geo on file://, onto 2 workers
+  (each its own state) and onto 1 (the two workers' states merged);
 - a checkpoint folder holding a committed step-N/ is refused before any process starts.
 """
 
@@ -16,7 +17,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -54,32 +54,8 @@ class LiveEqualsCheckpoint(TrainObserver):
         self.checked.append(steps)
 
 
-def train_in_process(overrides: list[str], out_dir: Path, observers=()) -> dict:
-    """Server 0 on a thread and worker 0 here, as the processes of `cluster=local` run them."""
-    from recps.cluster import run_role
-    from recps.launch import free_port
-    from recps.ps.roles import UserDefinedRoleMaker
-
-    cfg = compose_config([*SMALL, "cluster.workers=1", *overrides])
-    address, token = f"127.0.0.1:{free_port()}", "midrun"
-    server, worker = (UserDefinedRoleMaker(kind, 0, 1, 1, coordinator=address, token=token).role()
-                      for kind in ("server", "worker"))
-    errors: list[BaseException] = []
-
-    def serve() -> None:
-        try:
-            run_role(cfg, server, out_dir)
-        except BaseException as exc:  # noqa: BLE001 - surfaced below
-            errors.append(exc)
-
-    thread = threading.Thread(target=serve, name="server0", daemon=True)
-    thread.start()
-    try:
-        metrics = run_role(cfg, worker, out_dir, observers=list(observers))
-    finally:
-        thread.join(TIMEOUT_S)
-    assert not thread.is_alive() and not errors, errors
-    return metrics
+def small(overrides: list[str]):
+    return compose_config([*SMALL, "cluster.workers=1", *overrides])
 
 
 @pytest.fixture
@@ -96,11 +72,11 @@ def queued_at_flush(monkeypatch) -> list[int]:
     return seen
 
 
-def test_async_checkpoint_mid_run_is_the_drained_servers(tmp_path, queued_at_flush):
+def test_async_checkpoint_mid_run_is_the_drained_servers(tmp_path, queued_at_flush, in_process_cluster):
     check = LiveEqualsCheckpoint()
-    metrics = train_in_process(["ps=async", "trainer.threads=2", "ps.min_merge=4", "ps.merge_threshold=4",
-                                "ps.checkpoint_every_steps=30", f"dataset.dir={tmp_path / 'data'}"],
-                               tmp_path / "run", observers=[check])
+    metrics = in_process_cluster(small(["ps=async", "trainer.threads=2", "ps.min_merge=4", "ps.merge_threshold=4",
+                                        "ps.checkpoint_every_steps=30", f"dataset.dir={tmp_path / 'data'}"]),
+                                 tmp_path / "run", token="midrun", observers=[check])
     folders = [r["folder"] for r in metrics["checkpoints"]]
     due = list(range(30, metrics["train_steps"], 30))  # the last one before the end (its own checkpoint)
     assert len(due) >= 3 and check.checked == due
@@ -112,13 +88,14 @@ def test_async_checkpoint_mid_run_is_the_drained_servers(tmp_path, queued_at_flu
         assert sum(n for _, n in manifest["progress"]["workers"][0]["positions"]) == manifest["progress"]["steps"]
 
 
-def test_geo_checkpoint_mid_run_holds_the_unsynced_deltas(tmp_path):
+def test_geo_checkpoint_mid_run_holds_the_unsynced_deltas(tmp_path, in_process_cluster):
     """k_steps=7: at step 30 the last sync was at step 28; the checkpoint equals a run stopped at 30."""
     geo = ["ps=geo", "trainer.threads=1", "ps.k_steps=7", "ps.background_sync=false", f"dataset.dir={tmp_path / 'data'}",
            "optimizer=sgd", "ps.table.optimizer.name=sgd"]
     check = LiveEqualsCheckpoint()
-    train_in_process([*geo, "ps.checkpoint_every_steps=30", "trainer.max_steps=40"], tmp_path / "long", [check])
-    train_in_process([*geo, "trainer.max_steps=30"], tmp_path / "short")
+    in_process_cluster(small([*geo, "ps.checkpoint_every_steps=30", "trainer.max_steps=40"]), tmp_path / "long",
+                       token="midrun", observers=[check])
+    in_process_cluster(small([*geo, "trainer.max_steps=30"]), tmp_path / "short", token="midrun")
     assert check.checked == [30]
     mid = read_ps_checkpoint(str(tmp_path / "long" / "checkpoint" / "step-30"))
     end = read_ps_checkpoint(str(tmp_path / "short" / "checkpoint"))
@@ -172,17 +149,22 @@ def test_geo_resume_from_a_mid_run_checkpoint(tmp_path_factory):
     resumed = cli_auc(tmp_path_factory.mktemp("geo-resumed"), *common,
                       f"trainer.resume={first / 'checkpoint' / 'step-150'}")
     assert abs(resumed["auc"] - straight["auc"]) <= 0.005, (resumed["auc"], straight["auc"])
+    # Onto 1 worker: it starts from both workers' replica and optimizer state, merged.
+    one_worker = [o for o in common if not o.startswith("cluster.workers=")] + ["cluster.workers=1"]
+    alone = cli_auc(tmp_path_factory.mktemp("geo-resumed-alone"), *one_worker,
+                    f"trainer.resume={first / 'checkpoint' / 'step-150'}")
+    assert abs(alone["auc"] - straight["auc"]) <= 0.005, (alone["auc"], straight["auc"])
 
 
 def test_a_committed_step_checkpoint_is_never_overwritten(tmp_path):
-    from recps.cluster import _check_storage
+    from recps.cluster import run_distributed
 
     step = tmp_path / "checkpoint" / "step-100"
     step.mkdir(parents=True)
     (step / "manifest.json").write_text("{}")
     cfg = compose_config([*SMALL, "ps=async", "ps.checkpoint_every_steps=100"])
     with pytest.raises(ConfigError, match="step-100/manifest.json.*none is ever overwritten"):
-        _check_storage(cfg, tmp_path)
+        run_distributed(cfg, tmp_path)  # refused before any process starts
 
 
 def test_both_checkpoint_intervals_are_refused():

@@ -74,6 +74,7 @@ __all__ = ["PSServer", "HostedTable", "ServerHalf", "ServerHalfFactory", "SPEC_F
 logger = logging.getLogger(__name__)
 
 SPEC_FILE = "spec.json"  # written next to a table's shard folders by server 0
+SAVE_RETRIES = 3  # more attempts of a table's save that failed transiently (recps.fs.retry_transient)
 
 
 class HostedTable:
@@ -374,7 +375,11 @@ class PSServer:
                 calls.append(dense)
                 names.append(table.name)
         # Tables are written at once: on HDFS each file's close is a fixed wait (rfs.concurrently).
-        result = {n: r for n, r in zip(names, rfs.concurrently(calls)) if n is not None}
+        # A save that failed transiently (HDFS: NotReplicatedYet, a DataNode slow to report a
+        # block) left nothing behind and changed nothing: it is done again, a bounded number of times.
+        what = f"server {self.index}: save to {path}"
+        result = {n: r for n, r in zip(names, rfs.concurrently(
+            [lambda c=c: rfs.retry_transient(c, what, SAVE_RETRIES) for c in calls])) if n is not None}
         logger.info("server %d: saved %s (%s) to %s", self.index, sorted(result), mode, path)
         return [], {"result": json.dumps(result)}
 

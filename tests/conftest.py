@@ -19,6 +19,7 @@ _HDFS_SCRIPTS = Path(__file__).resolve().parent / "hdfs"
 # one-time jar download; this bound stays under the suite's 600 s pytest-timeout.
 _START_TIMEOUT_S = 570
 _STOP_TIMEOUT_S = 60
+_ADMIN_TIMEOUT_S = 60
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +39,17 @@ class HdfsCluster:
     @property
     def webhdfs_url(self) -> str:
         return f"webhdfs://{self.host}:{self.http_port}"
+
+    def admin(self, *args: str) -> str:
+        """`hdfs dfsadmin ARGS` (Hadoop's DFSAdmin on the cluster's classpath): -safemode enter,
+        -setSpaceQuota 2m /path, ...; returns its output, fails the test on an error exit."""
+        proc = subprocess.run([self.info["java"], "-Xmx128m", "-cp", self.info["classpath"],
+                               "org.apache.hadoop.hdfs.tools.DFSAdmin", "-fs", self.url, *args],
+                              capture_output=True, text=True, timeout=_ADMIN_TIMEOUT_S, check=False)
+        if proc.returncode != 0:
+            pytest.fail(f"dfsadmin {' '.join(args)} failed (exit {proc.returncode}): {proc.stderr[-2000:]}",
+                        pytrace=False)
+        return proc.stdout
 
 
 def _stop(work_dir: Path) -> subprocess.CompletedProcess:

@@ -269,14 +269,15 @@ EOF
 done
 STARTUP=$("$PY" -c "import time; print(round(time.time() - $T0, 1))")
 
-"$PY" - "$WORK" "$H" "$RPC" "$NN_HTTP" "$NN_PID" "$DN_PID" "$STARTUP" "$JAVA" <<'EOF'
+"$PY" - "$WORK" "$H" "$RPC" "$NN_HTTP" "$NN_PID" "$DN_PID" "$STARTUP" "$JAVA" "$CP" <<'EOF'
 import json, os, sys
-work, host, rpc, http, nn, dn, startup, java = sys.argv[1:]
+work, host, rpc, http, nn, dn, startup, java, classpath = sys.argv[1:]
 info = {
     "host": host, "rpc_port": int(rpc), "http_port": int(http),
     "url": "hdfs://%s:%s" % (host, rpc), "webhdfs_url": "webhdfs://%s:%s" % (host, http),
     "namenode_pid": int(nn), "datanode_pid": int(dn), "startup_s": float(startup),
     "work_dir": work, "java": java, "hadoop_version": "2.7.3",
+    "classpath": classpath,  # the JVMs' (conf first): for Hadoop's own tools, e.g. DFSAdmin
     "logs": {"namenode": work + "/logs/namenode.log", "datanode": work + "/logs/datanode.log",
              "format": work + "/logs/format.log"},
 }

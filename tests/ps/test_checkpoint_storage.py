@@ -114,3 +114,47 @@ def test_a_corrupt_shard_on_hdfs_is_refused_naming_the_file(hdfs):
     with cluster(1) as (_, client):
         with pytest.raises(Exception, match="checksum mismatch in .*shard-00001-of-00002/values.bin"):
             client.load(url)
+
+
+def _leftovers(fs, path: str) -> list[str]:
+    """Temporaries (.shard-...tmp-..., .name.tmp-...) anywhere under `path`."""
+    return [p for p in fs.find(path, withdirs=True) if ".tmp-" in p.rsplit("/", 1)[-1]]
+
+
+def test_a_full_hdfs_fails_the_save_naming_the_quota_and_keeps_the_saved_checkpoint(hdfs):
+    """A space quota stands in for a full cluster: the save fails with the NameNode's reason (which
+    names the folder and the quota), leaves no temporary, and the checkpoint saved before still loads."""
+    from recps import fs as rfs
+
+    root = f"/recps-tests/{uuid.uuid4().hex}"
+    fs, _ = rfs.resolve(hdfs.url + root)
+    fs.makedirs(root, exist_ok=True)
+    with cluster(2) as (servers, client):
+        trained(client)
+        before = snapshot(servers)
+        client.save(f"{hdfs.url}{root}/first", tables=["emb", "dense"])
+        hdfs.admin("-setSpaceQuota", str(fs.du(root) + 2**19), root)  # not one more 1 MiB block
+        try:
+            with pytest.raises(Exception, match=rf"DSQuotaExceededException: The DiskSpace quota of {root} is exceeded"):
+                client.save(f"{hdfs.url}{root}/second", tables=["emb", "dense"])
+        finally:
+            hdfs.admin("-clrSpaceQuota", root)
+    assert _leftovers(fs, root) == []
+    with cluster(1) as (servers, client):
+        client.load(f"{hdfs.url}{root}/first")
+        assert snapshot(servers).keys() == before.keys()
+
+
+def test_hdfs_in_safe_mode_fails_the_save_after_its_retries_naming_it(hdfs):
+    """A NameNode refusing writes (safe mode): transient, so each table's save is tried again
+    (recps.ps.node.server.SAVE_RETRIES), then the save fails with the NameNode's reason."""
+    url = f"{hdfs.url}/recps-tests/{uuid.uuid4().hex}/ckpt"
+    with cluster(2) as (_, client):
+        trained(client)
+        hdfs.admin("-safemode", "enter")
+        try:
+            with pytest.raises(Exception, match=r"SafeModeException: .*safe mode"):
+                client.save(url, tables=["emb"])
+        finally:
+            hdfs.admin("-safemode", "leave")
+        client.save(url, tables=["emb"])  # the same save once the NameNode takes writes again

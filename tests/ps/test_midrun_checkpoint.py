@@ -173,3 +173,18 @@ def test_both_checkpoint_intervals_are_refused():
     cfg = compose_config(["ps=sync", "ps.checkpoint_every_steps=10", "ps.checkpoint_every_seconds=60"])
     with pytest.raises(ConfigError, match="both set; give one of them"):
         ps_mode(cfg)
+
+
+def test_an_unreachable_checkpoint_dir_is_refused_before_any_process_starts(tmp_path):
+    import time
+
+    from recps.cluster import run_distributed
+    from recps.launch import free_port
+
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens there
+    cfg = compose_config([*SMALL, "ps=async", f"checkpoint.dir=hdfs://{dead}/ckpt", f"dataset.dir={tmp_path}"])
+    start = time.monotonic()
+    with pytest.raises(OSError, match=rf"hdfs://{dead}.*is the NameNode up at {dead}"):
+        run_distributed(cfg, tmp_path / "run")
+    assert time.monotonic() - start < 30
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())

@@ -1027,6 +1027,11 @@ def true_probs(columns: Any, info: GeneratorInfo) -> np.ndarray:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--stream" in argv:  # a drifting, time-partitioned stream: its own flags
+        from recps.data import synthetic_stream  # it imports this module
+
+        return synthetic_stream.main([a for a in argv if a != "--stream"])
     parser = argparse.ArgumentParser(
         prog="python -m recps.data.synthetic",
         description="Write Criteo-like click data with a planted logistic truth; prints the "
@@ -1046,6 +1051,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="if > 0, --out is a folder receiving train.* and test.* (an independent stream)",
     )
     parser.add_argument("--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS)
+    parser.add_argument(
+        "--stream", action="store_true",
+        help="write a drifting time-partitioned stream instead (recps.data.synthetic_stream; "
+        "see --stream --help for its flags: --days, --hours, --split-interval, --drift, ...)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     world = dict(

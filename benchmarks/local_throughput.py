@@ -13,7 +13,6 @@ import argparse
 import json
 import logging
 import platform
-import tempfile
 import time
 
 import torch

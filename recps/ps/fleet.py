@@ -274,7 +274,8 @@ class Fleet:
                 # geo: the servers only add deltas; the rule is the replica's.
                 t = mode.table
                 self.client.create_sparse_table(table, dim, optimizer=t.optimizer, initializer=t.initializer(),
-                                                seed=t.seed, capacity=t.capacity, mode=mode.name)
+                                                accessor=t.accessor, entry=t.entry, seed=t.seed,
+                                                capacity=t.capacity, mode=mode.name)
         opt = self._optimizer
         if opt is not None:
             self.client.create_dense_table(DENSE_TABLE, {n: p.detach() for n, p in opt.named_params().items()},

@@ -34,6 +34,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -268,12 +269,20 @@ class TableConfig:
         capacity: expected rows of the table over all servers (0: grow as keys come; reserving
             them spares the key index's re-hashing as the table grows).
         seed: of the initial values.
+        accessor: None (no statistics), or CtrAccessor fields (Paddle's CTR accessor: nonclk_coeff,
+            click_coeff, base_threshold, delta_threshold, show_click_decay_rate,
+            delete_threshold, delete_after_unseen_days; `{}` takes its defaults): each row keeps
+            show / click / score statistics that shrink, delta and base saves select by.
+        entry: None (every key gets a row), {"name": "count_filter", "count": N} (a row after N
+            sightings) or {"name": "probability", "probability": p} (admitted with probability p).
     """
 
     optimizer: Mapping = field(default_factory=_default_table_optimizer)
     init_std: float = 0.01
     capacity: int = 0
     seed: int = 0
+    accessor: Any = None
+    entry: Any = None
 
     def __post_init__(self) -> None:
         self.optimizer = dict(self.optimizer)
@@ -284,6 +293,10 @@ class TableConfig:
         if not (isinstance(self.init_std, (int, float)) and self.init_std >= 0):
             raise ConfigError(f"ps.table.init_std={self.init_std!r}; it must be a number >= 0")
         _optimizer(self.optimizer, "ps.table")  # a bad rule fails here, before a server sees it
+        # Bad accessor or entry fields fail here too; kept as plain dicts (they travel in specs).
+        self.accessor = _dataclass_dict(None if self.accessor is None else dict(self.accessor), CtrAccessor,
+                                        "ps.table", "accessor")
+        self.entry = _entry(None if self.entry is None else dict(self.entry), "ps.table")
 
     def initializer(self) -> dict:
         bound = self.init_std * 3**0.5  # U(-b, b) has std b/sqrt(3): the same rows as ps=local's init_std
@@ -291,8 +304,8 @@ class TableConfig:
 
     def spec(self, dim: int, mode: str, where: str = "sparse table") -> dict:
         """The sparse spec of a table of width `dim` trained by `mode`."""
-        return sparse_spec(dim, self.optimizer, self.initializer(), seed=self.seed, capacity=self.capacity,
-                           mode=mode, where=where)
+        return sparse_spec(dim, self.optimizer, self.initializer(), accessor=self.accessor, entry=self.entry,
+                           seed=self.seed, capacity=self.capacity, mode=mode, where=where)
 
 
 class DenseLayout:

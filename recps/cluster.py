@@ -43,7 +43,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from recps.errors import ConfigError, RecpsError
 
-__all__ = ["run_distributed", "run_role", "environment_role", "ps_mode", "child_command", "PS_MODES"]
+__all__ = ["run_distributed", "run_role", "environment_role", "ps_mode", "child_command", "PS_MODES", "fleet_for",
+           "on_this_machine", "ProgressLog", "write_progress", "read_progress", "load_worker_state", "STATS_TABLE"]
 
 log = logging.getLogger("recps.cluster")
 
@@ -110,17 +111,27 @@ def _check(cfg: DictConfig) -> None:
                           "group; their metrics merge through the servers: use metrics.merge=auto (or ps)")
 
 
-def run_distributed(cfg: DictConfig, out_dir: Path) -> dict[str, Any] | None:
-    """Launch a local cluster, or act as this process's role; see the module docstring."""
+def run_distributed(cfg: DictConfig, out_dir: Path, *, work=None, before_launch=None) -> dict[str, Any] | None:
+    """Launch a local cluster, or act as this process's role; see the module docstring.
+
+    `work(cfg, role, out_dir, data=, observers=)`: what a worker does (default: train on the data
+    set once, `_work`; recps.stream gives its pass loop). `before_launch(cfg, mode, out_dir)`: the
+    checks and preparations the launcher makes before any process starts (default: the storage
+    checks and the data set's generation)."""
     _check(cfg)
     mode = ps_mode(cfg)  # a bad mode knob fails here, before any process starts
     role = environment_role(cfg)
     if role is None:
-        _check_storage(cfg, mode, Path(out_dir))
+        (before_launch or _before_launch)(cfg, mode, Path(out_dir))
         return _launch_local(cfg, Path(out_dir))
     _role_logging(role)
-    run_role(cfg, role, Path(out_dir))
+    run_role(cfg, role, Path(out_dir), work=work)
     return None
+
+
+def _before_launch(cfg: DictConfig, mode, out_dir: Path) -> None:
+    _check_storage(cfg, mode, out_dir)
+    _generate_data(cfg)
 
 
 def _check_storage(cfg: DictConfig, mode, out_dir: Path) -> None:
@@ -144,18 +155,18 @@ def _check_storage(cfg: DictConfig, mode, out_dir: Path) -> None:
                           "none is ever overwritten: give another checkpoint.dir or hydra.run.dir (or move it away)")
 
 
-def run_role(cfg: DictConfig, role, out_dir: Path, *, data=None, observers: Sequence = ()) -> dict[str, Any] | None:
+def run_role(cfg: DictConfig, role, out_dir: Path, *, data=None, observers: Sequence = (), work=None) -> dict[str, Any] | None:
     """Be `role` of a running cluster in this thread: a server serves until a worker stops it
     (returns None); a worker trains, and worker 0 returns the metrics it wrote (the others None).
 
     In-process clusters (tests) run each role in a thread of one process; `data` (the
     PreparedData of cfg.dataset) spares reading the data set again, `observers`
-    (recps.trainer.TrainObserver) join the worker's training threads."""
+    (recps.trainer.TrainObserver) join the worker's training threads; `work`: as run_distributed's."""
     _check(cfg)
     if role.is_server:
         _serve(cfg, role, Path(out_dir))
         return None
-    return _work(cfg, role, Path(out_dir), data=data, observers=observers)
+    return (work or _work)(cfg, role, Path(out_dir), data=data, observers=observers)
 
 
 # ---------------------------------------------------------------------------------- the launcher
@@ -225,7 +236,6 @@ def _launch_local(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     from recps.launch import launch
 
     c = cfg.cluster
-    _generate_data(cfg)
     out_dir.mkdir(parents=True, exist_ok=True)
     metrics_file = out_dir / "metrics.json"
     metrics_file.unlink(missing_ok=True)
@@ -253,7 +263,7 @@ def _launch_local(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
 # -------------------------------------------------------------------------------------- servers
 
 
-def _fleet(cfg: DictConfig, role):
+def fleet_for(cfg: DictConfig, role):
     from recps.ps.fleet import Fleet
 
     c = cfg.cluster
@@ -270,7 +280,7 @@ def _fleet(cfg: DictConfig, role):
 def _crowded(cfg: DictConfig, role) -> bool:
     """Whether this machine's servers and training threads outnumber its cores (local launches only)."""
     busy = role.num_servers + role.num_workers * int(cfg.trainer.threads)
-    return _on_this_machine(role) and busy > (os.cpu_count() or 1)
+    return on_this_machine(role) and busy > (os.cpu_count() or 1)
 
 
 def _serve(cfg: DictConfig, role, out_dir: Path) -> None:
@@ -287,15 +297,15 @@ def _serve(cfg: DictConfig, role, out_dir: Path) -> None:
         threads = 1
     if threads is not None:
         torch.set_num_threads(int(threads))
-    with _fleet(cfg, role) as fleet:
+    with fleet_for(cfg, role) as fleet:
         fleet.init_server()  # start-up work (loads the tables' compiled loops), like the imports:
         cpu = time.process_time()  # before the CPU clock starts
         fleet.run_server()
-    if _on_this_machine(role):  # the launcher adds it to metrics.json (benchmarks: examples per CPU-second)
+    if on_this_machine(role):  # the launcher adds it to metrics.json (benchmarks: examples per CPU-second)
         (out_dir / f"{role.name}.cpu.json").write_text(json.dumps({"cpu_seconds": time.process_time() - cpu}))
 
 
-def _on_this_machine(role) -> bool:
+def on_this_machine(role) -> bool:
     from recps.ps.roles import ROLE_ENV
 
     return bool(os.environ.get(ROLE_ENV)) and role.coordinator.startswith(("127.", "localhost", "[::1]"))
@@ -304,7 +314,7 @@ def _on_this_machine(role) -> bool:
 # -------------------------------------------------------------------------------------- workers
 
 
-class _Progress:
+class ProgressLog:
     """A log line every few seconds from worker 0 (a tqdm bar does not survive line forwarding)."""
 
     def __init__(self, batch_size: int, threads: int) -> None:
@@ -339,7 +349,7 @@ def _work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence =
     threads, batch_size = int(cfg.trainer.threads), int(cfg.trainer.batch_size)
     epochs, max_steps = int(cfg.trainer.epochs), int(cfg.trainer.max_steps)
     source = WorkerShards(job.data.train, role.index, role.num_workers)
-    if _on_this_machine(role):  # W workers share this machine's cores: no oversubscribed OpenMP pools
+    if on_this_machine(role):  # W workers share this machine's cores: no oversubscribed OpenMP pools
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // role.num_workers))
     resume = _resume_point(cfg, job, role, threads, batch_size) if cfg.trainer.resume else None
     first_epoch, skip = (resume["epoch"], resume["skip"]) if resume else (0, None)
@@ -353,16 +363,16 @@ def _work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence =
             done = skip[0] if skip else 0
             per_thread, epochs, max_steps = min(per_thread, done + max(1, max_steps // threads)), 1, -1
 
-    with _fleet(cfg, role) as fleet:
+    with fleet_for(cfg, role) as fleet:
         fleet.add_collection(job.collection)
         dist = fleet.distributed_optimizer(job.optimizer, strategy)
         fleet.init_worker(load_from=resume["folder"] if resume else None)
         if resume and resume["state_files"]:
-            _load_worker_state(resume["folder"], resume["manifest"], resume["state_files"], fleet)
+            load_worker_state(resume["folder"], resume["manifest"], resume["state_files"], fleet)
         job.trainer.updater = dist.updater
         job.trainer.prefetch = strategy.mode.prefetches
         fleet.client.create_dense_table(STATS_TABLE, 4, mode="geo")  # GEO's server half adds what arrives
-        job.trainer.on_step = _Progress(batch_size, threads) if role.index == 0 else None
+        job.trainer.on_step = ProgressLog(batch_size, threads) if role.index == 0 else None
         tables = [*job.collection.table_dims(), DENSE_TABLE]  # named: the servers hold other tables too
         pauses = None
         if strategy.mode.checkpoint_every_steps or strategy.mode.checkpoint_every_seconds:
@@ -386,7 +396,7 @@ def _work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence =
                  stats.examples_per_sec)
         ckpt = checkpoint_dir(cfg, out_dir)
         if cfg.checkpoint.save:  # where every thread stopped, for a resume
-            _write_progress(ckpt, role, job.steps_done + stats.steps, stats.positions, fleet)
+            write_progress(ckpt, role, job.steps_done + stats.steps, stats.positions, fleet)
         fleet.barrier("recps.trained")
         if role.index != 0:
             return None
@@ -412,7 +422,7 @@ def _work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence =
         if pauses is not None:
             metrics["checkpoints"] = pauses.records
         if cfg.checkpoint.save:
-            progress = _read_progress(ckpt, role.num_workers)
+            progress = read_progress(ckpt, role.num_workers)
             commit_ps_checkpoint(ckpt, tables, cfg, {"steps": job.steps_done + stats.steps, "workers": progress},
                                  save=lambda: fleet.client.save(ckpt, mode="full", tables=tables,
                                                                 timeout=max(strategy.mode.timeout_s, 600.0)))
@@ -427,7 +437,7 @@ _PROGRESS = "progress"
 _WORKER_STATE = "workers"
 
 
-def _write_progress(ckpt: str, role, steps: int, positions, fleet) -> None:
+def write_progress(ckpt: str, role, steps: int, positions, fleet) -> None:
     """<checkpoint>/progress/worker-XXXXX.json: this worker's steps and each thread's (epoch, batches);
     and what only the worker holds (Fleet.worker_state: geo's replica and dense optimizer state) in
     <checkpoint>/workers/worker-XXXXX.pt, named by the progress record ("state_file"), so the
@@ -453,7 +463,7 @@ def _write_progress(ckpt: str, role, steps: int, positions, fleet) -> None:
     rfs.concurrently(writes)
 
 
-def _load_worker_state(folder: str, manifest: dict, state_files: Sequence[str], fleet) -> None:
+def load_worker_state(folder: str, manifest: dict, state_files: Sequence[str], fleet) -> None:
     """The workers' state files of a checkpoint (each checked against the manifest) into the fleet:
     this worker's own on a resume onto as many workers, else all of them merged
     (recps.ps.fleet.merge_worker_states)."""
@@ -469,7 +479,7 @@ def _load_worker_state(folder: str, manifest: dict, state_files: Sequence[str], 
     fleet.load_worker_state(states[0] if len(states) == 1 else merge_worker_states(states))
 
 
-def _read_progress(ckpt: str, num_workers: int) -> list[dict]:
+def read_progress(ckpt: str, num_workers: int) -> list[dict]:
     from recps import fs as rfs
 
     return [json.loads(rfs.read_bytes(rfs.join(ckpt, _PROGRESS, f"worker-{w:05d}.json")))
@@ -552,7 +562,7 @@ class CheckpointPauses:
         folder = rfs.join(self.root, f"step-{total}")
         fleet.flush()  # drained: everything this worker pushed is applied (geo: its deltas added)
         if saving:
-            _write_progress(folder, role, self.job.steps_done + steps, positions, fleet)
+            write_progress(folder, role, self.job.steps_done + steps, positions, fleet)
         fleet.barrier(f"recps.checkpoint.{self.meetings}", timeout=self.timeout_s)  # every worker drained
         save_s = 0.0
         if role.index == 0:
@@ -561,7 +571,7 @@ class CheckpointPauses:
                     raise ConfigError(f"{folder} holds a committed checkpoint ({folder}/manifest.json); it is never "
                                       "overwritten: give another checkpoint.dir or hydra.run.dir (or move it away)")
                 t = time.perf_counter()
-                progress = _read_progress(folder, role.num_workers)
+                progress = read_progress(folder, role.num_workers)
                 commit_ps_checkpoint(folder, self.tables, self.cfg,
                                      {"steps": self.job.steps_done + steps, "workers": progress},
                                      save=lambda: client.save(folder, mode="full", tables=self.tables,
@@ -600,7 +610,7 @@ def _resume_point(cfg: DictConfig, job, role, threads: int, batch_size: int) -> 
     from recps.ps.fleet import DENSE_TABLE
 
     _, folder = find_checkpoint(str(cfg.trainer.resume))
-    # Each worker reads the state files it takes (_load_worker_state), not all of them.
+    # Each worker reads the state files it takes (load_worker_state), not all of them.
     manifest = verify_ps_checkpoint(folder, needed=[*job.collection.table_dims(), DENSE_TABLE], worker_states=False)
     if manifest["model_target"] != str(cfg.model._target_):
         raise ConfigError(f"trainer.resume: {folder} holds a {manifest['model_target']} but model={cfg.model._target_}; "

@@ -40,7 +40,13 @@ def main(cfg: DictConfig) -> float:
     from recps.run import run_training  # heavy imports only once a job really runs
 
     out_dir = Path(HydraConfig.get().runtime.output_dir)
-    if cfg.ps.name == "local":
+    if cfg.get("stream") is not None and cfg.stream.get("enabled"):
+        from recps.stream import run_stream
+
+        metrics = run_stream(cfg, out_dir)
+        if metrics is None:
+            return float("nan")
+    elif cfg.ps.name == "local":
         metrics = run_training(cfg, out_dir)
     else:
         from recps.cluster import run_distributed

@@ -66,7 +66,7 @@ from recps.data.hashing import hash_strings
 from recps.data.schema import Schema
 from recps.errors import ConfigError, DataError
 
-__all__ = ["Examples", "TabularReader", "TensorBatches", "ReaderStats", "load_tensors", "expand_paths"]
+__all__ = ["Examples", "TabularReader", "TensorBatches", "ReaderStats", "load_tensors", "empty_examples", "expand_paths"]
 
 log = logging.getLogger(__name__)
 
@@ -1068,9 +1068,12 @@ def load_tensors(
     reader = TabularReader(paths, schema, batch_size=1, shard_index=shard_index, num_shards=num_shards,
                            error_budget=error_budget, threads=threads)
     parts = [part.row_major() for part in reader.chunks()]
-    if not parts:
-        s = schema
-        return Examples(s.feature_names, torch.zeros(0, len(s.dense)), torch.zeros(0, len(s.sparse), dtype=torch.int64),
-                        torch.zeros(0, len(s.labels)), tuple(torch.zeros(0, dtype=torch.int64) for _ in s.sequence),
-                        tuple(torch.zeros(0, dtype=torch.int64) for _ in s.sequence))
-    return Examples.cat(parts)
+    return Examples.cat(parts) if parts else empty_examples(schema)
+
+
+def empty_examples(schema: Schema) -> Examples:
+    """No rows, in `schema`'s columns (a stream job's data before its first pass)."""
+    s = schema
+    return Examples(s.feature_names, torch.zeros(0, len(s.dense)), torch.zeros(0, len(s.sparse), dtype=torch.int64),
+                    torch.zeros(0, len(s.labels)), tuple(torch.zeros(0, dtype=torch.int64) for _ in s.sequence),
+                    tuple(torch.zeros(0, dtype=torch.int64) for _ in s.sequence))

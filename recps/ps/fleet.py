@@ -333,6 +333,28 @@ class Fleet:
             collection.bind(reader)
         self._pull_dense_params()
 
+    @contextlib.contextmanager
+    def reading_servers(self):
+        """For the block, the model reads what the servers hold (as `read_servers`: nothing is
+        created, pushed or counted as a sighting), then trains on as before: the collections get
+        their communicators back and the dense parameters this worker's own values (geo keeps a
+        local dense replica). For an evaluation between passes, after `barrier`: every worker's
+        updates are in."""
+        if self.client is None:
+            raise PSError("reading_servers: call init_worker() first")
+        bound = [(collection, collection.communicator) for collection, _ in self._collections]
+        own = [p.detach().clone() for p in self._optimizer.params] if self._optimizer is not None else []
+        try:
+            self.read_servers()
+            yield
+        finally:
+            for collection, communicator in bound:
+                collection.bind(communicator)
+            if own:
+                with torch.no_grad():
+                    for p, value in zip(self._optimizer.params, own):
+                        p.copy_(value)
+
     def _pull_dense_params(self) -> None:
         """The servers' dense values into the distributed optimizer's parameters (if there is one)."""
         if self._optimizer is not None:

@@ -1,0 +1,11 @@
+"""Streaming incremental training: Paddle's online trainer's pass loop over time-partitioned data.
+
+`stream=hourly` (conf/stream/hourly.yaml): recps.stream.plan (days, passes, what each saves),
+recps.stream.source (waiting for splits, this worker's share), recps.stream.donefile (Paddle's
+donefiles, committed atomically), recps.stream.worker (the loop, exactly-once restarts).
+"""
+
+from recps.stream.plan import Pass, StreamConfig, StreamPlan
+from recps.stream.worker import resume_point, run_stream, stream_work
+
+__all__ = ["Pass", "StreamConfig", "StreamPlan", "resume_point", "run_stream", "stream_work"]

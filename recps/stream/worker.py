@@ -1,0 +1,521 @@
+"""The stream job: `python -m recps.train stream=hourly stream.root=URL stream.out=URL ps=async ...`.
+
+The launcher (recps.cluster) starts the servers and workers as for a batch job; each worker runs
+the pass loop below instead of one fit over the data set. Every worker walks the same passes in
+the same order (recps.stream.plan), in Paddle's online trainer's order:
+
+    wait for the pass's splits (their data donefiles; bounded)
+    read this worker's share of the pass's files (async/geo: its files; sync: its rows)
+    evaluate the current model on the pass first (what the servers hold; global metrics merged
+        over the workers: worker 0 appends them to <run dir>/stream_metrics.jsonl, TensorBoard)
+    train one epoch on it
+    drain (every push applied), barrier; worker 0 saves, the others wait at a second barrier:
+        a delta (mode 1) <out>/<day>/delta-<pass>/, committed (manifest) but not yet published
+        a checkpoint (mode 0) <out>/<day>/<pass>/, committed, then its donefile.txt record
+        the delta's patch_donefile.txt record
+    at the day's end: shrink, a base (mode 2) <out>/<day+1>/base/ and its base_donefile.txt
+        record, a batch model (mode 3) <out>/<day+1>/0/ and its donefile.txt record (pass -1)
+
+Restarts (the same command, any number of servers) are exactly once (`resume_point`): the job
+loads the last recorded checkpoint and continues with the pass after it. Its delta, committed
+before it, is published now if the crash came between the two; a day end cut short is done
+again from that pass's state (what it had already published is saved again aside, into a
+scratch folder that is then removed, only so that the statistics it resets and ages are the
+same: published records are never written twice). A pass after the last checkpoint was never
+published, so training it again publishes it once. A checkpoint committed without its record
+(a crash between the two) is taken as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+from recps import fs as rfs
+from recps.errors import ConfigError
+from recps.stream.donefile import BASE_DONEFILE, DAY_MODEL_PASS, PATCH_DONEFILE, Donefiles, ModelRecord
+from recps.stream.plan import Pass, StreamConfig, StreamPlan, next_day
+
+__all__ = ["run_stream", "stream_work", "resume_point", "Resume", "enabled"]
+
+log = logging.getLogger("recps.stream")
+
+METRICS_FILE = "stream_metrics.jsonl"
+_EVAL_DEFAULT = ("auc", "logloss", "actual_ctr", "predicted_ctr", "copc")
+
+
+def enabled(cfg: DictConfig) -> bool:
+    node = cfg.get("stream")
+    return node is not None and bool(node.get("enabled", False))
+
+
+def stream_config(cfg: DictConfig) -> StreamConfig:
+    node = OmegaConf.to_container(cfg.stream, resolve=True)
+    return StreamConfig.from_config(node)
+
+
+def run_stream(cfg: DictConfig, out_dir: Path) -> dict[str, Any] | None:
+    """recps.train's entry with stream.enabled: launch the cluster, or be one of its processes."""
+    from recps.cluster import run_distributed
+
+    if cfg.ps.name not in ("sync", "async", "geo"):
+        raise ConfigError(f"stream=hourly trains on the parameter server; ps={cfg.ps.name!r}: use ps=sync, async or geo")
+    config = stream_config(cfg)  # a bad stream key fails here, in the launcher, before any process starts
+    return run_distributed(cfg, out_dir, work=stream_work, before_launch=lambda c, mode, d: _check_out(c, config))
+
+
+def _check_out(cfg: DictConfig, config: StreamConfig) -> None:
+    """Before any process starts: the donefiles parse, the resume point is consistent, the root is there."""
+    if cfg.ps.table.get("accessor") is None:
+        raise ConfigError("stream=hourly needs the tables' CTR accessor (shows, clicks, scores: what deltas, bases "
+                          "and shrink select by); ps.table.accessor is null: drop that override (stream=hourly "
+                          "sets it) or give ps.table.accessor={...}")
+    resume = resume_point(config)
+    if not config.follow and not rfs.exists(config.root):
+        raise ConfigError(f"stream.root={config.root} does not exist; give the folder holding the <YYYYMMDD>/ day "
+                          "folders, or stream.follow=true to wait for it")
+    where = f"pass {resume.next.name}" if resume.next else "nothing (every pass is committed)"
+    log.info("stream %s -> %s: %s; starts at %s", config.root, config.out,
+             f"resumes {resume.folder}" if resume.folder else "a fresh start", where)
+
+
+# -------------------------------------------------------------------------------- the resume point
+
+
+@dataclass
+class Resume:
+    """Where a job starts: the checkpoint to load (None: fresh), the pass to train next (None: the
+    stream is done), what to finish first (the delta to publish; the day end to redo, and how much of
+    it was published), the base key, steps so far."""
+
+    folder: str | None
+    next: Pass | None
+    base_key: int
+    steps: int = 0
+    publish_delta: str | None = None
+    day_end: Pass | None = None  # the day whose end is (re)done before `next`
+    day_end_published: tuple[bool, bool] = (False, False)  # (base record, day model record)
+    adopt: ModelRecord | None = None  # a committed checkpoint without its record: record it
+    passes_done: int = 0
+
+
+def _pass_folder(config: StreamConfig, p: Pass) -> str:
+    return rfs.join(config.out, p.day, str(p.index))
+
+
+def _delta_folder(config: StreamConfig, p: Pass) -> str:
+    return rfs.join(config.out, p.day, f"delta-{p.index}")
+
+
+def _day_folders(config: StreamConfig, day: str) -> tuple[str, str]:
+    """(base, batch model) folders of the end of `day`: under the next day, as Paddle's."""
+    following = next_day(day)
+    return rfs.join(config.out, following, "base"), rfs.join(config.out, following, "0")
+
+
+def _following(plan: StreamPlan, p: Pass | None) -> Pass | None:
+    """The pass after `p` (None: the first of start_day), or None past end_day."""
+    if p is None:
+        day, index = plan.config.start_day, 1
+    elif p.last:
+        day, index = next_day(p.day), 1
+    else:
+        day, index = p.day, p.index + 1
+    if plan.config.end_day is not None and day > plan.config.end_day:
+        return None
+    return plan.passes_of_day(day)[index - 1]
+
+
+def resume_point(config: StreamConfig) -> Resume:
+    """The Resume of `config.out`'s records (see the module docstring); raises ConfigError for a
+    history that goes back in time, does not match the stream's passes, or starts after start_day."""
+    from recps.checkpoint import is_committed
+
+    plan = StreamPlan(config)
+    done = Donefiles(config.out)
+    records = done.models()
+    passes = [r for r in records if r.pass_id != DAY_MODEL_PASS]
+    for a, b in zip(passes, passes[1:]):
+        if (b.day, b.pass_id) <= (a.day, a.pass_id):
+            raise ConfigError(f"{done.url('donefile.txt')}: pass {b.day}/{b.pass_id} is recorded after {a.day}/"
+                              f"{a.pass_id}: the stream went back in time; repair the donefile or give another stream.out")
+    last: Pass | None = None
+    if passes:
+        r = passes[-1]
+        day_passes = plan.passes_of_day(r.day)
+        if not 1 <= r.pass_id <= len(day_passes):
+            raise ConfigError(f"{done.url('donefile.txt')}: pass {r.day}/{r.pass_id} is not a pass of this stream "
+                              f"({len(day_passes)} a day with stream.hours={config.hours}, split_interval="
+                              f"{config.split_interval}, split_per_pass={config.split_per_pass}); resume with the "
+                              "stream settings that wrote it, or give another stream.out")
+        last = day_passes[r.pass_id - 1]  # a stream begun earlier resumes from its records, whatever start_day
+    elif any(r.pass_id == DAY_MODEL_PASS for r in records):
+        raise ConfigError(f"{done.url('donefile.txt')} records a day model but no pass checkpoint; it was not written "
+                          "by a recps stream job: give another stream.out")
+    folder = _pass_folder(config, last) if last else None
+    base_key = passes[-1].base_key if passes else int(time.time())
+    adopt = None
+    # A checkpoint committed after the last record (a crash before its record): taken as it is.
+    # (One at most: a record is appended right after each commit.)
+    candidate = _following(plan, last)
+    if candidate is not None and is_committed(_pass_folder(config, candidate)):
+        manifest = json.loads(rfs.read_bytes(rfs.join(_pass_folder(config, candidate), "manifest.json")))
+        base_key = int(manifest["progress"]["stream"]["base_key"])
+        last, folder = candidate, _pass_folder(config, candidate)
+        adopt = ModelRecord(last.day, base_key, folder, last.index)
+    if last is not None and last.day > (config.end_day or last.day):
+        raise ConfigError(f"{config.out} holds pass {last.name}, after stream.end_day={config.end_day}: the stream "
+                          "would go back in time; raise stream.end_day or give another stream.out")
+    resume = Resume(folder=folder, next=_following(plan, last), base_key=base_key, adopt=adopt)
+    if folder is not None:
+        manifest = json.loads(rfs.read_bytes(rfs.join(folder, "manifest.json")))
+        state = manifest["progress"]["stream"]
+        resume.steps = int(manifest["progress"].get("steps", 0))
+        resume.passes_done = int(state.get("passes_done", 0))
+        if state.get("delta") and not done.published(PATCH_DONEFILE, state["delta"]):
+            resume.publish_delta = state["delta"]
+        if last.last:
+            base, batch = _day_folders(config, last.day)
+            day_models = {(r.day, r.path.rstrip("/")) for r in records if r.pass_id == DAY_MODEL_PASS}
+            published = (done.published(BASE_DONEFILE, base), (next_day(last.day), batch.rstrip("/")) in day_models)
+            resume.day_end, resume.day_end_published = last, published
+            if all(published):
+                later = [r for r in records if r.pass_id == DAY_MODEL_PASS and r.day == next_day(last.day)]
+                resume.base_key = later[-1].base_key
+    return resume
+
+
+# ------------------------------------------------------------------------------------- the worker
+
+
+def _eval_collection(cfg: DictConfig):
+    from recps.metrics import MetricCollection
+    from recps.metrics.collection import build_metric
+
+    node = cfg.get("metrics")
+    specs: Any = node.get("metrics") if node is not None and bool(node.get("enabled", True)) else None
+    specs = OmegaConf.to_container(specs, resolve=True) if specs is not None else list(_EVAL_DEFAULT)
+    pairs = [(str(k), dict(v or {})) for k, v in specs.items()] if isinstance(specs, dict) else [(str(m), {}) for m in specs]
+    return MetricCollection([build_metric(name, **kw) for name, kw in pairs])
+
+
+class _Loop:
+    """One worker's pass loop (see the module docstring)."""
+
+    def __init__(self, cfg: DictConfig, role, out_dir: Path, job, fleet, strategy, config: StreamConfig,
+                 resume: Resume, tables: Sequence[str]) -> None:
+        from recps.metrics.reporter import LocalMerger
+        from recps.metrics.ps_merger import PSMerger
+
+        self.cfg, self.role, self.out_dir, self.job, self.fleet = cfg, role, out_dir, job, fleet
+        self.strategy, self.config, self.resume = strategy, config, resume
+        self.plan = StreamPlan(config)
+        self.done = Donefiles(config.out)
+        self.tables = list(tables)
+        self.sparse_tables = list(job.collection.table_dims())
+        self.threads, self.batch_size = int(cfg.trainer.threads), int(cfg.trainer.batch_size)
+        self.timeout_s = max(float(strategy.mode.timeout_s), 600.0)
+        self.merger = PSMerger(fleet.client, prefix="recps.stream.eval", timeout_s=self.timeout_s) \
+            if role.num_workers > 1 else LocalMerger()
+        self.base_key = resume.base_key
+        self.passes_done = resume.passes_done
+        self.records: list[dict] = []
+        self.tb = None
+        if role.index == 0 and cfg.get("metrics") is not None and bool(cfg.metrics.get("tensorboard", False)):
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(log_dir=str(out_dir / "tensorboard"))
+
+    # -- what worker 0 commits -------------------------------------------------------------------
+
+    def _clear_leftovers(self) -> None:
+        """Worker 0 at the start: remove what an earlier run wrote after its last record and never
+        published (a crash mid-save), so that no stale shard mixes into a save; refuse a published one."""
+        r, folders = self.resume, []
+        if r.next is not None:
+            folders += [_pass_folder(self.config, r.next), _delta_folder(self.config, r.next)]
+        if r.day_end is not None:
+            base, batch = _day_folders(self.config, r.day_end.day)
+            folders += [f for f, published in zip((base, batch), r.day_end_published) if not published]
+        recorded = {x.path.rstrip("/") for x in self.done.models()}
+        for folder in folders:
+            fs, path = rfs.resolve(folder)
+            if not fs.exists(path):
+                continue
+            if (folder.rstrip("/") in recorded or self.done.published(PATCH_DONEFILE, folder)
+                    or self.done.published(BASE_DONEFILE, folder)):
+                raise ConfigError(f"{folder} is published, yet after the last record this job resumes from; it is "
+                                  f"never overwritten: is another job writing to stream.out={self.config.out}?")
+            log.info("stream: removing %s, left unpublished by an earlier run", folder)
+            fs.rm(path, recursive=True)
+
+    def _export(self, folder: str, mode: str, p: Pass, extra: dict | None = None) -> tuple[int, float]:
+        """Servers save `mode` into `folder`, committed by its manifest; (rows, seconds)."""
+        from recps.checkpoint import commit_ps_checkpoint
+
+        t = time.perf_counter()
+        state = {"day": p.day, "pass": p.index, "mode": mode, "base_key": self.base_key, **(extra or {})}
+
+        def save() -> None:  # runs before the manifest is written: its row count goes in
+            saved = self.fleet.client.save(folder, mode=mode, tables=self.tables, timeout=self.timeout_s)
+            state["rows"] = sum(v for k, v in saved.items() if k in self.sparse_tables)
+
+        commit_ps_checkpoint(folder, self.tables, self.cfg, {"steps": self.job.steps_done, "stream": state}, save=save)
+        return int(state["rows"]), time.perf_counter() - t
+
+    def _scratch(self, mode: str, p: Pass) -> float:
+        """A save whose only purpose is its effect on the statistics (a replay); removed after."""
+        folder = rfs.join(self.config.out, ".replay", f"{p.day}-{p.index}-{mode}-{os.getpid()}")
+        t = time.perf_counter()
+        self.fleet.client.save(folder, mode=mode, tables=self.tables, timeout=self.timeout_s)
+        fs, path = rfs.resolve(folder)
+        fs.rm(path, recursive=True)
+        return time.perf_counter() - t
+
+    def _checkpoint(self, p: Pass, delta: str | None) -> float:
+        from recps.checkpoint import commit_ps_checkpoint
+        from recps.cluster import read_progress
+
+        folder = _pass_folder(self.config, p)
+        t = time.perf_counter()
+        progress = {"steps": self.job.steps_done, "workers": read_progress(folder, self.role.num_workers),
+                    "stream": {"day": p.day, "pass": p.index, "base_key": self.base_key, "delta": delta,
+                               "passes_done": self.passes_done}}
+        commit_ps_checkpoint(folder, self.tables, self.cfg, progress,
+                             save=lambda: self.fleet.client.save(folder, mode="full", tables=self.tables,
+                                                                 timeout=self.timeout_s))
+        self.done.add_model(ModelRecord(p.day, self.base_key, folder, p.index))
+        return time.perf_counter() - t
+
+    def _day_end(self, p: Pass, published: tuple[bool, bool] = (False, False)) -> dict:
+        """shrink, base, batch model of day p.day (worker 0); `published`: what a replay finds recorded."""
+        out: dict[str, Any] = {}
+        t = time.perf_counter()
+        if self.config.shrink:
+            out["shrunk_rows"] = self.fleet.client.shrink(tables=self.sparse_tables, timeout=self.timeout_s)
+        out["shrink_s"] = round(time.perf_counter() - t, 3)
+        base, batch = _day_folders(self.config, p.day)
+        following = next_day(p.day)
+        if published[0]:
+            out["base_s"] = round(self._scratch("base", p), 3)
+        else:
+            self.base_key = int(time.time())
+            rows, seconds = self._export(base, "base", p)
+            self.done.add_export(BASE_DONEFILE, base, self.base_key, rows=rows, data_path=self.config.root,
+                                 monitor={}, workers=self.role.num_workers)
+            out.update(base=base, base_rows=rows, base_s=round(seconds, 3))
+        if published[1]:
+            out["batch_s"] = round(self._scratch("batch", p), 3)
+        else:
+            rows, seconds = self._export(batch, "batch", p)
+            self.done.add_model(ModelRecord(following, self.base_key, batch, DAY_MODEL_PASS))
+            out.update(batch_model=batch, batch_rows=rows, batch_s=round(seconds, 3))
+        log.info("stream: day %s ended: %s", p.day, out)
+        return out
+
+    # -- every worker ------------------------------------------------------------------------------
+
+    def _share(self, p: Pass):
+        from recps.data.dataset import ExamplesSource
+        from recps.data.sharding import WorkerShards
+        from recps.stream.source import load_share, pass_files, wait_for_splits, worker_files
+
+        c = self.config
+        folders = self.plan.split_folders(p)
+        waited = wait_for_splits(folders, c.data_donefile, sleep_s=c.data_sleep_second, timeout_s=c.wait_timeout_s)
+        files = pass_files(folders)
+        whole = self.strategy.mode.name == "sync"  # every thread of every worker takes as many steps
+        mine, shard, shards = worker_files(files, self.role.index, self.role.num_workers, whole)
+        ds = self.cfg.dataset
+        examples = load_share(mine, self.job.data.schema, float(ds.get("error_budget", 0.01)))
+        source = ExamplesSource(examples, bool(ds.get("shuffle", True)), int(self.cfg.seed))
+        return WorkerShards(source, shard, shards), waited, len(files)
+
+    def _evaluate(self, source) -> dict[str, float]:
+        """Global metrics of the current model (the servers' values) on the pass, before training."""
+        from recps.data.dataset import ExamplesSource
+
+        collection = _eval_collection(self.cfg)
+        mine = source.source.examples
+        if source.num_workers > 1:  # sync: this worker's rows of the whole pass
+            import torch
+
+            mine = mine.select(torch.arange(source.worker_index, len(mine), source.num_workers))
+        if len(mine):
+            with self.fleet.reading_servers():
+                probs, targets = self.job.trainer.predict(ExamplesSource(mine, False), int(self.cfg.trainer.eval_batch_size))
+            collection.update(probs, targets)
+        merged = self.merger.merge(collection)
+        return {name: float(v) for name, v in merged.compute().items()}
+
+    def _train(self, source) -> Any:
+        from recps.trainer import TrainStats
+
+        per_thread = -1
+        if self.strategy.mode.name == "sync":
+            per_thread = min(source.shard_batches(self.batch_size, self.threads))
+            if per_thread == 0:  # a thread of some worker has no batch: no step for anyone (each waits for all)
+                log.warning("stream: the pass has fewer than %d batches of %d rows: nothing trained on it",
+                            self.threads * source.num_workers, self.batch_size)
+                return TrainStats(steps=0, examples=0, seconds=0.0, last_loss=float("nan"), first_losses=[],
+                                  positions=[(self.passes_done, 0)] * self.threads)
+        return self.job.trainer.fit(source, self.batch_size, epochs=1, progress=False,
+                                    thread_steps_per_epoch=per_thread, first_epoch=self.passes_done)
+
+    def run(self) -> list[dict]:
+        from recps.cluster import write_progress
+
+        r, zero = self.resume, self.role.index == 0
+        if zero:
+            self._clear_leftovers()
+            if r.adopt is not None:
+                self.done.add_model(r.adopt)
+                log.info("stream: recorded %s, committed by an earlier run before its record", r.adopt.path)
+            if r.publish_delta:
+                self._publish_delta(r.publish_delta, {})
+        if zero and r.day_end is not None:
+            self.records.append({"day_end": r.day_end.day, "replayed": list(r.day_end_published),
+                                 **self._day_end(r.day_end, r.day_end_published)})
+        self.fleet.barrier("recps.stream.resumed", timeout=self.timeout_s)  # nobody trains before that
+        p = r.next
+        while p is not None:
+            t0 = time.perf_counter()
+            source, waited, files = self._share(p)
+            record: dict[str, Any] = {"day": p.day, "pass": p.index, "files": files, "wait_s": round(waited, 3)}
+            if self.config.eval_before_train:
+                t = time.perf_counter()
+                record["eval"] = self._evaluate(source)
+                record["eval_s"] = round(time.perf_counter() - t, 3)
+            stats = self._train(source)
+            self.job.steps_done += stats.steps
+            self.passes_done += 1
+            record.update(steps=stats.steps, examples=stats.examples, train_s=round(stats.seconds, 3),
+                          examples_per_sec=round(stats.examples_per_sec, 1), loss=stats.last_loss)
+            checkpoint, delta = self.plan.saves(p)
+            self.fleet.flush()  # every push of this worker applied (geo: its deltas added)
+            if checkpoint:
+                write_progress(_pass_folder(self.config, p), self.role, self.job.steps_done, stats.positions, self.fleet)
+            self.fleet.barrier(f"recps.stream.{p.day}.{p.index}.trained", timeout=self.timeout_s)
+            if zero:
+                record.update(self._saves(p, checkpoint, delta, record.get("eval", {})))
+            self.fleet.barrier(f"recps.stream.{p.day}.{p.index}.saved", timeout=self.timeout_s)
+            record["pass_s"] = round(time.perf_counter() - t0, 3)
+            if zero:
+                self._log(record)
+            self.records.append(record)
+            del source  # a worker holds one pass at a time
+            p = _following(self.plan, p)
+        if self.tb is not None:
+            self.tb.close()
+        return self.records
+
+    def _publish_delta(self, folder: str, monitor: dict) -> None:
+        manifest = json.loads(rfs.read_bytes(rfs.join(folder, "manifest.json")))
+        rows = int(manifest["progress"]["stream"].get("rows", 0))
+        self.done.add_export(PATCH_DONEFILE, folder, self.base_key, rows=rows, data_path=self.config.root,
+                             monitor=monitor, workers=self.role.num_workers)
+
+    def _saves(self, p: Pass, checkpoint: bool, delta: bool, monitor: dict) -> dict:
+        out: dict[str, Any] = {}
+        folder = None
+        if delta:  # first: the checkpoint after it holds the statistics the delta reset
+            folder = _delta_folder(self.config, p)
+            rows, seconds = self._export(folder, "delta", p)
+            out.update(delta=folder, delta_rows=rows, delta_s=round(seconds, 3))
+        if checkpoint:
+            out["checkpoint"] = _pass_folder(self.config, p)
+            out["checkpoint_s"] = round(self._checkpoint(p, folder), 3)
+        if folder is not None:
+            self._publish_delta(folder, monitor)
+        if p.last:
+            out["day_end"] = self._day_end(p)
+        return out
+
+    def _log(self, record: dict) -> None:
+        e = record.get("eval", {})
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in e.items() if k in ("auc", "logloss", "copc"))
+        log.info("stream pass %s/%d: %s%d examples, %.0f examples/s, pass %.1f s", record["day"], record["pass"],
+                 f"before training {shown}; " if shown else "", record["examples"], record["examples_per_sec"],
+                 record["pass_s"])
+        line = json.dumps({k: v for k, v in record.items()}, sort_keys=True, default=str)
+        with open(self.out_dir / METRICS_FILE, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+        if self.tb is not None:
+            for k, v in e.items():
+                self.tb.add_scalar(f"stream/{k}", v, self.passes_done)
+
+
+def stream_work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence = ()) -> dict[str, Any] | None:
+    """A stream job's worker (recps.cluster.run_role's `work`); worker 0 returns and writes metrics.json."""
+    import torch
+
+    from recps.cluster import STATS_TABLE, ProgressLog, fleet_for, load_worker_state, on_this_machine, ps_mode
+    from recps.data.dataset import ExamplesSource, PreparedData
+    from recps.data.reader import empty_examples
+    from recps.data.schema import Schema
+    from recps.ps.fleet import DENSE_TABLE, DistributedStrategy
+    from recps.run import build_job, training_observers
+
+    config = stream_config(cfg)
+    resume = resume_point(config)  # before init_worker's barrier: worker 0 appends records only after it
+    schema = Schema.from_config(cfg.dataset.schema)
+    empty = ExamplesSource(empty_examples(schema), False, int(cfg.seed))
+    job = build_job(cfg, data or PreparedData(schema, empty, empty))
+    job.trainer.observers = [*job.trainer.observers, *observers]
+    strategy = DistributedStrategy(ps_mode(cfg), threads=int(cfg.trainer.threads))
+    if on_this_machine(role):
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // role.num_workers))
+    manifest = None
+    if resume.folder:
+        from recps.checkpoint import verify_ps_checkpoint
+
+        manifest = verify_ps_checkpoint(resume.folder, needed=[*job.collection.table_dims(), DENSE_TABLE],
+                                        worker_states=False)
+        job.steps_done = resume.steps
+    with fleet_for(cfg, role) as fleet:
+        fleet.add_collection(job.collection)
+        dist = fleet.distributed_optimizer(job.optimizer, strategy)
+        fleet.init_worker(load_from=resume.folder)
+        if manifest is not None:
+            workers = manifest["progress"].get("workers") or []
+            same = len(workers) == role.num_workers
+            files = [w["state_file"] for w in (workers[role.index:role.index + 1] if same else workers)
+                     if w.get("state_file")]
+            if files:
+                load_worker_state(resume.folder, manifest, files, fleet)
+        job.trainer.updater = dist.updater
+        job.trainer.prefetch = strategy.mode.prefetches
+        fleet.client.create_dense_table(STATS_TABLE, 4, mode="geo")
+        job.trainer.on_step = ProgressLog(int(cfg.trainer.batch_size), int(cfg.trainer.threads)) if role.index == 0 else None
+        tables = [*job.collection.table_dims(), DENSE_TABLE]
+        if resume.folder:
+            log.info("%s resumes stream %s from %s (step %d); next pass %s", role.name, config.root, resume.folder,
+                     resume.steps, resume.next.name if resume.next else "none")
+        loop = _Loop(cfg, role, out_dir, job, fleet, strategy, config, resume, tables)
+        with training_observers(job, out_dir, client=fleet.client, rank=role.index):
+            records = loop.run()
+        fleet.close_communicators()
+        fleet.barrier("recps.stream.done", timeout=loop.timeout_s)
+        if role.index != 0:
+            return None
+        passes = [r for r in records if "pass" in r]
+        metrics: dict[str, Any] = {"stream": {"root": config.root, "out": config.out, "passes": records,
+                                              "resumed_from": resume.folder}}
+        if passes and passes[-1].get("eval"):
+            metrics.update(passes[-1]["eval"])  # the last pass's before-training metrics: the objective
+        metrics.update(model=str(cfg.model._target_), ps=str(cfg.ps.name), servers=role.num_servers,
+                       workers=role.num_workers, threads=int(cfg.trainer.threads),
+                       train_examples=sum(r.get("examples", 0) for r in passes),
+                       train_steps=sum(r.get("steps", 0) for r in passes),
+                       train_seconds=sum(r.get("train_s", 0.0) for r in passes))
+        secs = metrics["train_seconds"]
+        metrics["examples_per_sec"] = metrics["train_examples"] / secs if secs else 0.0
+        (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True, default=str) + "\n")
+        return metrics

@@ -9,6 +9,9 @@ threads at once. After each step every thread calls `updater.step_end(thread)`: 
 locally; with a parameter server it ends the step on the communicator (sync: the step's
 barrier; geo: counts towards k) and refreshes the shared dense parameters
 (recps.ps.modes.dense).
+
+A collection that counts CTR statistics (a PS collection's `set_batch_clicks`, recps.ps.embedding)
+gets each batch's clicks (B,) around the forward pass: `click_labels(task, batch)`.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from recps.observer import TrainObserver  # re-exported: recps.trainer.TrainObse
 from recps.ps.modes.dense import LocalDenseUpdater  # re-exported: recps.trainer.LocalDenseUpdater (ps=local)
 
 __all__ = ["BatchSource", "DenseUpdater", "LocalDenseUpdater", "Pauses", "TrainObserver", "TrainStats", "Trainer",
-           "planned_steps"]
+           "click_labels", "planned_steps"]
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +78,27 @@ def planned_steps(batches: Sequence[int], epochs: int, max_steps: int = -1, thre
         per_epoch = min(n, thread_steps_per_epoch) if thread_steps_per_epoch > 0 else n
         total += max(0, per_epoch * epochs - (skip[t] if skip else 0)) if epochs > 0 else 0
     return min(total, max_steps) if max_steps > 0 else total
+
+
+def click_labels(task, batch: Batch) -> torch.Tensor | None:
+    """(B,) the click of each example of `batch`, for the parameter servers' CTR statistics (shows
+    and clicks per key), or None when the task's labels are no clicks (the servers then count shows
+    only): the task's own `click_labels(batch)` if it has one; else, for a task that hands
+    batch.sparse to the model, the label column it trains on (`label_index`: BinaryTask,
+    RetrievalTask; the first of `label_indices`: MultiTask, ESMM's click); else None (next-item,
+    skip-gram). The collection clamps each to [0, 1]."""
+    own = getattr(task, "click_labels", None)
+    if own is not None:
+        return own(batch)
+    if not getattr(task, "passes_batch_sparse", False):
+        return None
+    column = getattr(task, "label_index", None)
+    if column is None:
+        columns = getattr(task, "label_indices", None)
+        column = columns[0] if columns else None
+    if column is None or batch.labels.dim() != 2 or not 0 <= int(column) < batch.labels.shape[1]:
+        return None
+    return batch.labels[:, int(column)]  # (B,)
 
 
 @dataclass
@@ -172,6 +196,7 @@ class Trainer:
         # Only a task that hands batch.sparse to the model as it is can have it prefetched.
         wanted = self.prefetch and getattr(self.task, "passes_batch_sparse", False)
         prefetch = getattr(self.collection, "prefetch", None) if wanted else None
+        set_clicks = getattr(self.collection, "set_batch_clicks", None)  # a PS collection's CTR statistics
 
         def pause_now() -> None:
             """Run the pause (lock not held; no thread is inside a step), then let the threads go on."""
@@ -224,7 +249,14 @@ class Trainer:
                             break
                         if not reserve():
                             return
-                        logits = self.task.forward(replica, batch)  # (B,) or the task's output
+                        if set_clicks is None:
+                            logits = self.task.forward(replica, batch)  # (B,) or the task's output
+                        else:
+                            set_clicks(click_labels(self.task, batch))  # (B,) or None
+                            try:
+                                logits = self.task.forward(replica, batch)
+                            finally:
+                                set_clicks(None)
                         loss = self.task.loss(logits, batch)
                         if prefetch is not None and following is not None and not 0 < thread_steps_per_epoch <= taken + 1:
                             prefetch(following.sparse)  # its pulls travel while this batch's backward runs

@@ -10,7 +10,7 @@ The worker never allocates a table. Per batch and per PS table:
     keys (N,) --salt per table--> (N,) --unique--> uniq (U,), inverse (N,)
     rows = communicator.pull(table, uniq)                        (U, D)
     pooled = sum of rows[inverse] per bag (FBGEMM, autograd)     (B, F*D)
-    backward: d loss / d rows (U, D) -> communicator.push(table, uniq, grads)
+    backward: d loss / d rows (U, D) -> communicator.push(table, uniq, grads, shows=, clicks=)
 
 Tables of the same width share one PS table: a batch costs one pull and one push per
 width, not one per feature (Paddle's CTR-DNN does the same with one sparse table for its
@@ -32,6 +32,15 @@ thread will pass to forward() next; forward() of that same KJT then only waits f
 The trainer calls it with batch t+1 between batch t's forward and backward passes (`ps.prefetch`),
 so the round trip overlaps the backward; rows of keys shared with batch t then miss batch t's push. A forward of
 any other KJT drops the prefetch (its replies are awaited and discarded) and pulls as usual.
+
+CTR statistics: a communicator whose `counts_statistics(table)` is true (the servers' table has a
+CTR accessor, recps.ps.table.accessor) gets with each push the batch's shows and clicks per
+unique key: a show per occurrence of the key in the batch, and the click of the example the
+occurrence belongs to, summed (float32; exact for 0/1 clicks). The trainer hands the clicks (B,)
+of the batch to `set_batch_clicks` before the forward pass (recps.trainer: the task's label
+column); a label is clamped to [0, 1] and counts as that much of a click (Paddle feeds the label
+as the click). Without clicks (a model that builds its own KJT, a forward outside the trainer)
+the shows still count the occurrences and the clicks are 0.
 
 GEO: a communicator that trains a local replica itself (`FusedBagLookup`, see
 recps.ps.modes.geo) gets the ids and offsets and returns the pooled output; its TBE's
@@ -140,23 +149,31 @@ class FusedBagLookup(Protocol):
     updates the replica (FBGEMM TBE with a fused optimizer) instead of returning gradients."""
 
     def lookup_bags(self, table: str, keys: torch.Tensor, offsets: torch.Tensor,
-                    num_features: int) -> torch.Tensor:
-        """keys (N,) salted int64, offsets (Fg*B+1,) -> pooled (B, Fg*D), differentiable."""
+                    num_features: int, clicks: torch.Tensor | None = None) -> torch.Tensor:
+        """keys (N,) salted int64, offsets (Fg*B+1,) -> pooled (B, Fg*D), differentiable.
+        clicks (N,): the click of each occurrence's example, given when `counts_statistics(table)`
+        (each occurrence is one show)."""
         ...
 
 
 class _PushGrads(torch.autograd.Function):
-    """Identity on the pulled rows whose backward hands d loss / d rows to the communicator."""
+    """Identity on the pulled rows whose backward hands d loss / d rows to the communicator,
+    with the keys' shows and clicks (U,) when they are counted (None: not)."""
 
     @staticmethod
-    def forward(ctx, rows: torch.Tensor, push, table: str, keys: torch.Tensor) -> torch.Tensor:
-        ctx.push, ctx.table, ctx.keys = push, table, keys
+    def forward(ctx, rows: torch.Tensor, push, table: str, keys: torch.Tensor,
+                shows: torch.Tensor | None, clicks: torch.Tensor | None) -> torch.Tensor:
+        ctx.push, ctx.table, ctx.keys, ctx.shows, ctx.clicks = push, table, keys, shows, clicks
         return rows.view_as(rows)  # (U, D)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        ctx.push(ctx.table, ctx.keys, grad.contiguous())  # (U, D) summed over the batch's uses
-        return None, None, None, None
+        grad = grad.contiguous()  # (U, D) summed over the batch's uses
+        if ctx.shows is None:
+            ctx.push(ctx.table, ctx.keys, grad)
+        else:
+            ctx.push(ctx.table, ctx.keys, grad, shows=ctx.shows, clicks=ctx.clicks)
+        return None, None, None, None, None, None
 
 
 def pool_sum(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor, num_features: int) -> torch.Tensor:
@@ -236,6 +253,29 @@ class _PSCollectionBase(nn.Module):
         self.communicator = communicator
         self._prefetched: dict[int, _Prefetch] = {}  # by thread: the collection is shared by the trainer's threads
         self._prefetch_off = False  # set when the model passed forward() other features than prefetched
+        self._clicks: dict[int, torch.Tensor] = {}  # by thread: the clicks (B,) of its batch (set_batch_clicks)
+        self._warned_stride = False
+
+    def set_batch_clicks(self, clicks: torch.Tensor | None) -> None:
+        """The clicks (B,) of the examples of the batch this thread trains next (the CTR
+        statistics' clicks, see the module docstring): each is clamped to [0, 1]. None clears them
+        (then a forward counts shows only). The trainer sets them around the forward pass."""
+        ident = threading.get_ident()
+        if clicks is None:
+            self._clicks.pop(ident, None)
+            return
+        self._clicks[ident] = clicks.detach().reshape(-1).to(torch.float32).clamp(0.0, 1.0)  # (B,)
+
+    def _batch_clicks(self, batch: int) -> torch.Tensor | None:
+        """This thread's clicks (B,), if set and made for a batch of `batch` examples."""
+        clicks = self._clicks.get(threading.get_ident())
+        if clicks is not None and clicks.numel() != batch:
+            if not self._warned_stride:
+                logger.warning("%s: the batch has %d clicks but the model passed %d examples' features; the "
+                               "servers count shows only for them (clicks 0)", self._where, clicks.numel(), batch)
+                self._warned_stride = True
+            return None
+        return clicks
 
     def prefetch(self, features: KeyedJaggedTensor) -> None:
         """Send the pulls of `features`, the KJT this thread passes to forward() next (see the module
@@ -333,9 +373,24 @@ class _PSCollectionBase(nn.Module):
         parts, batch = self._split(features)
         return parts, batch, [None] * len(parts)
 
-    def _rows(self, table: PSTable, keys: torch.Tensor, pulled=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _counts_statistics(self, communicator, table: PSTable) -> bool:
+        """Whether pushes of `table` carry shows and clicks (the communicator asks for them)."""
+        counts = getattr(communicator, "counts_statistics", None)
+        return counts is not None and bool(counts(table.name))
+
+    def _occurrence_clicks(self, table: PSTable, lengths: torch.Tensor, batch: int, n: int) -> torch.Tensor | None:
+        """(N,) the click of the example of each of the N keys, or None without clicks.
+        lengths (Fg*B,) feature-major: bag f*B + b belongs to example b."""
+        clicks = self._batch_clicks(batch)  # (B,)
+        if clicks is None:
+            return None
+        return torch.repeat_interleave(clicks.repeat(len(table.features)), lengths, output_size=n)  # (N,)
+
+    def _rows(self, table: PSTable, keys: torch.Tensor, pulled=None, lengths: torch.Tensor | None = None,
+              batch: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Pulled unique rows (U, D), differentiable into a push when training, and the inverse (N,).
-        pulled: a prefetch's (uniq, inverse, rows()) for these keys."""
+        pulled: a prefetch's (uniq, inverse, rows()) for these keys; lengths (Fg*B,), batch B: which
+        example each key belongs to (the clicks of the push's statistics)."""
         communicator = self._communicator()
         if pulled is None:
             uniq, inverse = unique_keys(keys)  # (U,), (N,)
@@ -347,7 +402,14 @@ class _PSCollectionBase(nn.Module):
             raise PSError(f"{self._where}: pull of table {table.name} returned {tuple(rows.shape)} for "
                           f"{uniq.numel()} keys of dim {table.dim}; the servers' table has another width")
         if self.training and torch.is_grad_enabled():
-            rows = _PushGrads.apply(rows.requires_grad_(True), communicator.push, table.name, uniq)
+            shows = clicks = None
+            if self._counts_statistics(communicator, table):
+                u = uniq.numel()
+                shows = torch.bincount(inverse, minlength=u).to(torch.float32)  # (U,) occurrences
+                each = None if lengths is None else self._occurrence_clicks(table, lengths, batch, inverse.numel())
+                clicks = (torch.zeros(u) if each is None
+                          else torch.bincount(inverse, weights=each, minlength=u).to(torch.float32))  # (U,)
+            rows = _PushGrads.apply(rows.requires_grad_(True), communicator.push, table.name, uniq, shows, clicks)
         return rows, inverse
 
 
@@ -398,9 +460,12 @@ class PSEmbeddingBagCollection(_PSCollectionBase):
         for (table, keys, lengths), pull in zip(parts, pulled):
             offsets = _offsets(lengths)  # (Fg*B+1,)
             if fused:
-                pooled.append(communicator.lookup_bags(table.name, keys, offsets, len(table.features)))
+                stats = {}
+                if self._counts_statistics(communicator, table):  # the replica counts one show per key
+                    stats["clicks"] = self._occurrence_clicks(table, lengths, batch, keys.numel())  # (N,) or None
+                pooled.append(communicator.lookup_bags(table.name, keys, offsets, len(table.features), **stats))
                 continue
-            rows, inverse = self._rows(table, keys, pull)
+            rows, inverse = self._rows(table, keys, pull, lengths, batch)
             pooled.append(pool_sum(rows, inverse, offsets, len(table.features)))  # (B, Fg*D)
         values = pooled[0] if len(pooled) == 1 else torch.cat(pooled, dim=1)  # (B, F*D) group order
         if self._columns is not None:
@@ -426,7 +491,7 @@ class PSEmbeddingCollection(_PSCollectionBase):
         parts, batch, pulled = self._parts(features)
         out: dict[str, JaggedTensor] = {}
         for (table, keys, lengths), pull in zip(parts, pulled):
-            rows, inverse = self._rows(table, keys, pull)
+            rows, inverse = self._rows(table, keys, pull, lengths, batch)
             looked = rows.index_select(0, inverse)  # (N, D); backward scatters into (U, D)
             per_feature = lengths.view(len(table.features), batch)  # (Fg, B)
             sizes = per_feature.sum(1).tolist()

@@ -12,8 +12,9 @@ Shape letters: K keys, D row width, N flat dense size.
                                     after the first call)
 
 - `push` enqueues and returns; the sender takes up to `merge_threshold` queued pushes at a time,
-  concatenates them per table and sends one push per table (the client sums duplicate keys),
-  and the servers apply the update rule on arrival. With `min_merge` m > 1 the sender waits
+  concatenates them per table and sends one push per table (the client sums duplicate keys,
+  their gradients and their shows and clicks: the CTR statistics stay exact however pushes
+  merge), and the servers apply the update rule on arrival. With `min_merge` m > 1 the sender waits
   until m pushes are queued (or a flush) before it sends: one request and one update of each
   row where there were m (Paddle's communicator merges up to `max_merge_var_num` batches the
   same way), for at most m - 1 more steps of staleness; `dense_min_merge` does the same for the
@@ -57,7 +58,7 @@ from typing import Callable
 import torch
 
 from recps.errors import ConfigError, PSError, PSTimeoutError
-from recps.ps.modes.base import Mode, OnArrivalServer, check_int
+from recps.ps.modes.base import Mode, OnArrivalServer, check_int, has_accessor, merged_statistics
 from recps.ps.node import PSClient
 
 __all__ = ["AsyncMode", "AsyncCommunicator", "AsyncServer"]
@@ -128,7 +129,8 @@ class AsyncCommunicator:
         self.min_merge = mode.min_merge
         self.dense_min_merge = mode.min_merge if mode.dense_min_merge is None else mode.dense_min_merge
         self._cond = threading.Condition()
-        self._queue: collections.deque[tuple[str, torch.Tensor, torch.Tensor]] = collections.deque()
+        # (table, keys (K,), grads (K, D), shows (K,) | None, clicks (K,) | None)
+        self._queue: collections.deque[tuple] = collections.deque()
         self._unapplied = 0  # pushes queued or in flight
         self._dense_grads: dict[str, torch.Tensor] = {}  # summed, not sent yet
         self._dense_counts: dict[str, int] = {}  # gradients summed into each table's pending sum
@@ -162,9 +164,15 @@ class AsyncCommunicator:
         (up to timeout_s). A prefetch (recps.ps.embedding) overlaps the round trip with compute."""
         return functools.partial(self.client.pull(table, keys, assume_unique=True).wait, self.timeout_s)
 
-    def push(self, table: str, keys: torch.Tensor, grads: torch.Tensor) -> None:
-        """Queue (K, D) gradients of (K,) keys; blocks while max_pending pushes are unapplied.
-        The communicator keeps the tensors: do not modify them afterwards."""
+    def counts_statistics(self, table: str) -> bool:
+        """Whether pushes of `table` carry shows and clicks (its servers' table has an accessor)."""
+        return has_accessor(self.client, table)
+
+    def push(self, table: str, keys: torch.Tensor, grads: torch.Tensor, shows: torch.Tensor | None = None,
+             clicks: torch.Tensor | None = None) -> None:
+        """Queue (K, D) gradients of (K,) keys, with their (K,) shows and clicks (None: one show,
+        no click per key); blocks while max_pending pushes are unapplied. The communicator keeps
+        the tensors: do not modify them afterwards."""
         if grads.dim() != 2 or grads.shape[0] != keys.numel():
             raise ConfigError(f"push {table!r}: grads have shape {tuple(grads.shape)} for {keys.numel()} keys; expected (K, D)")
         deadline = time.monotonic() + self.timeout_s
@@ -176,7 +184,7 @@ class AsyncCommunicator:
                 f"(max_pending={self.max_pending}) for {self.timeout_s:g} s; the servers do not keep up or are gone",
             )
             self._check()
-            self._queue.append((table, keys, grads))
+            self._queue.append((table, keys, grads, shows, clicks))
             self._unapplied += 1
             self._cond.notify_all()
 
@@ -308,18 +316,20 @@ class AsyncCommunicator:
         return max(self._dense_counts.values(), default=0) >= self.dense_min_merge
 
     def _send(self, batch: list, dense: dict[str, torch.Tensor], refresh: list[str]) -> None:
-        by_table: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
-        for table, keys, grads in batch:
-            by_table.setdefault(table, []).append((keys, grads))
+        by_table: dict[str, list[tuple]] = {}
+        for table, *piece in batch:
+            by_table.setdefault(table, []).append(piece)
         handles = []
         for table, pieces in by_table.items():
             if len(pieces) == 1:
-                keys, grads = pieces[0]
-                handles.append((None, self.client.push(table, keys, grads, assume_unique=True)))
+                keys, grads, shows, clicks = pieces[0]
+                handles.append((None, self.client.push(table, keys, grads, shows=shows, clicks=clicks,
+                                                       assume_unique=True)))
             else:
-                keys = torch.cat([k for k, _ in pieces])  # (sum K,) duplicates summed by the client
-                grads = torch.cat([g for _, g in pieces])  # (sum K, D)
-                handles.append((None, self.client.push(table, keys, grads)))
+                keys = torch.cat([k for k, _, _, _ in pieces])  # (sum K,) duplicates summed by the client
+                grads = torch.cat([g for _, g, _, _ in pieces])  # (sum K, D)
+                shows, clicks = merged_statistics(pieces)  # (sum K,) each, or None
+                handles.append((None, self.client.push(table, keys, grads, shows=shows, clicks=clicks)))
         for table, grads in dense.items():
             handles.append((table, self.client.push_dense(table, grads, return_values=True)))
         for table in refresh:

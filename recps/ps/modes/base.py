@@ -6,14 +6,21 @@ Contract, for every mode:
 - `pull(table, keys)` blocks (bounded by the communicator's timeout) and returns (K, D)
   float32 rows in `keys` order. `keys` are unique int64 feature keys (the caller
   de-duplicates). Thread-safe: several training threads call it at once.
-- `push(table, keys, grads)` hands (K, D) gradient rows for unique `keys` of one thread's
-  batch (already summed over the batch's duplicates, scaled as the loss was: mean over
-  the batch). When the update is applied is the mode's policy:
+- `push(table, keys, grads, shows=None, clicks=None)` hands (K, D) gradient rows for unique
+  `keys` of one thread's batch (already summed over the batch's duplicates, scaled as the loss
+  was: mean over the batch), and, for a table whose `counts_statistics(table)` is true, the
+  keys' (K,) shows and clicks in that batch (the CTR accessor's statistics, recps.ps.embedding).
+  Every mode hands the servers' table the exact sums of the shows and clicks of all pushes,
+  however it merges or delays them; without them the servers count one show per key per
+  request they receive. When the update is applied is the mode's policy:
     sync  — merged over the worker's threads, sent once per step, applied by the servers
             when every worker's gradient for that step arrived;
     async — sent (merged in the background, bounded queue) and applied on arrival;
     geo   — applied locally to the worker's replica with SGD; deltas go to the servers
             every k steps.
+- `counts_statistics(table)`: whether the servers' sparse table `table` keeps CTR statistics
+  (it has an accessor); pushes of other tables carry none (a table without an accessor
+  refuses them).
 - `pull_dense(table)` / `push_dense(table, grads)` do the same for a flat (N,) dense table.
 - `step_end(thread)` marks the end of one training step of `thread` (sync: the step's
   barrier; geo: counts towards k). Every thread calls it once per step.
@@ -47,7 +54,7 @@ from recps.errors import ConfigError
 from recps.ps.modes.dense import PSDenseUpdater, torch_optimizer_rule
 from recps.ps.node.specs import TableConfig
 
-__all__ = ["Communicator", "Mode", "OnArrivalServer", "check_int"]
+__all__ = ["Communicator", "Mode", "OnArrivalServer", "check_int", "has_accessor", "merged_statistics"]
 
 
 @runtime_checkable
@@ -56,7 +63,10 @@ class Communicator(Protocol):
 
     def pull(self, table: str, keys: torch.Tensor) -> torch.Tensor: ...
 
-    def push(self, table: str, keys: torch.Tensor, grads: torch.Tensor) -> None: ...
+    def push(self, table: str, keys: torch.Tensor, grads: torch.Tensor,
+             shows: torch.Tensor | None = None, clicks: torch.Tensor | None = None) -> None: ...
+
+    def counts_statistics(self, table: str) -> bool: ...
 
     def pull_dense(self, table: str) -> torch.Tensor: ...
 
@@ -67,6 +77,24 @@ class Communicator(Protocol):
     def flush(self, timeout_s: float | None = None) -> None: ...
 
     def close(self) -> None: ...
+
+
+def has_accessor(client, table: str) -> bool:
+    """Whether sparse table `table` keeps CTR statistics on the servers (its spec has an accessor):
+    the communicators' `counts_statistics`. The client caches the spec (one request at most)."""
+    return bool(client.table_spec(table).get("accessor"))
+
+
+def merged_statistics(pushes) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The shows and clicks of pushes (keys (K,), rows, shows (K,) | None, clicks (K,) | None)
+    whose keys are concatenated: (sum K,) each, in the same order. A push without shows counts one
+    per key, without clicks none (the client's and the table's default); (None, None) when no
+    push has either, so the servers keep their default."""
+    if all(p[2] is None and p[3] is None for p in pushes):
+        return None, None
+    shows = torch.cat([torch.ones(p[0].numel()) if p[2] is None else p[2].to(torch.float32) for p in pushes])
+    clicks = torch.cat([torch.zeros(p[0].numel()) if p[3] is None else p[3].to(torch.float32) for p in pushes])
+    return shows, clicks
 
 
 def check_int(owner: str, name: str, value, lowest: int, optional: bool = False) -> None:

@@ -32,6 +32,12 @@ Paddle's GEO-SGD semantics over one `PSClient`:
       local += merged - current              keeps local updates made during the sync
       synced  = merged
 
+  Shows and clicks (the CTR statistics of a table with an accessor): each replica row sums those
+  of its keys' occurrences in the batches it trained (`lookup_bags`: one show per occurrence, the
+  collection's clicks; `push`: the collection's sums) and a sync sends them with the row's delta
+  (the servers add them to the row's statistics as they are, not scaled); they are taken off the
+  row once the push succeeded, so every occurrence counts once on the servers.
+
   Dividing by the W workers (as Paddle's GeoCommunicator does) makes the servers hold the
   average of the workers' models rather than their sum, which overshoots with W > 1
   (`delta_scale` overrides 1/W). With one worker, k = 1 and `background_sync=False` this is
@@ -65,7 +71,7 @@ from dataclasses import dataclass
 import torch
 
 from recps.errors import ConfigError, PSError, PSTimeoutError
-from recps.ps.modes.base import Mode, OnArrivalServer, check_int
+from recps.ps.modes.base import Mode, OnArrivalServer, check_int, has_accessor
 from recps.ps.modes.dense import LocalDenseUpdater
 from recps.ps.table import Initializer, KeyIndex, unique_keys, warm_up_kernels
 
@@ -152,8 +158,9 @@ class _Replica:
     """One PS sparse table's local replica (see the module docstring)."""
 
     def __init__(self, name: str, dim: int, optimizer: str, lr: float, eps: float, capacity: int, client,
-                 initializer: Initializer | None = None, seed: int = 0) -> None:
+                 initializer: Initializer | None = None, seed: int = 0, statistics: bool = False) -> None:
         self.name, self.dim, self.client = name, dim, client
+        self.statistics = statistics  # the servers' table keeps shows and clicks (an accessor)
         self.initializer, self.seed = initializer, seed  # None: first-seen rows are pulled
         self.width = -(-dim // 4) * 4  # P: TBE rows are multiples of 4 wide; pad columns stay 0
         self.optimizer, self.lr, self.eps = optimizer, lr, eps
@@ -179,9 +186,12 @@ class _Replica:
         self.synced = torch.zeros(capacity, self.dim)  # (C, D) values at the last sync
         self.slot_keys = torch.empty(capacity, dtype=torch.int64)  # (C,)
         self.touched = torch.zeros(capacity, dtype=torch.bool)  # (C,) trained since the last sync
+        counted = capacity if self.statistics else 0  # only a table with an accessor counts
+        self.shows = torch.zeros(counted)  # (C,) shows not sent yet
+        self.clicks = torch.zeros(counted)  # (C,) clicks not sent yet
 
     def _grow(self, needed: int) -> None:
-        old = (self.weights, self.state, self.synced, self.slot_keys, self.touched)
+        old = (self.weights, self.state, self.synced, self.slot_keys, self.touched, self.shows, self.clicks)
         capacity = self.capacity
         while capacity < needed:
             capacity *= 2
@@ -192,6 +202,8 @@ class _Replica:
         self.synced[:n].copy_(old[2][:n])
         self.slot_keys[:n].copy_(old[3][:n])
         self.touched[:n].copy_(old[4][:n])
+        self.shows[:n].copy_(old[5][:n])
+        self.clicks[:n].copy_(old[6][:n])
         self._tbes.clear()  # rebuilt over the new buffers on the next lookup
         log.debug("geo replica %s grew to %d rows", self.name, capacity)
 
@@ -249,6 +261,15 @@ class _Replica:
             slots[missing] = new_slots[inverse]
         return slots
 
+    def count(self, slots: torch.Tensor, shows: torch.Tensor | None, clicks: torch.Tensor | None) -> None:
+        """Add (K,) shows (None: one each) and clicks (None: none) to the rows at `slots` (K,),
+        duplicates summed (call under `lock`; a no-op without statistics)."""
+        if not self.statistics:
+            return
+        self.shows.index_add_(0, slots, torch.ones(slots.numel()) if shows is None else shows.to(torch.float32))
+        if clicks is not None:
+            self.clicks.index_add_(0, slots, clicks.to(torch.float32))
+
     def apply_grads(self, slots: torch.Tensor, grads: torch.Tensor) -> None:
         """The local optimizer on unique `slots` (K,) with gradients (K, D), as the TBE would."""
         rows = self.rows[slots, : self.dim]  # (K, D)
@@ -268,13 +289,20 @@ class _Replica:
             self.touched[slots] = False  # rows trained from here on are marked again
             self.generation += 1
             keys = self.slot_keys[slots]
+            # (K,) each: counted with the marks, so every count made after this belongs to a marked row
+            shows, clicks = (self.shows[slots], self.clicks[slots]) if self.statistics else (None, None)
         if slots.numel() == 0:
             return 0
         current = self.rows[slots, : self.dim]  # (K, D) a copy
         delta = current - self.synced[slots]  # (K, D)
         if scale != 1.0:
             delta.mul_(scale)
-        self.client.push(self.name, keys, delta, assume_unique=True).wait(timeout)  # GeoServer adds it
+        # GeoServer adds the delta, and the shows and clicks to the rows' statistics (not scaled).
+        self.client.push(self.name, keys, delta, shows=shows, clicks=clicks, assume_unique=True).wait(timeout)
+        if self.statistics:
+            with self.lock:  # sent: off the rows (what was counted since stays for the next sync)
+                self.shows.index_add_(0, slots, -shows)
+                self.clicks.index_add_(0, slots, -clicks)
         merged = self.client.pull(self.name, keys, assume_unique=True).wait(timeout)  # (K, D)
         with self.lock:  # a growth in between moved the buffers; slots stay valid
             now = self.rows[slots, : self.dim]  # (K, D) includes training since `current` was read
@@ -383,7 +411,8 @@ class GeoCommunicator:
                     if self.local_init and spec.get("entry") is None and spec.get("dtype", "float32") == "float32":
                         initializer = Initializer(**spec["initializer"])
                     replica = _Replica(table, int(spec["dim"]), self._opt_name, self._lr, self._eps,
-                                       self.capacity, self.client, initializer, int(spec.get("seed", 0)))
+                                       self.capacity, self.client, initializer, int(spec.get("seed", 0)),
+                                       statistics=bool(spec.get("accessor")))
                     self._replicas[table] = replica
         return replica
 
@@ -432,20 +461,31 @@ class GeoCommunicator:
             slots = replica.slots(keys, self.timeout_s)
             return replica.rows[slots, : replica.dim]  # (K, D) a copy
 
-    def push(self, table: str, keys: torch.Tensor, grads: torch.Tensor) -> None:
-        """The local optimizer on (K,) unique keys' rows with gradients (K, D)."""
+    def counts_statistics(self, table: str) -> bool:
+        """Whether `table` keeps shows and clicks (its servers' table has an accessor)."""
+        replica = self._replicas.get(table)
+        return replica.statistics if replica is not None else has_accessor(self.client, table)
+
+    def push(self, table: str, keys: torch.Tensor, grads: torch.Tensor, shows: torch.Tensor | None = None,
+             clicks: torch.Tensor | None = None) -> None:
+        """The local optimizer on (K,) unique keys' rows with gradients (K, D); their (K,) shows
+        (None: one each) and clicks (None: none) go with the next sync."""
         replica = self._replica(table)
         with replica.lock:
             slots = replica.slots(keys, self.timeout_s)
             replica.apply_grads(slots, grads.to(torch.float32))
+            replica.count(slots, shows, clicks)
 
-    def lookup_bags(self, table: str, keys: torch.Tensor, offsets: torch.Tensor, num_features: int) -> torch.Tensor:
+    def lookup_bags(self, table: str, keys: torch.Tensor, offsets: torch.Tensor, num_features: int,
+                    clicks: torch.Tensor | None = None) -> torch.Tensor:
         """Fused path: (N,) keys, (Fg*B+1,) offsets -> pooled (B, Fg*D); the backward pass runs the
-        TBE's fused optimizer on the replica."""
+        TBE's fused optimizer on the replica. Each of the N keys is one show, with its (N,) click
+        (None: none), sent with the next sync."""
         replica = self._replica(table)
         with replica.lock:
             slots = replica.slots(keys, self.timeout_s)  # (N,)
             replica.touched[slots] = True
+            replica.count(slots, None, clicks)
             tbe = replica.tbe(num_features)
             generation = replica.generation
         # The fused update lands in backward, after this mark: if a sync clears the marks in

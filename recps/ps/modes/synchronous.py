@@ -8,7 +8,9 @@ Shape letters: K keys, D row width, N flat dense size, T threads of this worker,
 Per step s, each of the worker's T training threads calls `push` / `push_dense` (its batch's
 mean-loss gradients) and then `step_end(thread)`. The last thread to arrive merges the T
 threads' gradients, keys concatenated and every gradient divided by T, so a worker with T
-threads of batch B equals one thread with the merged batch of T*B examples, and sends ONE
+threads of batch B equals one thread with the merged batch of T*B examples (shows and clicks,
+the CTR statistics of a table with an accessor, are concatenated too, and summed, never
+divided, by the client and the servers), and sends ONE
 `push` per sparse table (to every server, meta: the step) and one `push_dense` per dense
 table for step s. Each server applies one update with the mean over the W workers once all W
 arrived; `step_end` returns to every thread after every table's update was applied, so the
@@ -21,7 +23,8 @@ workers on every table that any worker pushed.
 
 Server half: a push to a sync table carries meta {step, worker, workers, timeout_s}; the server
 keeps each (table, step)'s contributions, sums them when the last of the W workers arrived and
-applies ONE update with the mean over the W workers (the table's update rule), then answers every
+applies ONE update with the mean over the W workers (the table's update rule; the workers'
+shows and clicks are added to the rows' statistics as they are), then answers every
 worker's deferred reply, so a pull that follows sees it. A step incomplete after its timeout
 fails for the workers that did push, naming the ones that did not (reply meta {"error":
 "timeout"}, raised by the client as PSTimeoutError); a sweeper thread checks the deadlines.
@@ -53,7 +56,7 @@ from dataclasses import dataclass, field
 import torch
 
 from recps.errors import ConfigError, PSError, PSTimeoutError
-from recps.ps.modes.base import Mode
+from recps.ps.modes.base import Mode, has_accessor, merged_statistics
 from recps.ps.node import PSClient
 from recps.ps.node.server import HostedTable
 
@@ -112,7 +115,7 @@ class SyncCommunicator:
         self.timeout_s = client.timeout_s if timeout_s is None else float(timeout_s)
         self.step = 0  # the step being accumulated
         self._cond = threading.Condition()
-        self._sparse: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._sparse: dict[str, list[tuple]] = {}  # table -> the threads' (keys, grads, shows, clicks)
         self._dense: dict[str, torch.Tensor] = {}
         self._known_sparse: dict[str, int] = {}  # table -> dim, pushed at some step
         self._known_dense: dict[str, int] = {}  # table -> N
@@ -127,13 +130,19 @@ class SyncCommunicator:
         """(K,) unique keys -> (K, D) rows as of the last completed step."""
         return self.client.pull(table, keys, assume_unique=True).wait(self.timeout_s)
 
-    def push(self, table: str, keys: torch.Tensor, grads: torch.Tensor) -> None:
-        """Buffer one thread's (K, D) gradients for this step (sent by step_end). Keeps the tensors."""
+    def counts_statistics(self, table: str) -> bool:
+        """Whether pushes of `table` carry shows and clicks (its servers' table has an accessor)."""
+        return has_accessor(self.client, table)
+
+    def push(self, table: str, keys: torch.Tensor, grads: torch.Tensor, shows: torch.Tensor | None = None,
+             clicks: torch.Tensor | None = None) -> None:
+        """Buffer one thread's (K, D) gradients for this step (sent by step_end), with the keys' (K,)
+        shows and clicks (None: one show, no click per key). Keeps the tensors."""
         if grads.dim() != 2 or grads.shape[0] != keys.numel():
             raise ConfigError(f"push {table!r}: grads have shape {tuple(grads.shape)} for {keys.numel()} keys; expected (K, D)")
         with self._cond:
             self._check()
-            self._sparse.setdefault(table, []).append((keys, grads))
+            self._sparse.setdefault(table, []).append((keys, grads, shows, clicks))
             self._known_sparse.setdefault(table, int(grads.shape[1]))
 
     def pull_dense(self, table: str) -> torch.Tensor:
@@ -215,13 +224,16 @@ class SyncCommunicator:
         handles = []
         for table, dim in self._known_sparse.items():
             pieces = sparse.get(table, [])
+            shows = clicks = None
             if pieces:
-                keys = torch.cat([k for k, _ in pieces]) if len(pieces) > 1 else pieces[0][0]  # (sum K,)
-                grads = torch.cat([g for _, g in pieces]) if len(pieces) > 1 else pieces[0][1]  # (sum K, D)
+                keys = torch.cat([p[0] for p in pieces]) if len(pieces) > 1 else pieces[0][0]  # (sum K,)
+                grads = torch.cat([p[1] for p in pieces]) if len(pieces) > 1 else pieces[0][1]  # (sum K, D)
                 grads = grads.to(torch.float32) / t if t > 1 else grads.to(torch.float32)
+                shows, clicks = merged_statistics(pieces)  # (sum K,) each, or None: summed, not / T
             else:
                 keys, grads = torch.empty(0, dtype=torch.int64), torch.empty(0, dim)
-            handles.append(self.client.push(table, keys, grads, meta=meta, every_server=True))
+            handles.append(self.client.push(table, keys, grads, shows=shows, clicks=clicks, meta=meta,
+                                            every_server=True))
         for table, n in self._known_dense.items():
             grads = dense.get(table)
             grads = torch.zeros(n) if grads is None else (grads.div_(t) if t > 1 else grads)
@@ -245,6 +257,8 @@ class _Step:
     arrived: dict[int, Future] = field(default_factory=dict)  # worker -> its deferred reply
     keys: list[torch.Tensor] = field(default_factory=list)
     grads: list[torch.Tensor] = field(default_factory=list)
+    shows: list[torch.Tensor | None] = field(default_factory=list)  # per worker; None: the table's default
+    clicks: list[torch.Tensor | None] = field(default_factory=list)
     dense: torch.Tensor | None = None  # running sum of dense parts
 
 
@@ -266,11 +280,13 @@ class SyncServer:
 
     def push(self, table: HostedTable, fields: Mapping, meta: Mapping) -> Future:
         shard = table.sparse_shard("push")
-        keys, grads = fields["keys"], fields["rows"]
+        keys, grads, shows, clicks = fields["keys"], fields["rows"], fields.get("shows"), fields.get("clicks")
 
         def add(step: _Step) -> None:
             step.keys.append(keys)
             step.grads.append(grads)
+            step.shows.append(shows)
+            step.clicks.append(clicks)
 
         step, future, last = self._arrive("push", table.name, meta, add)
         if last:
@@ -369,8 +385,10 @@ def _apply_sparse(shard, step: _Step) -> None:
     keys = torch.cat(step.keys) if len(step.keys) > 1 else step.keys[0]  # (sum K,)
     grads = torch.cat(step.grads) if len(step.grads) > 1 else step.grads[0]  # (sum K, D)
     if keys.numel():
-        # Keys pushed by several workers are summed by the table: / W makes it the mean.
-        shard.push(keys, grads / step.workers if step.workers > 1 else grads)
+        # Keys pushed by several workers are summed by the table: / W makes it the mean. Their
+        # shows and clicks are summed too, as they are: statistics count, they are not averaged.
+        shows, clicks = merged_statistics(list(zip(step.keys, step.grads, step.shows, step.clicks)))  # (sum K,)
+        shard.push(keys, grads / step.workers if step.workers > 1 else grads, shows=shows, clicks=clicks)
 
 
 SyncMode.server_half = SyncServer  # defined after the mode: the module reads worker half first

@@ -198,12 +198,13 @@ def resume_point(config: StreamConfig) -> Resume:
 def _eval_collection(cfg: DictConfig):
     from recps.metrics import MetricCollection
     from recps.metrics.collection import build_metric
+    from recps.metrics.reporter import ExampleCount
 
     node = cfg.get("metrics")
     specs: Any = node.get("metrics") if node is not None and bool(node.get("enabled", True)) else None
     specs = OmegaConf.to_container(specs, resolve=True) if specs is not None else list(_EVAL_DEFAULT)
     pairs = [(str(k), dict(v or {})) for k, v in specs.items()] if isinstance(specs, dict) else [(str(m), {}) for m in specs]
-    return MetricCollection([build_metric(name, **kw) for name, kw in pairs])
+    return MetricCollection([*(build_metric(name, **kw) for name, kw in pairs if name != "examples"), ExampleCount()])
 
 
 class _Loop:
@@ -396,6 +397,7 @@ class _Loop:
             stats = self._train(source)
             self.job.steps_done += stats.steps
             self.passes_done += 1
+            # This worker's steps, examples and rate; "eval" holds the pass's examples over every worker.
             record.update(steps=stats.steps, examples=stats.examples, train_s=round(stats.seconds, 3),
                           examples_per_sec=round(stats.examples_per_sec, 1), loss=stats.last_loss)
             checkpoint, delta = self.plan.saves(p)
@@ -499,23 +501,26 @@ def stream_work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequ
             log.info("%s resumes stream %s from %s (step %d); next pass %s", role.name, config.root, resume.folder,
                      resume.steps, resume.next.name if resume.next else "none")
         loop = _Loop(cfg, role, out_dir, job, fleet, strategy, config, resume, tables)
+        cpu = time.process_time()
         with training_observers(job, out_dir, client=fleet.client, rank=role.index):
             records = loop.run()
+        cpu = time.process_time() - cpu
         fleet.close_communicators()
+        passes = [r for r in records if "pass" in r]
+        examples, seconds = sum(r["examples"] for r in passes), sum(r["train_s"] for r in passes)
+        fleet.client.push_dense(STATS_TABLE, torch.tensor(  # summed over the workers (a GEO-mode table)
+            [float(examples), examples / seconds if seconds else 0.0, seconds, cpu])).wait()
         fleet.barrier("recps.stream.done", timeout=loop.timeout_s)
         if role.index != 0:
             return None
-        passes = [r for r in records if "pass" in r]
+        total_examples, total_rate, _, total_cpu = fleet.client.pull_dense(STATS_TABLE).wait().tolist()
         metrics: dict[str, Any] = {"stream": {"root": config.root, "out": config.out, "passes": records,
                                               "resumed_from": resume.folder}}
         if passes and passes[-1].get("eval"):
             metrics.update(passes[-1]["eval"])  # the last pass's before-training metrics: the objective
         metrics.update(model=str(cfg.model._target_), ps=str(cfg.ps.name), servers=role.num_servers,
                        workers=role.num_workers, threads=int(cfg.trainer.threads),
-                       train_examples=sum(r.get("examples", 0) for r in passes),
-                       train_steps=sum(r.get("steps", 0) for r in passes),
-                       train_seconds=sum(r.get("train_s", 0.0) for r in passes))
-        secs = metrics["train_seconds"]
-        metrics["examples_per_sec"] = metrics["train_examples"] / secs if secs else 0.0
+                       train_examples=int(total_examples), examples_per_sec=total_rate, worker_cpu_seconds=total_cpu,
+                       train_steps=sum(r["steps"] for r in passes), train_seconds=seconds)
         (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True, default=str) + "\n")
         return metrics

@@ -34,6 +34,7 @@ def test_accessor_and_count_filter_reach_the_servers(mode, tmp_path, in_process_
     spec, rows = saved_rows(tmp_path / "filtered")
     assert plain_spec["accessor"] is None and plain_spec["entry"] is None
     assert spec["accessor"]["base_threshold"] == 2.0 and spec["accessor"]["nonclk_coeff"] == 0.1
+    assert spec["accessor"]["delta_keep_days"] == 16.0  # every CtrAccessor field, defaults filled in
     assert spec["entry"] == {"name": "count_filter", "count": 3}
     if mode == "geo":
         # A GEO worker's delta counts one sighting per key per sync (shows are not yet fed from
@@ -46,6 +47,7 @@ def test_accessor_and_count_filter_reach_the_servers(mode, tmp_path, in_process_
 @pytest.mark.parametrize("override,message", [
     ("ps.table.accessor={bogus:1}", r"ps.table: accessor=\{'bogus': 1\}.*unexpected keyword argument 'bogus'"),
     ("ps.table.entry={name:lottery}", r"ps.table: entry=.*give \{'name': 'count_filter'"),
+    ("ps.table.accessor={delta_keep_days:-1}", r"CtrAccessor: delta_keep_days=-1; it must be >= 0"),
 ])
 def test_bad_accessor_or_entry_fails_before_any_process_starts(override, message, tmp_path):
     from recps.cluster import run_distributed

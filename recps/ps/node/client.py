@@ -46,7 +46,7 @@ import torch
 from recps.errors import ConfigError, PSError, PSTimeoutError
 from recps.ps.node.coordinator import CoordinatorClient
 from recps.ps.node.specs import DEFAULT_MODE, DenseLayout, check_table_name, dense_spec, parse_spec, sparse_spec, spec_json
-from recps.ps.table import as_keys, partition, unique_keys
+from recps.ps.table import SAVE_MODES, as_keys, partition, unique_keys
 from recps.ps.transport import Handle, Reply, TransportClient
 
 __all__ = ["PSClient", "PSHandle", "unique_inverse"]
@@ -430,7 +430,15 @@ class PSClient:
     def save(self, path: str, mode: str = "full", tables: Sequence[str] | None = None, timeout: float | None = None) -> dict[str, int]:
         """Every server writes its shard of each table (all by default) to path/<table>/; returns
         rows (sparse) or parameters (dense) written per table, summed over servers. `path` must
-        be visible to every server (one machine, or a shared file system)."""
+        be visible to every server (one machine, or a shared file system).
+
+        `mode` is one of SAVE_MODES, Paddle's save modes 0-3 (SparseTable.save has the rules):
+        "full" every row, nothing changes; "delta" the rows whose delta_score reached the
+        accessor's threshold (resets it); "base" the serving export (values above
+        base_threshold; resets delta_score); "batch" every row, then one more unseen day for
+        every row (the day's end, what shrink deletes by)."""
+        if mode not in SAVE_MODES:
+            raise ConfigError(f"save: mode={mode!r}; use one of {SAVE_MODES}")
         meta = {"path": str(path), "mode": mode, "tables": self._tables_meta(tables)}
         return _summed(self._wait_all(self._request_all("save", "", meta), timeout))
 
@@ -445,8 +453,8 @@ class PSClient:
         return result
 
     def shrink(self, tables: Sequence[str] | None = None, timeout: float | None = None) -> int:
-        """Day end on every server: decay statistics, delete rows (tables with an accessor);
-        returns rows deleted."""
+        """Day end on every server: decay show/click, delete rows by score and unseen days (tables
+        with an accessor; unseen days are counted by save(mode="batch")); returns rows deleted."""
         meta = {"tables": self._tables_meta(tables)}
         return sum(int(r.meta["deleted"]) for r in self._wait_all(self._request_all("shrink", "", meta), timeout))
 

@@ -376,7 +376,9 @@ class PSServer:
                 names.append(table.name)
         # Tables are written at once: on HDFS each file's close is a fixed wait (rfs.concurrently).
         # A save that failed transiently (HDFS: NotReplicatedYet, a DataNode slow to report a
-        # block) left nothing behind and changed nothing: it is done again, a bounded number of times.
+        # block) left nothing behind and changed nothing (SparseTable.save resets delta scores and
+        # counts unseen days only after its commit): it is done again, a bounded number of times,
+        # and writes the same rows.
         what = f"server {self.index}: save to {path}"
         result = {n: r for n, r in zip(names, rfs.concurrently(
             [lambda c=c: rfs.retry_transient(c, what, SAVE_RETRIES) for c in calls])) if n is not None}

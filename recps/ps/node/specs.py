@@ -270,7 +270,7 @@ class TableConfig:
             them spares the key index's re-hashing as the table grows).
         seed: of the initial values.
         accessor: None (no statistics), or CtrAccessor fields (Paddle's CTR accessor: nonclk_coeff,
-            click_coeff, base_threshold, delta_threshold, show_click_decay_rate,
+            click_coeff, base_threshold, delta_threshold, delta_keep_days, show_click_decay_rate,
             delete_threshold, delete_after_unseen_days; `{}` takes its defaults): each row keeps
             show / click / score statistics that shrink, delta and base saves select by.
         entry: None (every key gets a row), {"name": "count_filter", "count": N} (a row after N

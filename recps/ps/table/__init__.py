@@ -1,7 +1,7 @@
 """Parameter-server tables (layer L0): storage and update rules, pure and single-process.
 
 SparseTable maps int64 keys to embedding rows with a vectorized hash map, server-side
-update rules, CTR statistics with admission and shrink, and full/delta/base checkpoints
+update rules, CTR statistics with admission and shrink, and full/delta/base/batch checkpoints
 that re-shard by `partition`. DenseTable holds named dense parameters. Nothing here
 imports the transport.
 """

@@ -18,14 +18,15 @@ Verbs (K keys in a request; duplicates allowed):
     push(keys, grads)                duplicates summed, then the update rule
     push_delta(keys, deltas)         GEO: value += delta, state untouched
     shrink() -> int                  decay statistics, delete rows, return how many
-    save(path, mode) / load(path)    full | delta | base, re-sharded by `partition`
+    save(path, mode) / load(path)    full | delta | base | batch, re-sharded by `partition`
 
 Thread safety: every public method may be called from any thread. pull, push,
 push_delta, shrink and load are atomic with respect to each other (one lock). save copies
 rows in chunks under that lock, releasing it between chunks, so updates continue during a
 save; each saved row's value, state and statistics come from the same update, and a row
 updated after its chunk was copied appears with its older value. shrink and load wait for
-a running save.
+a running save. A save changes statistics (delta_score, unseen_days) only after its shard
+was committed: a save that failed, and its retry, select the same rows.
 
 >>> table = SparseTable(dim=4, optimizer=SGDRule(lr=0.5), initializer=Initializer("zeros"))
 >>> keys = torch.tensor([3, 3, -1])
@@ -71,7 +72,8 @@ __all__ = ["SparseTable", "SAVE_MODES"]
 
 _log = logging.getLogger(__name__)
 
-SAVE_MODES = ("full", "delta", "base")
+SAVE_MODES = ("full", "delta", "base", "batch")  # Paddle's save modes 0, 1, 2, 3
+_WHOLE = ("full", "batch")  # modes that write the whole shard: rows, state, deleted keys, candidates
 _MIN_ROWS = 1024
 _GROWTH = 1.5
 _SAVE_CHUNK_ROWS = 1 << 20
@@ -577,9 +579,15 @@ class SparseTable:
 
     @torch.no_grad()
     def shrink(self) -> int:
-        """End a day: decay show/click, delete rows with score < delete_threshold or
-        unseen_days > delete_after_unseen_days, add an unseen day to the survivors (and age
-        count-filter candidates the same way). Freed slots are reused. Returns rows deleted."""
+        """Decay show and click by show_click_decay_rate, then delete rows whose decayed score
+        < delete_threshold or whose unseen_days > delete_after_unseen_days (Paddle's
+        CtrCommonAccessor::Shrink). Unseen days are not counted here: a "batch" save adds one.
+
+        Count-filter candidates (keys sighted but without a row) do age here, as before: their
+        sightings decay and each shrink adds an unseen day, a sighting restarts it, and a
+        candidate is dropped after more than delete_after_unseen_days shrinks unseen (a batch
+        save writes candidates but has no row of theirs to age). Freed slots are reused.
+        Returns rows deleted."""
         acc = self.accessor
         if acc is None:
             raise ConfigError(f"SparseTable {self.name}.shrink: the table has no accessor; build it with accessor=CtrAccessor(...)")
@@ -594,7 +602,6 @@ class SparseTable:
                 block[:, click] *= acc.show_click_decay_rate
                 score = acc.score(block[:, show], block[:, click])  # (B,)
                 dead = live & ((score < acc.delete_threshold) | (block[:, unseen] > acc.delete_after_unseen_days))
-                block[:, unseen] += live.to(torch.float32)
                 doomed.append(dead.nonzero().squeeze(1) + start)
             doomed = torch.cat(doomed) if doomed else torch.empty(0, dtype=torch.int64)
             self._delete(doomed)
@@ -633,56 +640,95 @@ class SparseTable:
     ) -> dict:
         """Write this shard to `path/shard-SSSSS-of-NNNNN/` atomically; returns the manifest.
 
-        mode="full": every row with values, optimizer state and statistics, plus
-            count-filter candidates and the keys deleted since the last delta/base save
-            (a restart resumes the delta chain exactly).
-        mode="delta": rows changed since the last delta or base save (with an accessor:
-            and delta_score >= delta_threshold), full payload, plus deleted keys. Clears
-            their changed flags. Full saves do not reset the chain.
-        mode="base": serving export, values only, rows with score >= base_threshold (all
-            rows without an accessor). Starts a new delta chain.
+        Modes, with Paddle's numbers (with an accessor, the rows written and the statistics
+        updated are CtrCommonAccessor's; see recps.ps.table.accessor):
+
+        mode="full" (0): every row with values, optimizer state and statistics, plus
+            count-filter candidates and the keys deleted since the last delta/base save (a
+            restart resumes the delta chain exactly). Changes nothing.
+        mode="delta" (1): full payload of the rows with score >= base_threshold,
+            delta_score >= delta_threshold and unseen_days <= delta_keep_days (without an
+            accessor: of the rows pushed since a delta or base save last wrote them), plus
+            the keys deleted since the last delta/base save. Sets their delta_score to 0.
+        mode="base" (2): serving export, values only, of the rows delta selects with
+            delta_threshold = 0 (every row without an accessor). Sets their delta_score to 0
+            and starts a new delta chain (the deleted keys owed are dropped).
+        mode="batch" (3): the payload of "full" (statistics as they were before this save,
+            as Paddle's), then adds one unseen day to every row: the day count that
+            delta_keep_days and shrink's delete_after_unseen_days compare with.
+
+        The dirty flag marks rows pushed since a delta or base save last wrote them: it selects
+        the delta of a table without an accessor (with one, delta_score does). delta and base
+        clear it on the rows they write as each chunk is copied, and set it back if the write fails.
+
+        delta_score, unseen_days and the deleted keys owed change only after the shard was
+        committed: a failed write (and its retry, e.g. the server's retry_transient) leaves
+        them as they were, so the retry writes the same rows. A push to a written row after
+        its chunk was copied keeps the delta_score it added.
         """
         if mode not in SAVE_MODES:
             raise ConfigError(f"SparseTable {self.name}.save: mode={mode!r}; use one of {SAVE_MODES}")
         if chunk_rows < 1:
             raise ConfigError(f"SparseTable {self.name}.save: chunk_rows={chunk_rows}; it must be >= 1")
         with self._save_lock:
-            cleared: list[torch.Tensor] = []
+            # shrink and load wait for _save_lock: no row is deleted and no key is added to
+            # _deleted until this save ends, so written slots still hold their keys after the commit.
+            cleared: list[torch.Tensor] = []  # slots whose dirty flag this save cleared
+            scores: list[tuple[torch.Tensor, torch.Tensor]] = []  # (slots, delta_score written)
             with self._lock:
                 deleted = torch.cat(self._deleted) if self._deleted else torch.empty(0, dtype=torch.int64)
-                if mode != "full":
-                    self._deleted = []
             try:
                 with ShardWriter(path, shard, num_shards) as writer:
-                    rows = self._write_rows(writer, mode, chunk_rows, cleared)
+                    rows = self._write_rows(writer, mode, chunk_rows, cleared, scores)
                     if mode != "base":
                         writer.declare("deleted", torch.int64, ())
                         writer.append("deleted", deleted)
-                    if mode == "full":
+                    if mode in _WHOLE:
                         with self._lock:
                             pkeys, pdata = self._pending.snapshot()
                         writer.declare("pending_keys", torch.int64, ())
                         writer.append("pending_keys", pkeys)
                         writer.declare("pending", torch.float32, (_PENDING_COLS,))
                         writer.append("pending", pdata)
-                    return writer.commit(self._header(mode, shard, num_shards, rows))
+                    manifest = writer.commit(self._header(mode, shard, num_shards, rows))
             except BaseException:
-                # The export did not happen: rows it cleared are still changed, and deleted keys still owed.
+                # Nothing was exported: the rows it cleared are still owed to the next delta.
                 with self._lock:
                     for slots in cleared:
                         self._rows[slots, self._col["dirty"]] = 1.0
-                    if mode != "full" and deleted.numel():
-                        self._deleted.insert(0, deleted)
                 raise
+            self._after_save(mode, chunk_rows, scores)
+            return manifest
 
-    def _write_rows(self, writer: ShardWriter, mode: str, chunk_rows: int, cleared: list) -> int:
+    def _after_save(self, mode: str, chunk_rows: int, scores: list) -> None:
+        """Statistics updates of a committed save (Paddle's UpdateStatAfterSave), under the save lock."""
+        if mode in ("delta", "base"):
+            with self._lock:
+                self._deleted = []
+            ds = self._col.get("delta_score")
+            for slots, written in scores:
+                with self._lock:
+                    # written - written is exactly 0; a push after the copy keeps what it added.
+                    self._rows[slots, ds] = self._rows[slots, ds] - written
+        elif mode == "batch" and self.accessor is not None:
+            unseen = self._col["unseen_days"]
+            for start in range(0, self._used, chunk_rows):
+                with self._lock:
+                    end = min(start + chunk_rows, self._used)
+                    self._rows[start:end, unseen] += self._live[start:end].to(torch.float32)
+
+    def _write_rows(self, writer: ShardWriter, mode: str, chunk_rows: int, cleared: list, scores: list) -> int:
+        """Append the rows `mode` selects, chunk by chunk; returns how many. Fills `cleared`
+        with the slots whose dirty flag it cleared and `scores` with (slots, delta_score) of
+        written rows whose delta_score the commit resets."""
         d, s, m = self.dim, self._state_width, len(self.meta_columns)
         writer.declare("keys", torch.int64, ())
         writer.declare("values", self.dtype, (d,))
         if mode != "base":
             writer.declare("state", torch.float32, (s,))
             writer.declare("meta", torch.float32, (m,))
-        acc, dirty = self.accessor, self._col["dirty"]
+        acc, dirty, col = self.accessor, self._col["dirty"], self._col
+        resets = mode in ("delta", "base")
         total, start = 0, 0
         while True:
             with self._lock:  # one chunk is copied atomically with respect to updates
@@ -691,24 +737,23 @@ class SparseTable:
                 end = min(start + chunk_rows, self._used)
                 block = self._rows[start:end]  # (B, W) view
                 select = self._live[start:end].clone()  # (B,)
-                if mode == "delta":
+                if acc is not None:
+                    select &= acc.save_selects(mode, block[:, col["show"]], block[:, col["click"]],
+                                               block[:, col["unseen_days"]], block[:, col["delta_score"]])
+                elif mode == "delta":
                     select &= block[:, dirty] > 0
-                    if acc is not None:
-                        select &= block[:, self._col["delta_score"]] >= acc.delta_threshold
-                elif mode == "base":
-                    live = select.clone()
-                    if acc is not None:
-                        select &= acc.score(block[:, self._col["show"]], block[:, self._col["click"]]) >= acc.base_threshold
                 slots = select.nonzero().squeeze(1) + start  # (R,)
                 keys = self._keys[slots]
                 rows = self._rows.index_select(0, slots)  # (R, W) copy
                 values = self._half[slots] if self._half is not None else rows[:, :d]
-                if mode != "full":
-                    reset = slots if mode == "delta" else live.nonzero().squeeze(1) + start
-                    self._rows[reset, dirty] = 0.0
+                if resets:
+                    was_dirty = slots[rows[:, dirty] > 0]  # (X,)
+                    self._rows[was_dirty, dirty] = 0.0
+                    cleared.append(was_dirty)
                     if acc is not None:
-                        self._rows[reset, self._col["delta_score"]] = 0.0
-                    cleared.append(reset)
+                        written = rows[:, col["delta_score"]]  # (R,)
+                        nonzero = written != 0
+                        scores.append((slots[nonzero], written[nonzero]))
             writer.append("keys", keys)
             writer.append("values", values)
             if mode != "base":
@@ -738,8 +783,8 @@ class SparseTable:
         """Load this shard's rows from a table checkpoint folder written by `save`.
 
         The checkpoint may have any number of shards: each is read and its keys with
-        `partition(key, num_shards) == shard` are kept. A full or base checkpoint replaces
-        the table's contents; a delta is applied on top (rows overwritten or added, deleted
+        `partition(key, num_shards) == shard` are kept. A full, batch or base checkpoint
+        replaces the table's contents; a delta is applied on top (rows overwritten or added, deleted
         keys removed). Sizes, sha256 checksums, dims and the optimizer are verified first;
         on a mismatch nothing is changed and CheckpointError names the file. Returns rows
         loaded.
@@ -755,7 +800,7 @@ class SparseTable:
                 self._create(parts["keys"], values=parts["values"])
                 self._rows[: self._used, self._col["dirty"]] = 0.0
                 return parts["keys"].numel()
-            if mode == "full":
+            if mode in _WHOLE:
                 self._create(parts["keys"], values=parts["values"], state=parts["state"], meta=parts["meta"])
                 if parts["deleted"].numel():
                     self._deleted = [parts["deleted"]]
@@ -822,7 +867,7 @@ class SparseTable:
                 arrays["state"] = reader.read("state")
                 arrays["meta"] = self._map_meta(reader.read("meta"), man["meta_columns"])
                 arrays["deleted"] = reader.read("deleted")
-            if mode == "full":
+            if mode in _WHOLE:
                 arrays["pending_keys"] = reader.read("pending_keys")
                 arrays["pending"] = reader.read("pending")
             if own:

@@ -15,6 +15,8 @@ from recps.errors import ConfigError, PSError, PSTimeoutError
 from recps.ps.modes import server_halves
 from recps.ps.node import PSClient, PSServer, unique_inverse
 from recps.ps.table import AdagradRule, Initializer, SparseTable, partition
+from recps.ps.table import checkpoint
+from recps.ps.table.checkpoint import read_table
 
 TOKEN = "node-test"
 INIT = {"kind": "uniform", "low": -0.1, "high": 0.1}
@@ -229,6 +231,43 @@ def test_stats_and_shrink(cluster2):
     assert client.stats()["tables"]["ctr"]["rows"] == 30
     with pytest.raises(PSError, match="no accessor"):
         client.shrink(["plain"])
+
+
+def test_save_modes_through_the_servers(tmp_path, cluster2, monkeypatch):
+    """delta, base and batch on two servers select by Paddle's rule; a transient write failure,
+    retried by the server, writes the same rows and resets their delta_score once; batch adds
+    one unseen day to every row; a bad mode is refused naming the four."""
+    client = cluster2.client()
+    client.create_sparse_table("ctr", dim=2, accessor={"nonclk_coeff": 0.125, "click_coeff": 1.0,
+                                                       "base_threshold": 1.0, "delta_threshold": 0.5})
+    keys = torch.arange(200) * 7919
+    is_clicked = torch.arange(200) % 4 == 0  # score 0.125 * 2 + 2 = 2.25; the others 0.125 * 4 = 0.5 < 1
+    client.push("ctr", keys, torch.zeros(200, 2), shows=torch.full((200,), 4.0), clicks=is_clicked.float() * 2).wait()
+    tables = [s.sparse("ctr") for s in cluster2.servers]
+
+    def column(name: str) -> torch.Tensor:  # (200,) summed over the servers (a key has one)
+        return sum(t.stats(keys)[name] for t in tables)
+
+    real_commit, lock, failures = checkpoint.ShardWriter.commit, threading.Lock(), [1]
+
+    def flaky_commit(writer, header):
+        with lock:
+            fail, failures[0] = failures[0] > 0, failures[0] - 1
+        if fail:
+            raise TimeoutError("a DataNode was slow to report the block")
+        return real_commit(writer, header)
+
+    monkeypatch.setattr(checkpoint.ShardWriter, "commit", flaky_commit)
+    assert client.save(str(tmp_path / "delta"), mode="delta") == {"ctr": 50}
+    assert failures[0] < 0  # one commit failed and was retried
+    assert torch.equal(read_table(tmp_path / "delta" / "ctr").keys, torch.sort(keys[is_clicked]).values)
+    assert torch.equal(column("delta_score"), torch.where(is_clicked, 0.0, 0.5))
+    assert client.save(str(tmp_path / "delta2"), mode="delta") == {"ctr": 0}
+    assert client.save(str(tmp_path / "base"), mode="base") == {"ctr": 50}
+    assert client.save(str(tmp_path / "batch"), mode="batch") == {"ctr": 200}
+    assert column("unseen_days").eq(1).all() and column("show").eq(4).all()
+    with pytest.raises(ConfigError, match=r"mode='xbox'; use one of \('full', 'delta', 'base', 'batch'\)"):
+        client.save(str(tmp_path / "x"), mode="xbox")
 
 
 def test_wrong_token_is_refused(cluster2):

@@ -21,6 +21,7 @@ from recps.ps.table import (
     SparseTable,
     partition,
 )
+from recps.ps.table.checkpoint import read_table
 
 D = 4
 
@@ -34,7 +35,8 @@ def trained(keys, steps=3, **kw):
     table = make(**kw)
     g = torch.Generator().manual_seed(0)
     for _ in range(steps):
-        table.push(keys, torch.randn(keys.numel(), D, generator=g), clicks=(keys % 3 == 0).float())
+        clicks = (keys % 3 == 0).float() if table.accessor is not None else None
+        table.push(keys, torch.randn(keys.numel(), D, generator=g), clicks=clicks)
     return table
 
 
@@ -71,21 +73,27 @@ def test_full_round_trip_restores_everything(tmp_path, dtype):
 
 
 def test_delta_chain_reproduces_the_table(tmp_path):
-    table = trained(KEYS)
+    # Paddle's delta: score >= base_threshold (2), delta_score >= delta_threshold (0.25), seen within 16 days.
+    # After 3 pushes a clicked key (key % 3 == 0) has score 3, another 0.3 (below the base threshold).
+    acc = CtrAccessor(base_threshold=2.0, delta_threshold=0.25, delete_threshold=0.1)
+    table = trained(KEYS, accessor=acc)
     table.save(tmp_path / "base", "base")  # serving export starts the chain
-    serving = make()
+    serving = make(accessor=acc)
     serving.load(tmp_path / "base")
     # Day goes on: some rows change, some are new, some are deleted by shrink.
     changed = KEYS[::5]
-    table.push(changed, torch.ones(changed.numel(), D), shows=torch.full((changed.numel(),), 5.0))
-    table.push(torch.tensor([5000, 5001]), torch.ones(2, D), shows=torch.tensor([5.0, 5.0]))
+    table.push(changed, torch.ones(changed.numel(), D), shows=torch.full((changed.numel(),), 5.0))  # delta_score +0.5
+    table.push(torch.tensor([5000, 5001]), torch.ones(2, D), shows=torch.tensor([5.0, 5.0]), clicks=torch.tensor([3.0, 3.0]))
     table.set_stats(KEYS[1:20:2], show=0.0, click=0.0)
     deleted = table.shrink()
     assert deleted == 10
     man = table.save(tmp_path / "delta1", "delta")
-    assert man["rows"] == changed.numel() + 2 - sum(1 for k in KEYS[1:20:2].tolist() if k in set(changed.tolist()))
+    gone = set(KEYS[1:20:2].tolist())
+    expect = {k for k in changed.tolist() if k % 3 == 0 and k not in gone} | {5000, 5001}  # changed, above base
+    assert man["rows"] == len(expect)
+    assert set(read_table(tmp_path / "delta1").keys.tolist()) == expect
     assert man["files"]["deleted"]["shape"] == [10]
-    # Nothing changed since: the next delta is empty.
+    # Nothing changed since: the next delta is empty (its rows' delta_score was reset to 0 < 0.25).
     assert table.save(tmp_path / "delta2", "delta")["rows"] == 0
     serving.load(tmp_path / "delta1")
     serving.load(tmp_path / "delta2")
@@ -113,15 +121,22 @@ def test_base_exports_values_above_threshold_only(tmp_path):
     assert torch.equal(served.pull(keys), table.pull(keys))
 
 
-def test_full_save_keeps_the_delta_chain(tmp_path):
-    table = trained(KEYS)
+@pytest.mark.parametrize("mode", ["full", "batch"])
+@pytest.mark.parametrize("accessor", [None, CtrAccessor(base_threshold=2.0, delta_threshold=0.25)])
+def test_full_save_keeps_the_delta_chain(tmp_path, accessor, mode):
+    """Without an accessor a delta holds the rows pushed since the base; with one, those whose
+    delta_score reached 0.25 (here the same 7: shows 2, clicks 2 add 2.0 and lift every score above 2)."""
+    table = trained(KEYS, accessor=accessor)
     table.save(tmp_path / "base", "base")
-    table.push(KEYS[:7], torch.ones(7, D))
-    table.save(tmp_path / "ckpt", "full")  # a checkpoint must not reset what the next delta owes
-    restarted = make()
+    counts = {} if accessor is None else {"shows": torch.full((7,), 2.0), "clicks": torch.full((7,), 2.0)}
+    table.push(KEYS[:7], torch.ones(7, D), **counts)
+    table.save(tmp_path / "ckpt", mode)  # a checkpoint must not reset what the next delta owes
+    restarted = make(accessor=accessor)
     restarted.load(tmp_path / "ckpt")
     assert table.save(tmp_path / "d_live", "delta")["rows"] == 7
     assert restarted.save(tmp_path / "d_restart", "delta")["rows"] == 7
+    assert torch.equal(read_table(tmp_path / "d_live").keys, torch.sort(KEYS[:7]).values)
+    assert torch.equal(read_table(tmp_path / "d_restart").keys, torch.sort(KEYS[:7]).values)
 
 
 def test_reshard_two_to_three(tmp_path):
@@ -226,12 +241,17 @@ def test_failed_save_leaves_no_folder_and_keeps_delta_owed(tmp_path, monkeypatch
     def boom(self, header):
         raise OSError("disk full")
 
+    before = table.stats(KEYS)
     monkeypatch.setattr(checkpoint.ShardWriter, "commit", boom)
     with pytest.raises(OSError, match="disk full"):
         table.save(tmp_path / "d", "delta")
     assert list((tmp_path / "d").iterdir()) == []
+    after = table.stats(KEYS)
+    assert all(torch.equal(before[c], after[c]) for c in before)  # dirty, delta_score: as before the save
     monkeypatch.undo()
-    assert table.save(tmp_path / "d", "delta")["rows"] == KEYS.numel()
+    # delta_threshold 0: the rows at base_threshold 2 or above, i.e. the clicked keys (score 3).
+    score = 0.1 * (before["show"] - before["click"]) + before["click"]
+    assert table.save(tmp_path / "d", "delta")["rows"] == int((score >= 2.0).sum()) == int((KEYS % 3 == 0).sum())
 
 
 def test_save_replaces_an_existing_folder_atomically(tmp_path):

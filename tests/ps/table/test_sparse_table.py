@@ -135,7 +135,7 @@ def test_show_click_from_pushes_and_score():
     assert s["delta_score"][:2].tolist() == pytest.approx([0.1 * 2 + 1.0, 0.1 * 4 + 1.0])
 
 
-def test_shrink_on_hand_made_statistics():
+def test_shrink_on_hand_made_statistics(tmp_path):
     table = accessor_table()
     keys = torch.arange(6)
     table.pull(keys)
@@ -151,13 +151,15 @@ def test_shrink_on_hand_made_statistics():
     assert table.contains(keys).tolist() == [False, True, False, True, True, False]
     s = table.stats(torch.tensor([1, 3, 4]))
     assert s["show"].tolist() == [2.0, 15.0, 1.0]
-    assert s["unseen_days"].tolist() == [1.0, 3.0, 2.0]
+    assert s["unseen_days"].tolist() == [0.0, 2.0, 1.0]  # shrink counts no day (Paddle's): a batch save does
     assert len(table) == 3
+    table.save(tmp_path / "day", "batch")  # the day's end: every row one more unseen day
+    assert table.stats(torch.tensor([1, 3, 4]))["unseen_days"].tolist() == [1.0, 3.0, 2.0]
     # Next day: key3 is now unseen 3 > 2 and goes; key1 score 0.1*0.5+1*0.5 = 0.55 < 1 goes.
     table.push(torch.tensor([4]), torch.zeros(1, 2), shows=torch.tensor([0.0]), clicks=torch.tensor([2.0]))
     assert table.shrink() == 2
     assert table.keys().tolist() == [4]
-    assert table.stats(torch.tensor([4]))["unseen_days"].tolist() == [1.0]
+    assert table.stats(torch.tensor([4]))["unseen_days"].tolist() == [0.0]  # pushed since the batch save
 
 
 def test_deleted_slots_are_reused_and_rows_start_fresh():

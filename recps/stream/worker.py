@@ -409,10 +409,11 @@ class _Loop:
                 record.update(self._saves(p, checkpoint, delta, record.get("eval", {})))
             self.fleet.barrier(f"recps.stream.{p.day}.{p.index}.saved", timeout=self.timeout_s)
             record["pass_s"] = round(time.perf_counter() - t0, 3)
+            del source  # a worker holds one pass at a time
+            record["rss_mib"] = _rss_mib()
             if zero:
                 self._log(record)
             self.records.append(record)
-            del source  # a worker holds one pass at a time
             p = _following(self.plan, p)
         if self.tb is not None:
             self.tb.close()
@@ -452,6 +453,15 @@ class _Loop:
         if self.tb is not None:
             for k, v in e.items():
                 self.tb.add_scalar(f"stream/{k}", v, self.passes_done)
+
+
+def _rss_mib() -> float | None:
+    """This process's resident memory now (Linux /proc; None elsewhere)."""
+    try:
+        with open("/proc/self/status") as f:
+            return round(next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024, 1)
+    except (OSError, StopIteration, ValueError):
+        return None
 
 
 def stream_work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence = ()) -> dict[str, Any] | None:

@@ -11,7 +11,8 @@ What a pass saves (`StreamPlan.saves`): a checkpoint (Paddle's save mode 0) ever
 restarted job resumes, so a published delta or day end is never redone from an earlier state
 (exactly once, recps.stream.donefile).
 
->>> plan = StreamPlan(StreamConfig(root="r", out="o", hours=2, split_interval=30, split_per_pass=3))
+>>> plan = StreamPlan(StreamConfig(root="r", out="o", start_day="20261201", end_day="20261201",
+...                                 hours=2, split_interval=30, split_per_pass=3))
 >>> [(p.index, p.minutes) for p in plan.passes_of_day("20261201")]
 [(1, (0, 30, 60)), (2, (90,))]
 """

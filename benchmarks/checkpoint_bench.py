@@ -402,7 +402,7 @@ def _modes_markdown(records: list[dict[str, Any]]) -> str:
         loads = (f"{_runs([r['load_s'] for r in rs], '.2f')} | {_runs([r['load_mb_per_s'] for r in rs], ',.0f')}"
                  if mode == "full" else "— | —")
         lines.append(
-            f"| {rows:,} | {fs_name}:// | {mode} | {_runs([r['rows_written'] for r in rs], ',d')} "
+            f"| {rows:,} | {fs_name}:// | {mode} | {_runs([r['rows_written'] for r in rs], ',.0f')} "
             f"| {_runs([r['bytes'] / 1e6 for r in rs], ',.1f')} | {_runs([r['save_s'] for r in rs], '.3f')} "
             f"| {_runs([r['save_mb_per_s'] for r in rs], ',.0f')} | {loads} |")
     return "\n".join(lines)

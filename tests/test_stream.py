@@ -7,6 +7,8 @@ independent recomputation from the data:
   checkpoint and one delta per pass, a base and a day model per day;
 - each delta holds exactly the rows the CTR accessor selects, recomputed from the previous
   checkpoint's statistics and the pass's own shows (1 per occurrence) and clicks (labels);
+- each day end's shrink deletes exactly the rows below the decayed score or unseen for too long,
+  and the batch model (mode 3) ages every row by one day;
 - a worker, and separately a server, killed with SIGKILL mid pass 3: the same command resumes
   at pass 3, and the servers' show counts equal the exact occurrence counts of the 8 passes
   (a pass trained twice, or skipped, would show), no record written twice;
@@ -41,6 +43,7 @@ RUN_TIMEOUT_S = 420
 DAYS, HOURS, ROWS = ("20261201", "20261202"), 4, 3000
 TABLE = "embedding_d11"  # deepfm's one PS table (every feature is 11 wide: conf/model/deepfm.yaml)
 BASE_THRESHOLD, DELTA_THRESHOLD = 1.45, 0.25  # between multiples of 0.1: float32 sums cannot cross them
+DELETE_THRESHOLD = 0.85
 COMMON = ["model=deepfm", "trainer.threads=1", "trainer.batch_size=256", "cluster.workers=2",
           "stream.start_day=20261201", "stream.end_day=20261202", f"stream.hours={HOURS}", "stream.data_sleep_second=0.2",
           f"ps.table.accessor.base_threshold={BASE_THRESHOLD}", f"ps.table.accessor.delta_threshold={DELTA_THRESHOLD}"]
@@ -145,7 +148,10 @@ def hdfs_stream(hdfs):
 @pytest.mark.parametrize("mode", ["async", "geo"])
 def test_stream_on_hdfs_publishes_paddle_records_and_exact_deltas(hdfs, hdfs_stream, tmp_path, mode):
     out = f"{hdfs.url}/models/{mode}"
-    metrics = run_stream(stream_cmd(hdfs_stream, out, tmp_path / "run", mode))
+    # Day ends delete rows whose decayed score < 0.85 (between the values 0.098 k + 0.98 c that
+    # integer shows k + c and clicks c decay to) or that went unseen for a day.
+    metrics = run_stream(stream_cmd(hdfs_stream, out, tmp_path / "run", mode, [
+        f"ps.table.accessor.delete_threshold={DELETE_THRESHOLD}", "ps.table.accessor.delete_after_unseen_days=0"]))
     check_records(out)
     passes = [p for p in metrics["stream"]["passes"] if "pass" in p]
     assert len(passes) == len(DAYS) * HOURS
@@ -164,6 +170,28 @@ def test_stream_on_hdfs_publishes_paddle_records_and_exact_deltas(hdfs, hdfs_str
         # the checkpoint's shows are the exact occurrence counts so far
         assert prev["show"].sum().item() == sum(pass_counts(hdfs_stream, DAYS[0], h)[1].sum().item()
                                                 for h in range(hour + 1))
+    # Day 1's end: shrink kept exactly the rows whose decayed score reaches the threshold (the batch
+    # model holds every row left), and the batch save aged every row by one day: day 2's first
+    # checkpoint has unseen_days 1 exactly on the rows its pass did not touch.
+    check_shrink(prev, stats(f"{out}/{DAYS[1]}/0"))
+    first = stats(f"{out}/{DAYS[1]}/1")
+    touched = torch.isin(first["keys"], pass_counts(hdfs_stream, DAYS[1], 0)[0])
+    assert torch.equal(first["unseen_days"], (~touched).double())
+    # Day 2's end: rows unseen all day (unseen_days 1 > delete_after_unseen_days 0) go too.
+    last = stats(f"{out}/{DAYS[1]}/{HOURS}")
+    day2 = torch.unique(torch.cat([pass_counts(hdfs_stream, DAYS[1], h)[0] for h in range(HOURS)]))
+    assert torch.equal(last["unseen_days"] == 0, torch.isin(last["keys"], day2))
+    check_shrink(last, stats(f"{out}/20261203/0"), max_unseen=0)
+
+
+def check_shrink(before: dict, after: dict, max_unseen: float = 0.0) -> None:
+    """`after` (a batch model saved right after shrink) holds exactly the rows of `before` (the
+    day's last checkpoint) that survive Paddle's shrink rule, with decayed shows and clicks."""
+    show, click = before["show"] * 0.98, before["click"] * 0.98
+    kept = (score(show, click) >= DELETE_THRESHOLD) & (before["unseen_days"] <= max_unseen)
+    assert 0 < int(kept.sum()) < kept.numel()
+    assert torch.equal(after["keys"], before["keys"][kept])
+    assert torch.allclose(after["show"], show[kept], rtol=1e-6)
 
 
 def _wait_for(pattern: str, proc: subprocess.Popen, lines: list[str], pids: dict[str, int], deadline: float) -> None:
@@ -245,3 +273,24 @@ def test_incremental_training_beats_the_model_frozen_after_day_1(tmp_path):
     assert abs(gaps[0]) < 2e-3, gaps
     assert all(g > 0 for g in gaps[1:]), gaps
 
+
+
+def test_a_malformed_pass_stops_the_stream_naming_the_file_and_keeps_what_was_committed(tmp_path):
+    root, out = str(tmp_path / "clicks"), str(tmp_path / "model")
+    info = write_stream(root, days=1, hours=3, rows=2000, start_day=DAYS[0])
+    part = Path(info.part_paths(DAYS[0], 60)[0])  # pass 2
+    good = part.read_bytes()
+    lines = good.split(b"\n")
+    lines[5] = b"not\ta\tcriteo\tline"
+    part.write_bytes(b"\n".join(lines))
+    cmd = [sys.executable, "-m", "recps.train", "stream=hourly", f"stream.root={root}", f"stream.out={out}",
+           "ps=async", "model=deepfm", "cluster.workers=1", "stream.start_day=20261201", "stream.end_day=20261201",
+           "stream.hours=3", "dataset.error_budget=0", f"hydra.run.dir={tmp_path / 'run1'}"]
+    proc = subprocess.run(cmd, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert proc.returncode != 0
+    assert f"{part.name}" in proc.stdout + proc.stderr and "line 6" in proc.stdout + proc.stderr, proc.stdout[-3000:]
+    records = (Path(out) / "donefile.txt").read_text().splitlines()
+    assert [r.split("\t")[3] for r in records] == ["1"]  # pass 1 committed and recorded, nothing of pass 2
+    part.write_bytes(good)
+    metrics = run_stream(cmd[:-1] + [f"hydra.run.dir={tmp_path / 'run2'}"])
+    assert [p["pass"] for p in metrics["stream"]["passes"] if "pass" in p] == [2, 3]

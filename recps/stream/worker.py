@@ -135,7 +135,8 @@ def _following(plan: StreamPlan, p: Pass | None) -> Pass | None:
 
 def resume_point(config: StreamConfig) -> Resume:
     """The Resume of `config.out`'s records (see the module docstring); raises ConfigError for a
-    history that goes back in time, does not match the stream's passes, or starts after start_day."""
+    history that goes back in time or does not match the stream's passes. Records win over
+    stream.start_day: a stream begun earlier goes on after its last record."""
     from recps.checkpoint import is_committed
 
     plan = StreamPlan(config)
@@ -155,7 +156,7 @@ def resume_point(config: StreamConfig) -> Resume:
                               f"({len(day_passes)} a day with stream.hours={config.hours}, split_interval="
                               f"{config.split_interval}, split_per_pass={config.split_per_pass}); resume with the "
                               "stream settings that wrote it, or give another stream.out")
-        last = day_passes[r.pass_id - 1]  # a stream begun earlier resumes from its records, whatever start_day
+        last = day_passes[r.pass_id - 1]
     elif any(r.pass_id == DAY_MODEL_PASS for r in records):
         raise ConfigError(f"{done.url('donefile.txt')} records a day model but no pass checkpoint; it was not written "
                           "by a recps stream job: give another stream.out")
@@ -186,9 +187,9 @@ def resume_point(config: StreamConfig) -> Resume:
             day_models = {(r.day, r.path.rstrip("/")) for r in records if r.pass_id == DAY_MODEL_PASS}
             published = (done.published(BASE_DONEFILE, base), (next_day(last.day), batch.rstrip("/")) in day_models)
             resume.day_end, resume.day_end_published = last, published
-            if all(published):
-                later = [r for r in records if r.pass_id == DAY_MODEL_PASS and r.day == next_day(last.day)]
-                resume.base_key = later[-1].base_key
+            if published[0]:  # the base's key, which the day model and the next day's records carry
+                wanted = done.input_of(base)
+                resume.base_key = int(next(b["key"] for b in done.bases() if b["input"] == wanted))
     return resume
 
 

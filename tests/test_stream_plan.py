@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -71,6 +72,20 @@ def test_wait_is_bounded_and_names_the_split(tmp_path):
     assert sleeps == [10, 10, 5]
     (tmp_path / "0000" / "_SUCCESS").touch()
     assert wait_for_splits([str(tmp_path / "0000")], "_SUCCESS", sleep_s=10, timeout_s=25) == pytest.approx(0, abs=1)
+
+
+def test_an_unreachable_file_system_is_waited_on_within_the_bound_then_named(caplog):
+    from recps.launch import free_port
+
+    split = f"hdfs://127.0.0.1:{free_port()}/clicks/20261201/0000"  # nothing listens there
+    t = time.monotonic()
+    with pytest.raises(DataError) as e:
+        wait_for_splits([split], "_SUCCESS", sleep_s=0.2, timeout_s=2)
+    assert 2 <= time.monotonic() - t < 30
+    message = str(e.value)
+    assert message.startswith(f"stream split {split}: its file system did not answer")
+    assert "stream.wait_timeout_s=2" in message and "NameNode" in message and "run the same command again" in message
+    assert sum("cannot be looked at" in r.message for r in caplog.records) == 1  # one line per outage
 
 
 def test_files_of_a_pass_skip_markers_and_shard_by_worker(tmp_path):

@@ -1,12 +1,19 @@
 """Session data: click logs → item-id sequences, an item vocabulary, and two batch sources.
 
-Files: delimited text with a header and three columns (names configurable): session id,
-item id, time. GRU4Rec's preparation of RecSys Challenge 2015 (rsc15) writes
-`SessionId<TAB>ItemId<TAB>Time`. Reading is vectorized with pandas: clicks sort by
+Files: delimited text with three columns used (names configurable): session id, item id,
+time. GRU4Rec's preparation of RecSys Challenge 2015 (rsc15) writes
+`SessionId<TAB>ItemId<TAB>Time` with a header; the raw `yoochoose-clicks.dat` is
+`SessionId,Timestamp,ItemId,Category` without one and with ISO-8601 times
+(`header=False`, `columns=[SessionId, Time, ItemId, Category]`, `separator=","`,
+`time_format="datetime"`). Reading is vectorized with pandas: clicks sort by
 (session, time) (stable: ties keep file order), the train split's items make the
 vocabulary (ids 0..C-1 in sorted raw-id order), and GRU4Rec's evaluation protocol
 filters the test split: clicks on items unseen in training are dropped, then sessions
 left with fewer than `min_length` (2) clicks.
+
+The test split is either its own files, or, with `test_days` = N, the sessions of the
+training files whose last click lies within N days (N x 86,400 s) of the latest click:
+GRU4Rec's and SR-GNN's split of one click file (`split_last_days`).
 
 Bad rows (a wrong field count, a missing or non-numeric value) are skipped, counted and
 logged with their file and line; beyond `error_budget` the reader raises DataError.
@@ -82,6 +89,8 @@ __all__ = [
     "SequenceSource",
     "SessionData",
     "read_clicks",
+    "split_last_days",
+    "read_train_test",
     "build_sessions",
     "prepare_sessions",
 ]
@@ -91,6 +100,8 @@ log = logging.getLogger(__name__)
 #: Largest vocabulary whose ids float32 labels hold exactly.
 MAX_ITEMS = 2**24
 _BATCHINGS = ("session_parallel", "sequences")
+_TIME_FORMATS = ("number", "datetime")
+DAY_SECONDS = 86_400
 _MAX_IN_MESSAGE = 3
 
 
@@ -331,6 +342,40 @@ def _ids(column: pd.Series, integer: bool) -> pd.Series:
     return pd.to_numeric(column, errors="coerce")
 
 
+def _seconds(column: pd.Series, time_format: str) -> pd.Series:
+    """float64 seconds of a time column: a number as it is, or ISO-8601 text (NaN: unparsable)."""
+    if time_format == "number":
+        return pd.to_numeric(column, errors="coerce")
+    stamps = pd.to_datetime(column.where(column != ""), utc=True, errors="coerce", format="ISO8601")
+    return (stamps - pd.Timestamp(0, tz="UTC")) / pd.Timedelta(seconds=1)
+
+
+def _check_layout(paths: Any, header: Any, columns: Any, separator: Any, time_format: Any,
+                  keys: dict[str, str]) -> list[str] | None:
+    """Validates the layout options (ConfigError naming the key and the files); returns the columns."""
+    if not isinstance(header, bool):
+        raise ConfigError(f"dataset.header={header!r} (files {paths!r}); use true (the first line names the "
+                          "columns) or false (then dataset.columns names them)")
+    if not isinstance(separator, str) or len(separator) != 1:
+        raise ConfigError(f"dataset.separator={separator!r} (files {paths!r}); use one character, e.g. '\\t' or ','")
+    if time_format not in _TIME_FORMATS:
+        raise ConfigError(f"dataset.time_format={time_format!r} (files {paths!r}); use 'number' (seconds, e.g. "
+                          "1396860669.277) or 'datetime' (ISO-8601 text, e.g. 2014-04-07T10:51:09.277Z)")
+    if columns is None:
+        if not header:
+            raise ConfigError(f"dataset.header=false needs dataset.columns: every column of {paths!r} in file "
+                              "order (e.g. [SessionId, Time, ItemId, Category] for yoochoose-clicks.dat)")
+        return None
+    if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
+        raise ConfigError(f"dataset.columns={columns!r} (files {paths!r}); give a list of column names in file order")
+    columns = list(columns)
+    for key, name in keys.items():
+        if name not in columns:
+            raise ConfigError(f"dataset.{key}={name!r} is not among dataset.columns {columns} (files {paths!r}); "
+                              f"set dataset.{key} to one of them")
+    return columns
+
+
 def read_clicks(
     paths: Any,
     session_key: str = "SessionId",
@@ -339,42 +384,55 @@ def read_clicks(
     separator: str = "\t",
     integer_ids: bool = True,
     error_budget: float | int = 0.001,
+    header: bool = True,
+    columns: Sequence[str] | None = None,
+    time_format: str = "number",
 ) -> pd.DataFrame:
     """Reads click files (local paths or fsspec URLs) into a frame sorted by (session, time).
 
+    Layout: `separator` (one character); `header` True: the first line names the columns
+    (with `columns` given too, that line is skipped and `columns` name them instead), False:
+    `columns` names every column in file order; `time_format` "number" (seconds) or "datetime"
+    (ISO-8601 text, read as seconds since 1970 UTC).
+
     Returns columns `session`, `item` (int64 when `integer_ids`, else strings) and `time`
-    (float64). Raises DataError when the bad rows exceed `error_budget` (a fraction of the
-    rows when a float in [0, 1], else a count).
+    (float64 seconds). Raises DataError when the bad rows exceed `error_budget` (a fraction of
+    the rows when a float in [0, 1], else a count).
     """
     if isinstance(error_budget, bool) or not isinstance(error_budget, (int, float)) or error_budget < 0 or (
             isinstance(error_budget, float) and error_budget > 1):
         raise ConfigError(f"dataset.error_budget={error_budget!r}; use a fraction in [0, 1] or a row count >= 0")
+    names = _check_layout(paths, header, columns, separator, time_format,
+                          {"session_key": session_key, "item_key": item_key, "time_key": time_key})
     files = expand_paths(paths)
     if not files:
         raise ConfigError(f"no click files at {paths!r}; check the dataset's train/test paths")
+    first_row_line = 2 if header else 1
     frames, examples, n_bad, rows = [], [], 0, 0
     for path in files:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                frame = pd.read_csv(path, sep=separator, dtype=str, on_bad_lines="warn", keep_default_na=False)
+                frame = pd.read_csv(path, sep=separator, dtype=str, on_bad_lines="warn", keep_default_na=False,
+                                    header=0 if header else None, names=names, index_col=False)
             except FileNotFoundError as exc:
                 raise DataError(f"click file {path} does not exist; check the dataset's train/test paths") from exc
         missing = [c for c in (session_key, item_key, time_key) if c not in frame.columns]
         if missing:
             raise DataError(f"{path}: no columns {missing} in the header {list(frame.columns)}; set the dataset's "
-                            "session_key / item_key / time_key (and separator)")
+                            "session_key / item_key / time_key (and separator, or header=false with columns)")
         skipped = _bad_lines(caught)  # wrong field counts: pandas skipped them
         part = pd.DataFrame({
             "session": _ids(frame[session_key], integer_ids),
             "item": _ids(frame[item_key], integer_ids),
-            "time": pd.to_numeric(frame[time_key], errors="coerce"),
+            "time": _seconds(frame[time_key], time_format),
         })
         broken = (part.isna().any(axis=1) | (frame[[session_key, item_key]] == "").any(axis=1)).to_numpy()
         n_bad += len(skipped) + int(broken.sum())
         examples += [f"{path}: {line}" for line in skipped[:_MAX_IN_MESSAGE]]
-        # Row r of the frame is about line r + 2 (the header is line 1; skipped lines shift it).
-        examples += [f"{path}: row {r + 2}: a missing or non-numeric value"
+        # Row r of the frame is about line r + first_row_line (skipped lines shift it).
+        kind = "numeric" if time_format == "number" else "ISO-8601 time"
+        examples += [f"{path}: row {r + first_row_line}: a missing or non-{kind} value"
                      for r in np.flatnonzero(broken)[:_MAX_IN_MESSAGE]]
         rows += len(frame) + len(skipped)
         frames.append(part[~broken])
@@ -389,6 +447,40 @@ def read_clicks(
     if integer_ids:
         clicks = clicks.astype({"session": np.int64, "item": np.int64})
     return clicks.sort_values(["session", "time"], kind="stable", ignore_index=True)
+
+
+def split_last_days(clicks: pd.DataFrame, days: float) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(train, test) clicks: a session is test when its last click is at or after the latest
+    click minus `days` x 86,400 s (GRU4Rec's rsc15 preparation with days=1; SR-GNN's split).
+
+    `clicks` as `read_clicks` returns them; whole sessions go to one side, each keeps its order.
+    """
+    if isinstance(days, bool) or not isinstance(days, (int, float)) or not days > 0:
+        raise ConfigError(f"dataset.test_days={days!r}; use a positive number of days (or null: dataset.test files)")
+    if len(clicks) == 0:
+        return clicks, clicks
+    ends = clicks.groupby("session", sort=False)["time"].transform("max").to_numpy()  # (M,) the session's last click
+    test = ends >= float(clicks["time"].max()) - float(days) * DAY_SECONDS  # (M,)
+    return clicks[~test].reset_index(drop=True), clicks[test].reset_index(drop=True)
+
+
+def read_train_test(name: str, train: Sequence[str | os.PathLike], test: Sequence[str | os.PathLike],
+                    test_days: float | None = None, **read: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(train, test) clicks of a dataset config: `test` files, or the last `test_days` days of
+    `train` (`split_last_days`); `read`: `read_clicks`' layout arguments."""
+    if test_days is None:
+        if not test:
+            raise ConfigError(f"dataset {name!r} has no test files; set dataset.test, or dataset.test_days=N to "
+                              "hold out the sessions of the last N days of dataset.train")
+        return read_clicks(list(train), **read), read_clicks(list(test), **read)
+    if test:
+        raise ConfigError(f"dataset {name!r}: dataset.test_days={test_days!r} splits dataset.train, but dataset.test "
+                          f"also names {list(map(str, test))}; set dataset.test=[] or dataset.test_days=null")
+    clicks = read_clicks(list(train), **read)
+    train_clicks, test_clicks = split_last_days(clicks, test_days)
+    log.info("dataset %s: the last %s days hold %d of %d sessions (test)", name, test_days,
+             test_clicks["session"].nunique(), clicks["session"].nunique())
+    return train_clicks, test_clicks
 
 
 def build_sessions(clicks: pd.DataFrame, vocabulary: ItemVocabulary, min_length: int = 2) -> Sessions:
@@ -447,6 +539,10 @@ def prepare_sessions(
     bucket: int = 32,
     error_budget: float | int = 0.001,
     seed: int = 0,
+    header: bool = True,
+    columns: Sequence[str] | None = None,
+    time_format: str = "number",
+    test_days: float | None = None,
 ) -> SessionData:
     """Reads train and test click files into sessions and builds the sources.
 
@@ -454,22 +550,23 @@ def prepare_sessions(
         batching: "session_parallel" (GRU4Rec's training) or "sequences" (SASRec's).
         max_len: L, the most clicks a sequence row holds (SASRec's positions); None: whole sessions.
         bucket: sequence rows of similar length share a batch (see `SequenceSource`).
+        test_days: None: `test` files are the test split; N: `test` must be empty and the
+            sessions of `train` whose last click is within the last N days are (`split_last_days`).
         Others: the file layout (see `read_clicks`), `min_length` of a kept session, `shuffle`
         the training order per epoch, `seed`.
     """
     if batching not in _BATCHINGS:
         raise ConfigError(f"dataset.batching={batching!r}; use one of {_BATCHINGS} (the model config sets it: "
                           "GRU4Rec trains session-parallel, SASRec on sequences)")
-    if not test:
-        raise ConfigError(f"dataset {name!r} has no test files; set dataset.test")
     read = dict(session_key=session_key, item_key=item_key, time_key=time_key, separator=separator,
-                integer_ids=integer_ids, error_budget=error_budget)
-    train_clicks = read_clicks(list(train), **read)
+                integer_ids=integer_ids, error_budget=error_budget, header=header, columns=columns,
+                time_format=time_format)
+    train_clicks, test_clicks = read_train_test(name, train, test, test_days, **read)
     vocabulary = ItemVocabulary.from_items(train_clicks["item"].to_numpy())
     if len(vocabulary) >= MAX_ITEMS:
         raise DataError(f"dataset {name!r} has {len(vocabulary)} items; labels hold ids exactly below {MAX_ITEMS}")
     train_sessions = build_sessions(train_clicks, vocabulary, min_length)
-    test_sessions = build_sessions(read_clicks(list(test), **read), vocabulary, min_length)
+    test_sessions = build_sessions(test_clicks, vocabulary, min_length)
     if train_sessions.num_sessions == 0 or test_sessions.num_sessions == 0:
         raise DataError(f"dataset {name!r}: {train_sessions.num_sessions} train / {test_sessions.num_sessions} test "
                         f"sessions with >= {min_length} known clicks; check the files and min_length")

@@ -593,20 +593,25 @@ def prepare_session_corpus(
     shuffle: bool = False,
     error_budget: float | int = 0.001,
     seed: int = 0,
+    header: bool = True,
+    columns: Sequence[str] | None = None,
+    time_format: str = "number",
+    test_days: float | None = None,
 ) -> TextData:
     """Click files → a corpus whose documents are the training sessions (item ids 0..C-1, the
     vocabulary of recps.data.sessions) and a SessionProbe of the test sessions (clicks on items
-    unseen in training dropped, then sessions shorter than `min_length`, as GRU4Rec's protocol)."""
-    from recps.data.sessions import ItemVocabulary, build_sessions, read_clicks
+    unseen in training dropped, then sessions shorter than `min_length`, as GRU4Rec's protocol).
+    The layout and `test_days` (the last N days of `train` as the test split) are
+    recps.data.sessions.prepare_sessions'."""
+    from recps.data.sessions import ItemVocabulary, build_sessions, read_train_test
 
-    if not test:
-        raise ConfigError(f"dataset {name!r} has no test files; set dataset.test")
     read = dict(session_key=session_key, item_key=item_key, time_key=time_key, separator=separator,
-                integer_ids=integer_ids, error_budget=error_budget)
-    clicks = read_clicks(list(train), **read)
+                integer_ids=integer_ids, error_budget=error_budget, header=header, columns=columns,
+                time_format=time_format)
+    clicks, test_clicks = read_train_test(name, train, test, test_days, **read)
     items = ItemVocabulary.from_items(clicks["item"].to_numpy())
     sessions = build_sessions(clicks, items, min_length)
-    held_out = build_sessions(read_clicks(list(test), **read), items, min_length)
+    held_out = build_sessions(test_clicks, items, min_length)
     if sessions.num_sessions == 0 or held_out.num_sessions == 0:
         raise DataError(f"dataset {name!r}: {sessions.num_sessions} train / {held_out.num_sessions} test sessions "
                         f"with >= {min_length} known clicks; check the files and min_length")

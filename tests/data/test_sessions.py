@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -18,6 +19,7 @@ from recps.data.sessions import (
     build_sessions,
     prepare_sessions,
     read_clicks,
+    split_last_days,
 )
 from recps.errors import ConfigError, DataError
 
@@ -100,6 +102,99 @@ def test_prepare_refuses_unknown_batching_and_missing_test(tmp_path):
         prepare_sessions("toy", [f], [f], batching="parallel")
     with pytest.raises(ConfigError, match="no test files"):
         prepare_sessions("toy", [f], [])
+
+
+# ---- layout options and the time split (issue 18 point 8) ---------------------------------------
+
+DAY = 86_400.0
+
+
+def test_a_headerless_comma_file_with_iso_times_reads_by_configuration(tmp_path):
+    """yoochoose-clicks.dat as it ships: SessionId,Timestamp,ItemId,Category, no header, ISO times."""
+    f = tmp_path / "clicks.dat"
+    f.write_text("2,2014-04-07T10:00:05.000Z,20,0\n"
+                 "1,2014-04-07T10:00:09.500Z,11,S\n"
+                 "1,2014-04-07T10:00:03.000Z,10,0\n")
+    layout = dict(header=False, columns=["SessionId", "Time", "ItemId", "Category"], separator=",",
+                  time_format="datetime")
+    clicks = read_clicks([f], **layout)
+    t0 = 1396864800.0  # 2014-04-07T10:00:00Z
+    assert clicks["session"].tolist() == [1, 1, 2]
+    assert clicks["item"].tolist() == [10, 11, 20]
+    assert clicks["time"].tolist() == [t0 + 3.0, t0 + 9.5, t0 + 5.0]
+    with pytest.raises(DataError, match=r"1 bad rows of 3 .*clicks.dat: row 1: a missing or non-ISO-8601 time value"):
+        f.write_text("1,yesterday,10,0\n" + f.read_text().split("\n", 1)[1])
+        read_clicks([f], error_budget=0, **layout)
+
+
+def test_layout_options_are_checked_naming_the_key_and_the_files(tmp_path):
+    f = write(tmp_path / "c.txt", [(1, 10, 1)])
+    with pytest.raises(ConfigError, match=r"dataset.header=false needs dataset.columns: every column of .*c.txt"):
+        read_clicks([f], header=False)
+    with pytest.raises(ConfigError, match=r"dataset.time_key='Time' is not among dataset.columns \['s', 'i', 't'\] "
+                                          r"\(files .*c.txt"):
+        read_clicks([f], header=False, columns=["s", "i", "t"], session_key="s", item_key="i")
+    with pytest.raises(ConfigError, match=r"dataset.time_format='unix'.*c.txt.*'number'.*'datetime'"):
+        read_clicks([f], time_format="unix")
+    with pytest.raises(ConfigError, match=r"dataset.separator='::'.*c.txt.*one character"):
+        read_clicks([f], separator="::")
+    with pytest.raises(ConfigError, match=r"dataset.header='no'"):
+        read_clicks([f], header="no")
+    # header=true with columns: the header line is skipped, the columns rename
+    renamed = read_clicks([f], columns=["s", "i", "t"], session_key="s", item_key="i", time_key="t")
+    assert renamed["item"].tolist() == [10]
+
+
+def test_last_days_split_holds_out_whole_sessions_ending_in_the_last_n_days():
+    """GRU4Rec's rsc15 split: a session is test when its last click is >= t_max - N days."""
+    t_max = 10 * DAY
+    rows = [  # (session, item, time)
+        (1, 10, 1 * DAY), (1, 11, 2 * DAY),                # ends 8 days before t_max: train
+        (2, 12, 8.5 * DAY), (2, 13, 9.0 * DAY - 1),        # ends 1 s before the 1-day cut: train
+        (3, 14, 8.0 * DAY), (3, 15, 9.0 * DAY),            # ends at the 1-day cut: test, its early click too
+        (4, 16, 9.5 * DAY), (4, 17, t_max),                # test
+    ]
+    clicks = pd.DataFrame(rows, columns=["session", "item", "time"])
+    train, test = split_last_days(clicks, 1)
+    assert train["session"].tolist() == [1, 1, 2, 2] and test["session"].tolist() == [3, 3, 4, 4]
+    assert test["item"].tolist() == [14, 15, 16, 17]  # whole sessions, in order
+    train, test = split_last_days(clicks, 0.25)  # the last 6 hours
+    assert test["session"].unique().tolist() == [4]
+    train, test = split_last_days(clicks, 9)
+    assert test["session"].unique().tolist() == [1, 2, 3, 4] and len(train) == 0
+    for bad in (0, -1, "1", True):
+        with pytest.raises(ConfigError, match=r"dataset.test_days="):
+            split_last_days(clicks, bad)
+
+
+def test_prepare_sessions_splits_one_click_file_by_time(tmp_path):
+    t = lambda days: 1_400_000_000 + days * DAY  # noqa: E731
+    f = write(tmp_path / "all.txt", [
+        (1, 10, t(0)), (1, 20, t(0.1)), (1, 30, t(0.2)),     # train
+        (2, 20, t(1)), (2, 30, t(1.5)),                      # train
+        (3, 10, t(2.5)), (3, 20, t(2.6)), (3, 99, t(2.7)),   # test; 99 is not a training item
+        (4, 30, t(3)), (4, 10, t(3)),                        # test (t_max)
+    ])
+    data = prepare_sessions("toy", [f], [], test_days=1)
+    assert data.vocabulary.raw_ids.tolist() == [10, 20, 30]
+    assert data.train_sessions.session_ids.tolist() == [1, 2]
+    assert data.vocabulary.decode(data.train_sessions.items).tolist() == [10, 20, 30, 20, 30]
+    assert data.test_sessions.session_ids.tolist() == [3, 4]
+    assert data.vocabulary.decode(data.test_sessions.items).tolist() == [10, 20, 30, 10]  # 99 dropped
+    with pytest.raises(ConfigError, match=r"dataset.test_days=1 splits dataset.train, but dataset.test also names "
+                                          r"\[.*all.txt'\]; set dataset.test=\[\] or dataset.test_days=null"):
+        prepare_sessions("toy", [f], [f], test_days=1)
+    with pytest.raises(ConfigError, match=r"no test files; set dataset.test, or dataset.test_days=N"):
+        prepare_sessions("toy", [f], [])
+
+
+def test_the_item2vec_session_corpus_takes_the_same_split(tmp_path):
+    from recps.data.text import prepare_session_corpus
+
+    t = lambda days: 1_400_000_000 + days * DAY  # noqa: E731
+    f = write(tmp_path / "all.txt", [(1, 10, t(0)), (1, 20, t(0.1)), (2, 20, t(2)), (2, 10, t(2.5)), (2, 20, t(3))])
+    data = prepare_session_corpus("toy", [f], [], test_days=1)
+    assert data.test.queries.tolist() == [1, 0] and data.test.targets.tolist() == [0, 1]
 
 
 # ---- session-parallel mini-batches ---------------------------------------------------------------

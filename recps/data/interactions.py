@@ -25,6 +25,17 @@ Keys are the dense indices themselves (a local table folds keys modulo its rows:
 no two items share a row). Evaluation ranks the whole catalogue for each test query and
 excludes the user's training items, except the query's own target item (`RetrievalSource`).
 
+Files by configuration (`ratings_layout`, `movies_layout`; defaults: MovieLens latest's CSVs):
+
+    ratings   separator, header (false: `columns` names every column in file order), columns,
+              user_key, item_key, time_key, rating_key (null: no ratings; min_rating must be 0)
+              MovieLens-100K's u.data: separator "\t", header false,
+              columns [userId, movieId, rating, timestamp]
+    movies    the item features, the same layout keys plus encoding, item_key, and either
+              genres_key (one column of genre names joined by genre_separator: movies.csv) or
+              genre_columns (one 0/1 flag column per genre, the column name is the genre:
+              u.item's 19 flags, separator "|", header false, encoding latin-1)
+
 Shapes: U users, C items (catalogue rows), N rows, L history length, G genres of an item.
 
 Example:
@@ -46,10 +57,12 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.csv as pcsv
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -61,6 +74,10 @@ from recps.errors import ConfigError, DataError
 
 __all__ = [
     "FEATURES",
+    "RATINGS_LAYOUT",
+    "MOVIES_LAYOUT",
+    "read_ratings",
+    "read_movies",
     "InteractionLog",
     "leave_last_out",
     "histories",
@@ -76,6 +93,17 @@ log = logging.getLogger(__name__)
 #: KJT feature names of the retrieval examples: single-valued slots, then sequences.
 FEATURES = ("user", "item", "history", "genres")
 _NO_GENRE = "(no genres listed)"
+
+#: dataset.ratings_layout's keys and defaults: MovieLens latest's ratings.csv.
+RATINGS_LAYOUT: dict[str, Any] = {
+    "separator": ",", "header": True, "columns": None, "encoding": "utf-8",
+    "user_key": "userId", "item_key": "movieId", "rating_key": "rating", "time_key": "timestamp",
+}
+#: dataset.movies_layout's keys and defaults: MovieLens latest's movies.csv.
+MOVIES_LAYOUT: dict[str, Any] = {
+    "separator": ",", "header": True, "columns": None, "encoding": "utf-8",
+    "item_key": "movieId", "genres_key": "genres", "genre_separator": "|", "genre_columns": None,
+}
 
 
 def _csr_gather(offsets: np.ndarray, values: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -156,30 +184,167 @@ class InteractionLog:
 
     @classmethod
     def read_movielens(cls, ratings: str | os.PathLike, movies: str | os.PathLike | None = None,
-                       min_rating: float = 0.0) -> "InteractionLog":
-        """Reads MovieLens' ratings.csv (and movies.csv for genres)."""
-        frames = []
-        for path, columns in ((ratings, ["userId", "movieId", "rating", "timestamp"]), (movies, ["movieId", "genres"])):
-            if path is None:
-                frames.append(None)
-                continue
-            if not os.path.isfile(path):
-                raise DataError(f"{path}: no such file; MovieLens is read in place from ../shared/data next to "
-                                "the checkout (set dataset.ratings / dataset.movies to where it is)")
-            try:
-                frames.append(pd.read_csv(path, usecols=columns, engine="pyarrow"))
-            except (ValueError, KeyError) as exc:  # pyarrow: ArrowInvalid, ArrowKeyError
-                raise DataError(f"{path}: cannot read columns {columns} ({exc}); give a MovieLens-style CSV "
-                                "with a header") from None
-        return cls.from_frames(frames[0], frames[1], min_rating=min_rating, where=str(ratings))
+                       min_rating: float = 0.0, ratings_layout: Mapping[str, Any] | None = None,
+                       movies_layout: Mapping[str, Any] | None = None) -> "InteractionLog":
+        """Reads a ratings file (and an item-features file for genres) laid out as the layouts say
+        (None: MovieLens latest's ratings.csv / movies.csv; see the module docstring)."""
+        frame = read_ratings(ratings, ratings_layout)
+        genres = None if movies is None else read_movies(movies, movies_layout)
+        return cls.from_frames(frame, genres, min_rating=min_rating, where=str(ratings))
+
+
+def _layout(given: Mapping[str, Any] | None, defaults: Mapping[str, Any], key: str, path: str) -> dict[str, Any]:
+    """`defaults` updated with `given` (dataset.<key>), its values checked; ConfigError names the key and file."""
+    layout = dict(defaults)
+    given = dict(given or {})
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        raise ConfigError(f"dataset.{key} has unknown keys {unknown} (file {path}); its keys are {sorted(defaults)}")
+    layout.update(given)
+    sep = layout["separator"]
+    if not isinstance(sep, str) or len(sep) != 1:
+        raise ConfigError(f"dataset.{key}.separator={sep!r} (file {path}); use one character, e.g. ',' or '\\t'")
+    if not isinstance(layout["header"], bool):
+        raise ConfigError(f"dataset.{key}.header={layout['header']!r} (file {path}); use true (the first line names "
+                          f"the columns) or false (then dataset.{key}.columns names them)")
+    columns = layout["columns"]
+    if columns is not None and (isinstance(columns, str) or not all(isinstance(c, str) for c in columns)):
+        raise ConfigError(f"dataset.{key}.columns={columns!r} (file {path}); give every column's name in file order")
+    if columns is None and not layout["header"]:
+        raise ConfigError(f"dataset.{key}.header=false needs dataset.{key}.columns: every column of {path} in file "
+                          "order (MovieLens-100K's u.data: [userId, movieId, rating, timestamp])")
+    return layout
+
+
+def _read_columns(path: str | os.PathLike, layout: Mapping[str, Any], wanted: Mapping[str, str],
+                  key: str) -> pd.DataFrame:
+    """The columns `wanted` (layout key -> column name) of a delimited file, parsed by pyarrow."""
+    path = str(path)
+    if not os.path.isfile(path):
+        raise DataError(f"{path}: no such file; MovieLens is read in place from ../shared/data next to "
+                        f"the checkout (set dataset.ratings / dataset.movies to where it is)")
+    columns = None if layout["columns"] is None else [str(c) for c in layout["columns"]]
+    if columns is not None:
+        for name, column in wanted.items():
+            if column not in columns:
+                raise ConfigError(f"dataset.{key}.{name}={column!r} is not among dataset.{key}.columns {columns} "
+                                  f"(file {path}); set it to one of them")
+    options = dict(
+        read_options=pcsv.ReadOptions(column_names=columns, skip_rows=1 if columns and layout["header"] else 0,
+                                      encoding=str(layout["encoding"])),
+        parse_options=pcsv.ParseOptions(delimiter=layout["separator"]),
+        convert_options=pcsv.ConvertOptions(include_columns=list(dict.fromkeys(wanted.values()))),
+    )
+    how = (f"separator {layout['separator']!r}, header={str(layout['header']).lower()}"
+           + (f", columns {columns}" if columns else ""))
+    try:
+        table = pcsv.read_csv(path, **options)
+    except KeyError:  # pyarrow's ArrowKeyError: a wanted column is not in the header
+        with open(path, encoding=str(layout["encoding"]), errors="replace") as f:
+            header = f.readline().rstrip("\r\n").split(layout["separator"])
+        missing = [f"{column!r} (dataset.{key}.{name})" for name, column in wanted.items() if column not in header]
+        raise DataError(f"{path}: no column {', '.join(missing)} in its header {header} ({how}); set those keys, "
+                        f"dataset.{key}.separator, or dataset.{key}.header=false with .columns") from None
+    except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
+        raise DataError(f"{path}: cannot parse it as dataset.{key} says ({how}): {' '.join(str(exc).split())}; "
+                        f"fix dataset.{key} (columns lists every column in file order) or the file") from None
+    frame = table.to_pandas()
+    return frame.rename(columns={column: name for name, column in wanted.items()})
+
+
+def _integers(frame: pd.DataFrame, name: str, column: str, key: str, path: str) -> np.ndarray:
+    """(N,) int64 of frame[name]; DataError naming the column, its key and the first bad row."""
+    values = frame[name]
+    if pd.api.types.is_integer_dtype(values) and not values.isna().any():
+        return values.to_numpy(np.int64)
+    numbers = pd.to_numeric(values, errors="coerce")
+    bad = numbers.isna().to_numpy() | (numbers.to_numpy(np.float64, na_value=np.nan) % 1 != 0)
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise DataError(f"{path}: column {column!r} (dataset.{key}.{name}) holds {values.iloc[row]!r} in data row "
+                        f"{row + 1}; it needs integers: check dataset.{key}.columns / separator")
+    return numbers.to_numpy(np.int64)
+
+
+def read_ratings(path: str | os.PathLike, layout: Mapping[str, Any] | None = None) -> pd.DataFrame:
+    """A ratings file laid out as `layout` says (dataset.ratings_layout; None: ratings.csv's) as a
+    frame of userId, movieId, timestamp (int64) and rating (float64; absent when rating_key is null)."""
+    layout = _layout(layout, RATINGS_LAYOUT, "ratings_layout", str(path))
+    wanted = {name: str(layout[name]) for name in ("user_key", "item_key", "time_key", "rating_key")
+              if layout[name] is not None}
+    for name in ("user_key", "item_key", "time_key"):
+        if name not in wanted:
+            raise ConfigError(f"dataset.ratings_layout.{name} is null (file {path}); name the file's column")
+    frame = _read_columns(path, layout, wanted, "ratings_layout")
+    out = pd.DataFrame({
+        "userId": _integers(frame, "user_key", wanted["user_key"], "ratings_layout", str(path)),
+        "movieId": _integers(frame, "item_key", wanted["item_key"], "ratings_layout", str(path)),
+        "timestamp": _integers(frame, "time_key", wanted["time_key"], "ratings_layout", str(path)),
+    })
+    if "rating_key" in wanted:
+        rating = pd.to_numeric(frame["rating_key"], errors="coerce")
+        if rating.isna().any():
+            row = int(np.flatnonzero(rating.isna().to_numpy())[0])
+            raise DataError(f"{path}: column {wanted['rating_key']!r} (dataset.ratings_layout.rating_key) holds "
+                            f"{frame['rating_key'].iloc[row]!r} in data row {row + 1}; it needs numbers")
+        out["rating"] = rating.to_numpy(np.float64)
+    return out
+
+
+def read_movies(path: str | os.PathLike, layout: Mapping[str, Any] | None = None) -> pd.DataFrame:
+    """An item-features file laid out as `layout` says (dataset.movies_layout; None: movies.csv's)
+    as one row per (item, genre): columns movieId (int64) and genre (str)."""
+    layout = _layout(layout, MOVIES_LAYOUT, "movies_layout", str(path))
+    flags, joined = layout["genre_columns"], layout["genres_key"]
+    if (flags is None) == (joined is None):
+        raise ConfigError(f"dataset.movies_layout (file {path}): set one of genres_key (one column of genre names "
+                          f"joined by genre_separator; is {joined!r}) and genre_columns (one 0/1 column per genre; "
+                          f"is {flags!r}), the other null")
+    if layout["item_key"] is None:
+        raise ConfigError(f"dataset.movies_layout.item_key is null (file {path}); name the file's item id column")
+    wanted = {"item_key": str(layout["item_key"])}
+    if flags is not None:
+        if isinstance(flags, str) or not flags or not all(isinstance(c, str) for c in flags):
+            raise ConfigError(f"dataset.movies_layout.genre_columns={flags!r} (file {path}); list the genre flag "
+                              "columns' names (each names its genre)")
+        wanted.update({f"genre_columns[{i}]": str(c) for i, c in enumerate(flags)})
+    else:
+        wanted["genres_key"] = str(joined)
+    frame = _read_columns(path, layout, wanted, "movies_layout")
+    items = _integers(frame, "item_key", wanted["item_key"], "movies_layout", str(path))
+    if flags is None:
+        sep = layout["genre_separator"]
+        if not isinstance(sep, str) or not sep:
+            raise ConfigError(f"dataset.movies_layout.genre_separator={sep!r} (file {path}); use a string, e.g. '|'")
+        names = frame["genres_key"].fillna("").astype(str).str.split(sep, regex=False)
+        pairs = pd.DataFrame({"movieId": items, "genre": names}).explode("genre")
+        pairs = pairs[(pairs["genre"].str.len() > 0) & (pairs["genre"] != _NO_GENRE)]
+        return pd.DataFrame({"movieId": pairs["movieId"].to_numpy(np.int64),
+                             "genre": pairs["genre"].to_numpy(str)})
+    names = [f"genre_columns[{i}]" for i in range(len(flags))]
+    marks = frame[names].apply(pd.to_numeric, errors="coerce").to_numpy(np.float64, na_value=np.nan)  # (C, G)
+    bad = ~np.isin(marks, (0.0, 1.0))
+    if bad.any():
+        row, col = (int(x[0]) for x in np.nonzero(bad))
+        raise DataError(f"{path}: genre flag column {flags[col]!r} (dataset.movies_layout.genre_columns) holds "
+                        f"{frame[names[col]].iloc[row]!r} in data row {row + 1}; flags are 0 or 1: check "
+                        "dataset.movies_layout.columns / separator")
+    row, col = np.nonzero(marks == 1.0)  # (P,) each: an item row and one of its genres
+    return pd.DataFrame({"movieId": items[row], "genre": np.asarray(flags, dtype=str)[col]})
 
 
 def _genres(movies: pd.DataFrame, item_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
-    """CSR genre indices (offsets (C + 1,), values) of `item_ids`, and the sorted genre names."""
-    if "movieId" not in movies.columns or "genres" not in movies.columns:
+    """CSR genre indices (offsets (C + 1,), values) of `item_ids`, and the sorted genre names.
+
+    `movies`: one row per (movieId, genre) (`read_movies`), or MovieLens' movies.csv frame
+    (movieId, genres joined by "|")."""
+    if "movieId" in movies.columns and "genre" in movies.columns:
+        pairs = movies
+    elif "movieId" in movies.columns and "genres" in movies.columns:
+        pairs = movies[["movieId", "genres"]].assign(genre=movies["genres"].fillna("").str.split("|")).explode("genre")
+        pairs = pairs[(pairs["genre"].str.len() > 0) & (pairs["genre"] != _NO_GENRE)]
+    else:
         raise DataError(f"movies: no movieId/genres columns (it has {list(movies.columns)}); give MovieLens' movies.csv")
-    pairs = movies[["movieId", "genres"]].assign(genre=movies["genres"].fillna("").str.split("|")).explode("genre")
-    pairs = pairs[(pairs["genre"].str.len() > 0) & (pairs["genre"] != _NO_GENRE)]
     raw = pairs["movieId"].to_numpy(np.int64)
     row = np.searchsorted(item_ids, raw)
     known = (row < item_ids.shape[0]) & (item_ids[np.minimum(row, item_ids.shape[0] - 1)] == raw)
@@ -418,18 +583,21 @@ def build_retrieval_data(log_: InteractionLog, history_length: int = 50, seed: i
 
 def prepare_interactions(name: str, ratings: str | os.PathLike, movies: str | os.PathLike | None = None,
                          min_rating: float = 0.0, history_length: int = 50, examples_per_user: int = 0,
-                         shuffle: bool = True, seed: int = 0) -> PreparedData:
-    """The `_target_` of conf/dataset/movielens.yaml: reads the files and builds the split.
+                         shuffle: bool = True, seed: int = 0, ratings_layout: Mapping[str, Any] | None = None,
+                         movies_layout: Mapping[str, Any] | None = None) -> PreparedData:
+    """The `_target_` of conf/dataset/movielens*.yaml: reads the files and builds the split.
 
     Args:
         name: the data set's name (messages).
-        ratings, movies: MovieLens' ratings.csv and movies.csv (genres; None: no genres).
+        ratings, movies: the ratings file and the item-features file (genres; None: no genres).
+        ratings_layout, movies_layout: how they are laid out (see the module docstring; None:
+            MovieLens latest's ratings.csv and movies.csv).
         min_rating: keep ratings >= this (0: every rating is an implicit interaction).
         history_length: L, the most recent training items a row's history holds.
         examples_per_user: train on each user's latest that many rows only (0: all rows).
         shuffle: shuffle the training rows per epoch (seeded by `seed`, shard and epoch).
     """
-    log_ = InteractionLog.read_movielens(ratings, movies, float(min_rating))
+    log_ = InteractionLog.read_movielens(ratings, movies, float(min_rating), ratings_layout, movies_layout)
     log.info("dataset %s: %d interactions with rating >= %s", name, len(log_), min_rating)
     return build_retrieval_data(log_, int(history_length), seed=int(seed), shuffle=bool(shuffle),
                                 examples_per_user=int(examples_per_user))

@@ -19,6 +19,7 @@ from recps.data.interactions import (
     histories,
     leave_last_out,
     prepare_interactions,
+    read_movies,
 )
 from recps.errors import ConfigError, DataError
 
@@ -163,7 +164,8 @@ def test_bad_inputs_raise_clear_errors(tmp_path: Path):
     with pytest.raises(DataError, match=r"no such file; MovieLens is read in place from ../shared/data"):
         InteractionLog.read_movielens(tmp_path / "ratings.csv")
     (tmp_path / "r.csv").write_text("user,movie\n1,2\n")
-    with pytest.raises(DataError, match=r"r.csv: cannot read columns"):
+    with pytest.raises(DataError, match=r"r.csv: no column 'userId' \(dataset.ratings_layout.user_key\), .*"
+                                        r"in its header \['user', 'movie'\]"):
         InteractionLog.read_movielens(tmp_path / "r.csv")
     with pytest.raises(DataError, match=r"no columns \['timestamp'\]"):
         InteractionLog.from_frames(RATINGS.drop(columns="timestamp"))
@@ -187,3 +189,96 @@ def test_movielens_latest_small_split():
     assert log.time[is_test].tolist() == last_time.tolist()
     excluded = sum(int(q.exclude_rows.numel()) for q in test.query_batches(256))
     assert excluded == len(train)  # MovieLens has one rating per (user, movie): every training item is excluded
+
+
+# ---- files by configuration: MovieLens-100K's u.data / u.item (issue 18 point 8) -----------------
+
+ML100K_GENRES = ["unknown", "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime", "Documentary",
+                 "Drama", "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery", "Romance", "Sci-Fi", "Thriller",
+                 "War", "Western"]
+
+
+def write_ml100k(folder: Path) -> tuple[Path, Path]:
+    """RATINGS / MOVIES as MovieLens-100K ships them: u.data (TAB, no header, RATINGS' rows in
+    order), u.item ("|", latin-1, no header, a 0/1 flag per genre)."""
+    u_data = folder / "u.data"
+    u_data.write_text("".join(f"{r.userId}\t{r.movieId}\t{r.rating:g}\t{r.timestamp}\n" for r in RATINGS.itertuples()))
+    lines = []
+    for m in MOVIES.itertuples():
+        flags = ["1" if g in m.genres.split("|") else "0" for g in ML100K_GENRES]
+        lines.append("|".join([str(m.movieId), f"Café {m.movieId} (1995)", "01-Jan-1995", "", "http://x"] + flags))
+    u_item = folder / "u.item"
+    u_item.write_bytes(("\n".join(lines) + "\n").encode("latin-1"))
+    return u_data, u_item
+
+
+def test_movielens_100k_files_read_by_configuration_as_the_csvs_do(tmp_path: Path):
+    """conf/dataset/movielens_100k.yaml reads u.data / u.item into the same log (users, items, times,
+    genres) and the same retrieval data as ratings.csv / movies.csv with the default layout."""
+    from hydra import compose, initialize_config_dir
+
+    from recps.config import register_resolvers
+    from recps.run import prepare_dataset
+
+    u_data, u_item = write_ml100k(tmp_path)
+    RATINGS.to_csv(tmp_path / "ratings.csv", index=False)
+    MOVIES.to_csv(tmp_path / "movies.csv", index=False)
+    register_resolvers()
+    with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[
+            "model=two_tower", "dataset=movielens_100k", f"dataset.ratings={u_data}", f"dataset.movies={u_item}"])
+    ml100k = InteractionLog.read_movielens(u_data, u_item, ratings_layout=cfg.dataset.ratings_layout,
+                                           movies_layout=cfg.dataset.movies_layout)
+    csvs = InteractionLog.read_movielens(tmp_path / "ratings.csv", tmp_path / "movies.csv")
+    for field in ("user", "item", "time", "user_ids", "item_ids", "genre_offsets", "genre_values"):
+        assert getattr(ml100k, field).tolist() == getattr(csvs, field).tolist(), field
+    assert ml100k.genre_names == csvs.genre_names == ("Action", "Comedy", "Drama")
+    # items 101..105: Comedy|Drama, none, Drama, Action|Comedy, Action
+    assert np.diff(ml100k.genre_offsets).tolist() == [2, 0, 1, 2, 1]
+
+    data = prepare_dataset(cfg.dataset, seed=0)  # the config's _target_ and every key, as a run builds it
+    reference = prepare_interactions("movielens", tmp_path / "ratings.csv", tmp_path / "movies.csv", shuffle=True)
+    for split in ("train", "test"):
+        got, want = getattr(data, split).examples, getattr(reference, split).examples
+        assert torch.equal(got.keys, want.keys) and torch.equal(got.labels, want.labels), split
+        assert all(torch.equal(a, b) for a, b in zip(got.seq_values, want.seq_values)), split
+    min_rated = InteractionLog.read_movielens(u_data, ratings_layout=cfg.dataset.ratings_layout, min_rating=4.0)
+    assert len(min_rated) == int((RATINGS["rating"] >= 4.0).sum())
+
+
+def test_layout_errors_name_the_key_and_the_file(tmp_path: Path):
+    u_data, u_item = write_ml100k(tmp_path)
+    cols = ["userId", "movieId", "rating", "timestamp"]
+    with pytest.raises(ConfigError, match=r"dataset.ratings_layout.header=false needs dataset.ratings_layout.columns: "
+                                          r"every column of .*u.data in file order"):
+        InteractionLog.read_movielens(u_data, ratings_layout={"separator": "\t", "header": False})
+    with pytest.raises(DataError, match=r"u.data: cannot parse it as dataset.ratings_layout says \(separator '\\t', "
+                                        r"header=false, columns \['userId', 'movieId', 'timestamp'\]\): "
+                                        r".*Expected 3 columns, got 4"):
+        InteractionLog.read_movielens(u_data, ratings_layout={"separator": "\t", "header": False, "rating_key": None,
+                                                              "columns": ["userId", "movieId", "timestamp"]})
+    with pytest.raises(ConfigError, match=r"dataset.ratings_layout.user_key='user' is not among "
+                                          r"dataset.ratings_layout.columns .* \(file .*u.data\)"):
+        InteractionLog.read_movielens(u_data, ratings_layout={"separator": "\t", "header": False, "columns": cols,
+                                                              "user_key": "user"})
+    with pytest.raises(ConfigError, match=r"dataset.ratings_layout has unknown keys \['sep'\] \(file .*u.data\)"):
+        InteractionLog.read_movielens(u_data, ratings_layout={"sep": "\t"})
+    with pytest.raises(ConfigError, match=r"dataset.ratings_layout.separator='::' \(file .*u.data\); use one character"):
+        InteractionLog.read_movielens(u_data, ratings_layout={"separator": "::"})
+    # Comma-separated by default: the first line is read as one header column.
+    with pytest.raises(DataError, match=r"u.data: no column 'userId' \(dataset.ratings_layout.user_key\), 'movieId' "
+                                        r"\(dataset.ratings_layout.item_key\).*separator ','"):
+        InteractionLog.read_movielens(u_data)
+    layout = {"separator": "|", "header": False, "encoding": "latin-1", "genres_key": None,
+              "columns": ["movieId", "title", "date", "video_date", "url", *ML100K_GENRES]}
+    with pytest.raises(ConfigError, match=r"dataset.movies_layout \(file .*u.item\): set one of genres_key .* and "
+                                          r"genre_columns"):
+        read_movies(u_item, {**layout, "genres_key": "title", "genre_columns": ML100K_GENRES})
+    with pytest.raises(DataError, match=r"u.item: genre flag column 'date' \(dataset.movies_layout.genre_columns\) "
+                                        r"holds '01-Jan-1995' in data row 1; flags are 0 or 1"):
+        read_movies(u_item, {**layout, "genre_columns": ["Action", "date"]})
+    with pytest.raises(DataError, match=r"u.item: column 'title' \(dataset.movies_layout.item_key\) holds "
+                                        r"'Café 101 \(1995\)' in data row 1; it needs integers"):
+        read_movies(u_item, {**layout, "item_key": "title", "genre_columns": ML100K_GENRES})
+    with pytest.raises(ConfigError, match=r"dataset.movies_layout.genre_columns=\[\]"):
+        read_movies(u_item, {**layout, "genre_columns": []})

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -62,15 +63,11 @@ def _stop(work_dir: Path) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.fixture(scope="session")
-def hdfs(tmp_path_factory) -> Iterator[HdfsCluster]:
-    """One HDFS for the whole test run, stopped (by pid) at the end of the session.
-
-    Where Java, Jersey or the Hadoop jars cannot be had, the tests that use it skip with the
-    reason, or fail with it when RECPS_REQUIRE_HDFS=1 (CI). A cluster that does not come up
-    fails either way.
-    """
-    work_dir = tmp_path_factory.mktemp("hdfs")
+@contextlib.contextmanager
+def started_hdfs(work_dir: Path) -> Iterator[HdfsCluster]:
+    """A new HDFS in `work_dir`, stopped (by pid) when the block ends. Where Java, Jersey or the
+    Hadoop jars cannot be had it skips with the reason, or fails with it when RECPS_REQUIRE_HDFS=1
+    (CI). A cluster that does not come up fails either way."""
     env = dict(os.environ, PYTHON=sys.executable, RECPS_HDFS_WATCH_PID=str(os.getpid()))
     try:
         proc = subprocess.run(
@@ -113,6 +110,20 @@ def hdfs(tmp_path_factory) -> Iterator[HdfsCluster]:
         stopped = _stop(work_dir)
     if stopped.returncode != 0:
         raise RuntimeError(f"stop_hdfs.sh {work_dir} failed: {stopped.stderr}")
+
+
+@pytest.fixture(scope="session")
+def hdfs(tmp_path_factory) -> Iterator[HdfsCluster]:
+    """One HDFS for the whole test run (see started_hdfs)."""
+    with started_hdfs(tmp_path_factory.mktemp("hdfs")) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def private_hdfs(tmp_path_factory) -> Iterator[HdfsCluster]:
+    """An HDFS of the test's own, for a test that stops, stalls or breaks it."""
+    with started_hdfs(tmp_path_factory.mktemp("private-hdfs")) as cluster:
+        yield cluster
 
 
 _CLUSTER_TIMEOUT_S = 300

@@ -12,7 +12,9 @@ independent recomputation from the data:
 - a worker, and separately a server, killed with SIGKILL mid pass 3: the same command resumes
   at pass 3, and the servers' show counts equal the exact occurrence counts of the 8 passes
   (a pass trained twice, or skipped, would show), no record written twice;
-- incremental training beats the model frozen after day 1 on day 2's passes.
+- incremental training beats the model frozen after day 1 on day 2's passes;
+- an HDFS NameNode stalled mid-stream (SIGSTOP, a private HDFS) is waited out, the stream goes on;
+- a malformed line stops the stream naming file and line, what was committed stays.
 """
 
 from __future__ import annotations
@@ -294,3 +296,43 @@ def test_a_malformed_pass_stops_the_stream_naming_the_file_and_keeps_what_was_co
     part.write_bytes(good)
     metrics = run_stream(cmd[:-1] + [f"hydra.run.dir={tmp_path / 'run2'}"])
     assert [p["pass"] for p in metrics["stream"]["passes"] if "pass" in p] == [2, 3]
+
+
+def test_a_stalled_namenode_mid_stream_is_waited_out_and_the_stream_goes_on(private_hdfs, tmp_path):
+    """HDFS stops answering while the job waits for pass 3 (its NameNode SIGSTOPped, as a GC pause
+    or a failover would): the wait rides it out within stream.wait_timeout_s and, the NameNode
+    back, the stream trains pass 3 and ends the day, each record once."""
+    root, out = f"{private_hdfs.url}/clicks", str(tmp_path / "model")
+    info = write_stream(root, days=1, hours=3, rows=2000, start_day=DAYS[0])
+    held = rfs.join(info.split_path(DAYS[0], 120), "_SUCCESS")
+    fs, held_path = rfs.resolve(held)
+    fs.rm_file(held_path)
+    cmd = [sys.executable, "-m", "recps.train", "stream=hourly", f"stream.root={root}", f"stream.out={out}", "ps=async",
+           "model=deepfm", "cluster.workers=1", "stream.start_day=20261201", "stream.end_day=20261201",
+           "stream.hours=3", "stream.data_sleep_second=0.2", "stream.wait_timeout_s=180",
+           f"hydra.run.dir={tmp_path / 'run'}"]
+    env = dict(os.environ, RECPS_FS_TIMEOUT_S="3")
+    proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env=env)
+    namenode = private_hdfs.info["namenode_pid"]
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        _wait_for(r"waiting for .*0200/_SUCCESS", proc, lines, {}, deadline)
+        os.kill(namenode, signal.SIGSTOP)
+        try:
+            _wait_for(r"0200/_SUCCESS cannot be looked at", proc, lines, {}, deadline)
+            time.sleep(5)  # more than one request timeout of stalled NameNode
+        finally:
+            os.kill(namenode, signal.SIGCONT)
+        _wait_for(r"0200/_SUCCESS answers again", proc, lines, {}, deadline)
+        rfs.write_atomic(held, b"")
+        rest, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+        lines.append(rest)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, "".join(lines)[-5000:]
+    records = [r.split("\t") for r in (Path(out) / "donefile.txt").read_text().splitlines()]
+    assert [(r[0], r[3]) for r in records] == [(DAYS[0], "1"), (DAYS[0], "2"), (DAYS[0], "3"), (DAYS[1], "-1")]

@@ -32,11 +32,12 @@ def wait_for_splits(folders: Sequence[str], donefile: str, *, sleep_s: float, ti
         outage: rfs.TransientFileSystemError | None = None
         while True:
             try:
-                if rfs.exists(marker):
-                    if outage is not None:
-                        log.warning("stream: %s answers again after %.0f s", marker, clock() - start)
+                ready = rfs.exists(marker)
+                if outage is not None:
+                    log.warning("stream: %s answers again after %.0f s", marker, clock() - start)
+                    outage = None
+                if ready:
                     break
-                outage = None
             except rfs.TransientFileSystemError as e:
                 if outage is None:
                     log.warning("stream: %s cannot be looked at (%s); waiting on, at most %g s in all "

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
 
-from recps.config import compose_config
+from recps.config import PROJECT_ROOT, compose_config
+from recps.errors import ConfigError
 from recps.observer import TrainObserver
 from recps.run import build_job
 from recps.trainer import planned_steps
@@ -35,6 +40,57 @@ def test_max_steps_is_exact_with_several_threads(tmp_path, threads):
         job.trainer.observers = [counter]
         stats = job.trainer.fit(job.data.train, 32, epochs=1, max_steps=50, progress=False)
         assert (stats.steps, counter.steps, stats.examples) == (50, 50, 50 * 32)
+
+
+def test_max_steps_is_exact_from_the_command_line(tmp_path):
+    """The command of issue 18 point 7: `python -m recps.train trainer.max_steps=50 trainer.threads=2
+    ps=local` trained 51 steps (metrics.json's train_steps and train_examples)."""
+    run = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "recps.train", "trainer.max_steps=50", "trainer.threads=2", "ps=local",
+         "model=ctr_dnn", "model.hidden=[8]", "trainer.batch_size=32", "metrics=off", "progress=false",
+         "checkpoint.save=false", f"dataset.dir={tmp_path / 'data'}", "dataset.generate.train_rows=6000",
+         "dataset.generate.test_rows=500", "dataset.generate.vocab=100", f"hydra.run.dir={run}"],
+        cwd=PROJECT_ROOT, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}, capture_output=True, text=True,
+        timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert (metrics["train_steps"], metrics["train_examples"]) == (50, 50 * 32)
+
+
+def ps_run(tmp_path, in_process_cluster, mode: str, *overrides: str) -> tuple[dict, int]:
+    """One server and one worker (recps.cluster's processes, in this process): (metrics, steps seen)."""
+    cfg = compose_config([f"ps={mode}", "cluster.workers=1", "model=ctr_dnn", "model.hidden=[8]",
+                          "trainer.batch_size=32", "metrics=off", "progress=false", "checkpoint.save=false",
+                          f"dataset.dir={tmp_path / 'data'}", "dataset.generate.train_rows=6000",
+                          "dataset.generate.test_rows=500", "dataset.generate.vocab=100", *overrides])
+    counter = CountSteps()
+    out = tmp_path / "run"
+    out.mkdir()
+    metrics = in_process_cluster(cfg, out, token=f"steps-{mode}", observers=[counter])
+    return metrics, counter.steps
+
+
+@pytest.mark.parametrize("mode,threads", [("async", 2), ("async", 3), ("geo", 2), ("sync", 2)])
+def test_max_steps_is_exact_under_the_ps_modes(tmp_path, in_process_cluster, mode, threads):
+    """The same count on a parameter server: max_steps over the worker's threads (sync: the threads
+    take max_steps / threads steps each, every step waits for all of them)."""
+    metrics, seen = ps_run(tmp_path, in_process_cluster, mode, f"trainer.threads={threads}", "trainer.max_steps=50")
+    assert (metrics["train_steps"], seen, metrics["train_examples"]) == (50, 50, 50 * 32)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "ps=sync: recps/cluster.py (_work) turns max_steps into max(1, max_steps // threads) steps per thread "
+    "of one epoch: 51 with 2 threads trains 50, 3 with 4 threads trains 4, and epochs > 1 train one epoch. "
+    "Every thread must take the same steps there, so a max_steps that is no multiple of the threads "
+    "should be refused (ConfigError naming it), and the epochs kept; cluster.py is not this change's file"))
+def test_sync_max_steps_is_exact_or_refused(tmp_path, in_process_cluster):
+    # 6,000 rows, 2 threads of 94 batches an epoch: 250 steps need the second epoch.
+    metrics, seen = ps_run(tmp_path, in_process_cluster, "sync", "trainer.threads=2", "trainer.epochs=2",
+                           "trainer.max_steps=250")
+    assert (metrics["train_steps"], seen) == (250, 250)
+    with pytest.raises(ConfigError, match="trainer.max_steps=51"):
+        ps_run(tmp_path / "odd", in_process_cluster, "sync", "trainer.threads=2", "trainer.max_steps=51")
 
 
 class EveryN:

@@ -1,8 +1,15 @@
 """Checkpoints: of a local job (ps=local) and of a parameter-server job (ps=sync|async|geo).
 
 A local checkpoint is a folder with `checkpoint.pt` (tensors and plain containers only, loaded
-with `weights_only=True`) and `config.yaml` (the composed config that produced it), so
-`recps.evaluate` can rebuild the model from the folder alone.
+with `weights_only=True`), `config.yaml` (the composed config that produced it), so
+`recps.evaluate` can rebuild the model from the folder alone, and `checkpoint.json`, its record
+(kind "local", the byte count and sha256 of both files), written last. A load verifies both files
+against the record before it unpickles anything and refuses, naming the file, one that differs
+(overwritten rows, a damaged header, a truncated copy) or a folder without a readable record (a
+save that did not finish). A save stages both files as temporaries beside their targets first:
+a failed write (a full disk, a refused permission) removes them, raises naming the file and
+leaves the checkpoint that was there as it was; only then is the old record removed, the files
+renamed into place and the new record written.
 
 A PS checkpoint is a folder (a local path or any fsspec URL, recps.fs) that the servers write
 their shards into, committed by one manifest written last and atomically:
@@ -27,11 +34,15 @@ import hashlib
 import io
 import json
 import os
+import posixpath
 import time
+import uuid
 from typing import TYPE_CHECKING, Sequence
 
 import torch
 from omegaconf import OmegaConf
+
+from fsspec.implementations.local import LocalFileSystem
 
 from recps import fs as rfs
 from recps.errors import ConfigError
@@ -40,10 +51,13 @@ if TYPE_CHECKING:
     from recps.job import Job
 
 __all__ = ["save_checkpoint", "load_checkpoint", "checkpoint_file", "find_checkpoint", "commit_ps_checkpoint",
-           "verify_ps_checkpoint", "read_recorded", "committed_checkpoints", "read_ps_checkpoint", "MANIFEST", "FORMAT_VERSION"]
+           "verify_ps_checkpoint", "read_recorded", "committed_checkpoints", "read_ps_checkpoint", "MANIFEST",
+           "LOCAL_RECORD", "FORMAT_VERSION"]
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"  # a PS checkpoint's commit record
+LOCAL_RECORD = "checkpoint.json"  # a local checkpoint's record: sha256 of checkpoint.pt and config.yaml
+LOCAL_FILES = ("checkpoint.pt", "config.yaml")
 SPEC_FILE = "spec.json"  # recps.ps.node.server.SPEC_FILE
 
 
@@ -62,7 +76,9 @@ def parent_url(url: str) -> str:
 
 
 def save_checkpoint(job: "Job", folder: str | os.PathLike) -> str:
-    """Writes `folder/checkpoint.pt` and `folder/config.yaml` atomically (any fsspec URL); returns the folder."""
+    """Writes `folder/checkpoint.pt`, `config.yaml` and their record `checkpoint.json` (any
+    fsspec URL); returns the folder. Both files are staged first, so a write that fails leaves the
+    checkpoint that was there as it was (see the module docstring); the error names the file."""
     folder = os.fspath(folder)
     state = {
         "format_version": FORMAT_VERSION,
@@ -75,17 +91,61 @@ def save_checkpoint(job: "Job", folder: str | os.PathLike) -> str:
     }
     buffer = io.BytesIO()
     torch.save(state, buffer)
-    rfs.write_atomic(rfs.join(folder, "checkpoint.pt"), buffer.getbuffer(), overwrite=True)
-    rfs.write_atomic(rfs.join(folder, "config.yaml"), OmegaConf.to_yaml(job.cfg, resolve=True), overwrite=True)
+    payloads = {"checkpoint.pt": buffer.getbuffer(), "config.yaml": OmegaConf.to_yaml(job.cfg, resolve=True).encode()}
+    record = {"format_version": FORMAT_VERSION, "kind": "local", "model_target": state["model_target"],
+              "steps_done": job.steps_done, "created_unix": time.time(),
+              "files": {name: {"bytes": len(data), "sha256": _sha256(data)} for name, data in payloads.items()}}
+    fs, root = rfs.resolve(folder)
+    staged: dict[str, str] = {}  # final path -> temporary
+    try:
+        for name, data in payloads.items():
+            target = _fs_join(fs, root, name)
+            staged[target] = _stage(fs, target, data)
+    except BaseException as exc:
+        _discard(fs, staged.values())
+        error = rfs.write_error(exc, rfs.display(fs, _fs_join(fs, root, name)), lambda: (
+            "the checkpoint already there is kept as it was (it still loads)"
+            if fs.exists(_fs_join(fs, root, LOCAL_RECORD)) else "no checkpoint was saved there")
+            + "; the temporaries were removed")
+        if error is exc:
+            raise
+        raise error from exc
+    target = _fs_join(fs, root, LOCAL_RECORD)
+    try:
+        if fs.exists(target):
+            fs.rm_file(target)  # from here until the new record, a load refuses the folder
+        for target, tmp in staged.items():
+            _publish(fs, tmp, target)
+        target = _fs_join(fs, root, LOCAL_RECORD)
+        rfs.write_atomic(rfs.join(folder, LOCAL_RECORD), json.dumps(record, indent=1, sort_keys=True), overwrite=True)
+    except BaseException as exc:
+        _discard(fs, staged.values())
+        error = rfs.write_error(exc, rfs.display(fs, target), f"{rfs.display(fs, root)} holds no complete checkpoint "
+                                f"now (its {LOCAL_RECORD} is missing, so a load refuses it); save again")
+        if error is exc:
+            raise
+        raise error from exc
     return folder
 
 
 def load_checkpoint(job: "Job", path: str | os.PathLike) -> None:
-    """Restores a job built from a compatible config (same model and table shapes)."""
+    """Restores a job built from a compatible config (same model and table shapes), after checking
+    checkpoint.pt and config.yaml against their record (checkpoint.json); refuses, naming the file,
+    a checkpoint that differs from it or has none."""
     file = checkpoint_file(path)
-    state = torch.load(io.BytesIO(rfs.read_bytes(file)), map_location="cpu", weights_only=True)
-    if state.get("format_version") != FORMAT_VERSION:
-        raise ConfigError(f"{file}: checkpoint format {state.get('format_version')}, this recps reads "
+    folder = parent_url(file)
+    record = _local_record(folder, file)
+    read_recorded(folder, record, "config.yaml", record_name=LOCAL_RECORD)
+    data = read_recorded(folder, record, "checkpoint.pt", record_name=LOCAL_RECORD)
+    try:
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - its sha256 matched: written by another torch, or not by recps.train
+        raise ConfigError(f"{file} matches its {LOCAL_RECORD} but torch cannot read it ({type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0] if str(exc) else ''}); load it with the torch and recps "
+                          "that wrote it, or re-train") from exc
+    if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
+        version = state.get("format_version") if isinstance(state, dict) else type(state).__name__
+        raise ConfigError(f"{file}: checkpoint format {version}, this recps reads "
                           f"{FORMAT_VERSION}; re-train or use the recps version that wrote it")
     if state["model_target"] != str(job.cfg.model._target_):
         raise ConfigError(f"{file} holds a {state['model_target']} but model={job.cfg.model._target_}; "
@@ -100,6 +160,78 @@ def load_checkpoint(job: "Job", path: str | os.PathLike) -> None:
     job.collection.fused_optimizer.load_state_dict(state["embedding_optimizer"])
     job.epochs_done = int(state["epochs_done"])
     job.steps_done = int(state["steps_done"])
+
+
+def _local_record(folder: str, file: str) -> dict:
+    """The record (checkpoint.json) of the local checkpoint in `folder`; refuses, naming it, one
+    that is missing, unreadable or of another kind."""
+    url = rfs.join(folder, LOCAL_RECORD)
+    fs, path = rfs.resolve(url)
+    try:
+        raw = fs.cat_file(path)
+    except FileNotFoundError:
+        raise ConfigError(f"{url} is missing: {file} has no checksum record, so it is not loaded (the save did "
+                          "not finish, or a recps from before checksummed checkpoints wrote it); take another "
+                          "checkpoint or re-train") from None
+    try:
+        record = json.loads(raw)
+        files = record["files"]
+        if record.get("kind") != "local" or not all(isinstance(files[n]["sha256"], str) and int(files[n]["bytes"]) >= 0
+                                                    for n in LOCAL_FILES):
+            raise ValueError(f"kind {record.get('kind')!r}, files {sorted(files)}")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{url} is damaged ({type(exc).__name__}: {exc}): {file} cannot be verified, so it is not "
+                          "loaded; restore the record or take another checkpoint") from None
+    if record.get("format_version") != FORMAT_VERSION:
+        raise ConfigError(f"{url}: checkpoint format {record.get('format_version')}, this recps reads "
+                          f"{FORMAT_VERSION}; re-train or use the recps version that wrote it")
+    return record
+
+
+def _fs_join(fs, root: str, name: str) -> str:
+    return os.path.join(root, name) if isinstance(fs, LocalFileSystem) else posixpath.join(root, name)
+
+
+def _stage(fs, target: str, data) -> str:
+    """Write `data` to a hidden temporary beside `target` (flushed to disk on a local one); its
+    path. A failure removes it."""
+    parent, name = (os.path if isinstance(fs, LocalFileSystem) else posixpath).split(target)
+    tmp = _fs_join(fs, parent, f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        fs.makedirs(parent, exist_ok=True)
+        if isinstance(fs, LocalFileSystem):
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        else:
+            with fs.open(tmp, "wb") as f:
+                f.write(bytes(data))
+    except BaseException:
+        _discard(fs, [tmp])
+        raise
+    return tmp
+
+
+def _publish(fs, tmp: str, target: str) -> None:
+    """Rename the staged `tmp` over `target` (atomic on a local disk; elsewhere the old file is
+    removed first: the caller removed the record before, so a load refuses the folder meanwhile)."""
+    if isinstance(fs, LocalFileSystem):
+        os.replace(tmp, target)
+        rfs.fsync_dir(os.path.dirname(target))
+        return
+    if fs.exists(target):
+        fs.rm_file(target)
+    fs.mv(tmp, target)
+
+
+def _discard(fs, temporaries) -> None:
+    for tmp in temporaries:
+        try:
+            if fs.exists(tmp):
+                fs.rm_file(tmp)
+        except Exception:  # noqa: BLE001 - the write's own error matters more
+            pass
 
 
 # ------------------------------------------------------------------------- PS checkpoints
@@ -217,9 +349,9 @@ def verify_ps_checkpoint(folder: str, needed: Sequence[str] = (), worker_states:
     return manifest
 
 
-def read_recorded(folder: str, manifest: dict, rel: str) -> bytes:
-    """The bytes of `folder/rel`, a file the committed `manifest` records; refuses, naming the
-    file, one that is missing or whose size or sha256 differs from the record."""
+def read_recorded(folder: str, manifest: dict, rel: str, record_name: str = MANIFEST) -> bytes:
+    """The bytes of `folder/rel`, a file the committed `manifest` (the record `record_name`)
+    records; refuses, naming the file, one that is missing or whose size or sha256 differs."""
     url = rfs.join(folder, rel)
     fs, path = rfs.resolve(url)
     try:
@@ -229,9 +361,9 @@ def read_recorded(folder: str, manifest: dict, rel: str) -> bytes:
                           "or take another checkpoint") from None
     record = manifest["files"][rel]
     if len(data) != record["bytes"] or _sha256(data) != record["sha256"]:
-        raise ConfigError(f"{url} does not match {MANIFEST} (sha256 {_sha256(data)[:16]}..., recorded "
-                          f"{record['sha256'][:16]}...): it is corrupted or replaced; restore it or take another "
-                          "checkpoint")
+        raise ConfigError(f"{url} does not match {record_name} ({len(data)} bytes, sha256 {_sha256(data)[:16]}...; "
+                          f"recorded {record['bytes']} bytes, sha256 {record['sha256'][:16]}...): it is corrupted or "
+                          "replaced; restore it or take another checkpoint")
     return data
 
 

@@ -20,7 +20,9 @@ For the verbs of Paddle's HDFSClient with retries, see recps.fs.hdfs.HDFSClient.
 
 Writes that must be atomic (a manifest, a commit record) go through `write_atomic`: the bytes
 go to a hidden temporary beside the target, which is then renamed into place; the temporary
-is removed on failure. An existing record is refused unless overwrite=True, so layouts write
+is removed on failure, and the error names the target, the reason (No space left on device,
+Permission denied ...) and what is there now (`write_error`). An existing record is refused
+unless overwrite=True, so layouts write
 one file per record; replacing is atomic on local disks and hdfs:// (a rename with OVERWRITE),
 three renames on webhdfs:// (WebHDFS RENAME cannot overwrite; the old record is never lost).
 """
@@ -37,12 +39,12 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from recps.fs._common import (DEFAULT_TIMEOUT_S, TIMEOUT_ENV, FileSystemError, FileSystemTimeoutError,
-                              TransientFileSystemError, retry_transient, timeout_s)
+                              TransientFileSystemError, first_line, is_transient, retry_transient, timeout_s)
 from recps.fs.webhdfs import WebHDFS
 
 __all__ = ["FileSystemError", "TransientFileSystemError", "FileSystemTimeoutError", "resolve", "join",
            "is_local", "local_path", "display", "write_atomic", "fsync_dir", "read_bytes", "exists", "timeout_s",
-           "concurrently", "retry_transient", "HDFSClient", "HDFS_PROTOCOLS", "WEBHDFS_PROTOCOLS", "DEFAULT_TIMEOUT_S", "TIMEOUT_ENV"]
+           "concurrently", "retry_transient", "is_transient", "write_error", "HDFSClient", "HDFS_PROTOCOLS", "WEBHDFS_PROTOCOLS", "DEFAULT_TIMEOUT_S", "TIMEOUT_ENV"]
 
 HDFS_PROTOCOLS = ("hdfs", "viewfs")
 WEBHDFS_PROTOCOLS = ("webhdfs", "webHDFS")
@@ -140,6 +142,39 @@ def read_bytes(url: str | os.PathLike) -> bytes:
         raise FileSystemError(f"{display(fs, path)} does not exist") from e
 
 
+def write_error(exc: BaseException, target: str, kept: str | Callable[[], str]) -> BaseException:
+    """What to raise for a write of `target` (as messages show it) that failed with `exc`:
+    "cannot write <target>: <exc's class and first line>; <kept>" (`kept`: what the failure
+    left there: the old file, nothing, ...; a callable is asked only when the message is made),
+    as an exception of exc's own class (a PermissionError stays one; errno kept), else a
+    FileSystemError. Anything but an OSError, a transient failure (is_transient: worth
+    retrying, and no more calls to a sick file system) and FileExistsError (a refusal, already
+    naming the target) are returned as they are, so the callers' retry and refusal logic still
+    sees them."""
+    if not _names_the_target(exc):
+        return exc
+    if callable(kept):
+        try:
+            kept = kept()
+        except Exception as e:  # noqa: BLE001 - the write's own error matters more
+            kept = f"what is left there is unknown ({first_line(e)})"
+    message = f"cannot write {target}: {first_line(exc)}; {kept}"
+    try:
+        new = type(exc)(message)
+    except Exception:  # noqa: BLE001 - a class that takes other arguments
+        new = FileSystemError(message)
+    if not isinstance(new, OSError) or str(new) != message:
+        new = FileSystemError(message)
+    new.errno = exc.errno
+    new.__cause__ = exc
+    return new
+
+
+def _names_the_target(exc: BaseException) -> bool:
+    """Whether write_error rewrites `exc` (a definite OSError other than a refusal)."""
+    return isinstance(exc, OSError) and not isinstance(exc, FileExistsError) and not is_transient(exc)
+
+
 def write_atomic(url: str | os.PathLike, data: bytes | str, *, overwrite: bool = False) -> str:
     """Write `data` to `url` so that readers see no file or the whole file; returns the URL.
 
@@ -149,7 +184,8 @@ def write_atomic(url: str | os.PathLike, data: bytes | str, *, overwrite: bool =
     refuses it). overwrite=True replaces the target atomically on local disks and hdfs://
     (a rename with OVERWRITE); elsewhere (webhdfs://, memory://) the old file is renamed aside
     first and deleted after: readers may briefly find no file, never a partial one, and a
-    failed replace leaves the old record in place."""
+    failed replace leaves the old record in place. A failed write (a full disk, a refused
+    permission) raises naming the target and what is left there (`write_error`)."""
     url = os.fspath(url)
     payload = data.encode() if isinstance(data, str) else bytes(data)
     fs, path = resolve(url)
@@ -159,8 +195,9 @@ def write_atomic(url: str | os.PathLike, data: bytes | str, *, overwrite: bool =
     refused = f"{display(fs, path)} exists; it is a committed record and is never overwritten (overwrite=False)"
     if not overwrite and fs.exists(path):
         raise FileExistsError(refused)
-    fs.makedirs(parent, exist_ok=True)
+    renamed = False  # whether the target already holds the new bytes
     try:
+        fs.makedirs(parent, exist_ok=True)
         if local:
             with open(tmp, "wb") as f:
                 f.write(payload)
@@ -174,6 +211,7 @@ def write_atomic(url: str | os.PathLike, data: bytes | str, *, overwrite: bool =
                 except FileExistsError as e:
                     raise FileExistsError(refused) from e
                 os.unlink(tmp)
+            renamed = True
             fsync_dir(parent)
         else:
             with fs.open(tmp, "wb") as f:
@@ -186,14 +224,35 @@ def write_atomic(url: str | os.PathLike, data: bytes | str, *, overwrite: bool =
                 _replace_by_renames(fs, tmp, path)
             else:
                 fs.mv(tmp, path)
-    except BaseException:
-        try:
-            if fs.exists(tmp):
-                fs.rm_file(tmp)
-        except Exception:  # noqa: BLE001 - the original error matters more
-            pass
-        raise
+    except BaseException as exc:
+        removed = _remove_quietly(fs, tmp)
+        if not _names_the_target(exc):  # a refusal, a transient failure (retried by callers), an interrupt
+            raise
+        raise write_error(exc, display(fs, path), lambda: _what_is_left(fs, path, display(fs, tmp), renamed, removed)) from exc
     return url
+
+
+def _remove_quietly(fs: fsspec.AbstractFileSystem, tmp: str) -> bool:
+    """Remove the temporary `tmp` if it is there; whether none is left."""
+    try:
+        if fs.exists(tmp):
+            fs.rm_file(tmp)
+        return True
+    except Exception:  # noqa: BLE001 - the original error matters more
+        return False
+
+
+def _what_is_left(fs: fsspec.AbstractFileSystem, path: str, tmp: str, renamed: bool, removed: bool) -> str:
+    """For a failed write_atomic: what is at the target now, and of the temporary."""
+    if renamed:
+        there = "the new file is in place (only flushing the folder failed)"
+    else:
+        try:
+            there = ("the file there is as it was before this write" if fs.exists(path)
+                     else "nothing was written there")
+        except Exception:  # noqa: BLE001 - the original error matters more
+            there = "the file there is as it was before this write, or absent"
+    return f"{there}; " + ("the temporary was removed" if removed else f"the temporary {tmp} is left: delete it")
 
 
 def _replace_by_renames(fs: fsspec.AbstractFileSystem, tmp: str, path: str) -> None:

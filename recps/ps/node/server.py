@@ -67,13 +67,14 @@ from recps.ps.node.specs import (
     spec_json,
 )
 from recps.ps.table import SAVE_MODES, DenseTable, SparseTable, warm_up_kernels
+from recps.ps.table.checkpoint import SPEC_FILE, read_spec, saved_tables
 from recps.ps.transport import TransportServer
 
 __all__ = ["PSServer", "HostedTable", "ServerHalf", "ServerHalfFactory", "SPEC_FILE"]
 
 logger = logging.getLogger(__name__)
 
-SPEC_FILE = "spec.json"  # written next to a table's shard folders by server 0
+# SPEC_FILE (recps.ps.table.checkpoint): spec.json, written next to a table's shard folders by server 0
 SAVE_RETRIES = 3  # more attempts of a table's save that failed transiently (recps.fs.retry_transient)
 
 
@@ -391,19 +392,13 @@ class PSServer:
         if not names:
             with self._tables_lock:
                 names = sorted(self._tables)
-            if not names:  # a fresh cluster restores every saved table
-                fs, root = rfs.resolve(path)
-                if fs.isdir(root):
-                    names = sorted(d.rstrip("/").rsplit("/", 1)[-1] for d in fs.ls(root, detail=False)
-                                   if fs.isfile(f"{d.rstrip('/')}/{SPEC_FILE}"))
+            if not names:  # a fresh cluster restores every saved table: each with its spec, or an error naming it
+                names = saved_tables(path)
         result = {}
         for n in names:
             folder = rfs.join(path, n)
             if n not in self._tables:
-                spec_file = rfs.join(folder, SPEC_FILE)
-                if not rfs.exists(spec_file):
-                    raise ConfigError(f"load: table {n!r} does not exist here and {spec_file} is missing; create the table first")
-                spec = parse_spec(rfs.read_bytes(spec_file).decode(), f"load {spec_file}")
+                spec = parse_spec(read_spec(folder), f"load {rfs.join(folder, SPEC_FILE)}")
                 verb = self._create_sparse if spec["kind"] == "sparse" else self._create_dense
                 verb(n, {}, {"spec": spec_json(spec)})
             table = self._get(n)

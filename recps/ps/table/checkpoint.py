@@ -14,6 +14,9 @@ after every file and the manifest are written (and, on a local disk, flushed to 
 sees the old folder or the complete new one (on file systems whose rename cannot replace a
 folder, such as HDFS, the old one is removed first: save each checkpoint into its own folder).
 Readers verify sizes and sha256 checksums and refuse a mismatch with an error that names the file.
+A write that fails (a full disk, a refused permission) removes the temporary folder and raises
+naming the shard folder, the file being written and what is left there (recps.fs.write_error);
+a transient failure (an HDFS NameNode busy) is raised as it is, for the caller to retry.
 """
 
 from __future__ import annotations
@@ -35,10 +38,13 @@ from fsspec.implementations.local import LocalFileSystem
 from recps import fs as rfs
 from recps.errors import PSError
 
-__all__ = ["FORMAT_VERSION", "CheckpointError", "ShardWriter", "ShardReader", "SparseRows", "list_shards", "read_table",
+__all__ = ["FORMAT_VERSION", "SPEC_FILE", "CheckpointError", "ShardWriter", "ShardReader", "SparseRows", "list_shards",
+           "saved_tables", "read_spec", "read_table",
            "shard_dirname"]
 
 FORMAT_VERSION = 1
+SPEC_FILE = "spec.json"  # a table's spec, next to its shard folders (written by the PS server 0)
+_COMMIT_RECORD = "manifest.json"  # a committed PS checkpoint's record (recps.checkpoint.MANIFEST): its "tables"
 _SHARD_RE = re.compile(r"^shard-(\d{5})-of-(\d{5})$")
 _IO_CHUNK = 64 << 20
 
@@ -84,14 +90,18 @@ class ShardWriter:
             raise CheckpointError(f"save: shard={shard} is outside [0, num_shards={num_shards})")
         self.fs, self.root = rfs.resolve(path)
         self.local = isinstance(self.fs, LocalFileSystem)
-        self.fs.makedirs(self.root, exist_ok=True)
         name = shard_dirname(shard, num_shards)
         self.final = _join(self.fs, self.root, name)
         self.tmp = _join(self.fs, self.root, f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        self.fs.makedirs(self.tmp, exist_ok=True)
         self._files: dict[str, dict] = {}
         self._handles: dict[str, tuple] = {}
         self._committed = False
+        self._writing = "the folder"  # what a failure names: the file being written
+        try:
+            self.fs.makedirs(self.root, exist_ok=True)
+            self.fs.makedirs(self.tmp, exist_ok=True)
+        except BaseException as e:
+            raise self._failed(e) from e
 
     def _open(self, name: str):
         path = _join(self.fs, self.tmp, name)
@@ -99,6 +109,7 @@ class ShardWriter:
 
     def declare(self, name: str, dtype: torch.dtype, row_shape: tuple[int, ...]) -> None:
         """Create an (initially empty) array `name` with rows of shape `row_shape`."""
+        self._writing = f"{name}.bin"
         self._handles[name] = (self._open(f"{name}.bin"), hashlib.sha256())
         self._files[name] = {"dtype": _dtype_name(dtype), "shape": [0, *row_shape], "bytes": 0}
 
@@ -112,6 +123,7 @@ class ShardWriter:
             )
         data = memoryview(rows.detach().contiguous().view(torch.uint8).reshape(-1).numpy())
         handle, digest = self._handles[name]
+        self._writing = f"{name}.bin"
         handle.write(data)
         digest.update(data)
         spec["shape"][0] += rows.shape[0]
@@ -132,6 +144,7 @@ class ShardWriter:
             "created_unix": time.time(),
         }
         handles, self._handles = [h for h, _ in self._handles.values()], {}
+        self._writing = "manifest.json and the arrays' last bytes"
 
         def close(handle) -> None:
             if self.local:
@@ -151,6 +164,7 @@ class ShardWriter:
         except BaseException:
             self._handles = {str(i): (h, None) for i, h in enumerate(handles)}  # abort() closes what is open
             raise
+        self._writing = "the rename into place"
         if self.local:
             rfs.fsync_dir(self.tmp)
             old = None
@@ -183,12 +197,31 @@ class ShardWriter:
         except Exception:  # noqa: BLE001 - as above
             pass
 
+    def _failed(self, exc: BaseException) -> BaseException:
+        """Abort, then what to raise for `exc` (recps.fs.write_error: naming the shard folder, the
+        file being written and what is left there; transient failures unchanged)."""
+        self.abort()
+
+        def left() -> str:
+            there = ("the shard folder there is as it was before this save" if self.fs.exists(self.final)
+                     else "nothing was written there")
+            return there + ("; the temporary folder was removed" if not self.fs.exists(self.tmp)
+                            else f"; the temporary {rfs.display(self.fs, self.tmp)} is left: delete it")
+
+        return rfs.write_error(exc, f"{rfs.display(self.fs, self.final)} ({self._writing})", left)
+
     def __enter__(self) -> ShardWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if not self._committed:
+        if self._committed:
+            return
+        if exc is None or not isinstance(exc, OSError):
             self.abort()
+            return
+        error = self._failed(exc)
+        if error is not exc:
+            raise error from exc
 
 
 def list_shards(path: str | os.PathLike) -> list[str]:
@@ -215,6 +248,67 @@ def list_shards(path: str | os.PathLike) -> list[str]:
     if missing:
         raise CheckpointError(f"load: {shown} has {num_shards} shards but shard(s) {missing} are missing")
     return [shards[i] for i in range(num_shards)]
+
+
+def saved_tables(path: str | os.PathLike) -> list[str]:
+    """The tables of the checkpoint folder `path` (one sub-folder per table), for a load that
+    restores them all; each has its spec.json and shard folders, or CheckpointError names the
+    table and what it lacks (a table is never dropped in silence).
+
+    A committed checkpoint (recps.checkpoint: `path/manifest.json`) lists its tables; the
+    folders are checked against that list. Without one, every sub-folder holding a spec.json
+    or a shard folder is a table."""
+    fs, root = rfs.resolve(path)
+    shown = rfs.display(fs, root)
+    if not fs.isdir(root):
+        raise CheckpointError(f"load: checkpoint folder {shown} does not exist; pass the folder a save wrote")
+    record = _join(fs, root, _COMMIT_RECORD)
+    listed: list[str] | None = None
+    if fs.isfile(record):
+        try:
+            listed = [str(t) for t in json.loads(fs.cat_file(record))["tables"]]
+        except (ValueError, KeyError, TypeError) as e:
+            raise CheckpointError(f"load: {rfs.display(fs, record)} is unreadable ({type(e).__name__}: {e}); "
+                                  "restore it or load another checkpoint") from None
+    found = {}  # table -> (has spec.json, has a shard folder)
+    for info in fs.ls(root, detail=True):
+        name = info["name"].rstrip("/").rsplit("/", 1)[-1]
+        if info.get("type") != "directory" or name.startswith((".", "_")):
+            continue
+        entries = [e.rstrip("/").rsplit("/", 1)[-1] for e in fs.ls(_join(fs, root, name), detail=False)]
+        found[name] = (SPEC_FILE in entries, any(_SHARD_RE.match(e) for e in entries))
+    tables = listed if listed is not None else sorted(n for n, (spec, shards) in found.items() if spec or shards)
+    if not tables:
+        raise CheckpointError(f"load: {shown} holds no table (no sub-folder with {SPEC_FILE} or shard folders); "
+                              "pass the folder a save wrote")
+    for table in tables:
+        spec, shards = found.get(table, (False, False))
+        where = f"table {table!r} of {shown}" + (f" (listed in its {_COMMIT_RECORD})" if listed is not None else "")
+        if table not in found:
+            raise CheckpointError(f"load: {where} has no folder {rfs.display(fs, _join(fs, root, table))}; "
+                                  "restore it or load another checkpoint")
+        if not spec:
+            raise CheckpointError(f"load: {where} has no {SPEC_FILE} "
+                                  f"({rfs.display(fs, _join(fs, root, table, SPEC_FILE))} is missing), so the table "
+                                  "cannot be created; restore it or load another checkpoint")
+        if not shards:
+            raise CheckpointError(f"load: {where} has no shard-XXXXX-of-XXXXX folder; the save did not complete: "
+                                  "load another checkpoint")
+    return list(tables)
+
+
+def read_spec(table_dir: str | os.PathLike) -> str:
+    """The text of `table_dir/spec.json`; CheckpointError names the file when it is missing or unreadable."""
+    fs, root = rfs.resolve(table_dir)
+    spec = _join(fs, root, SPEC_FILE)
+    try:
+        return fs.cat_file(spec).decode()
+    except FileNotFoundError:
+        raise CheckpointError(f"load: {rfs.display(fs, spec)} is missing: table {posixpath.basename(root.rstrip('/'))!r} "
+                              "cannot be created from the checkpoint; restore it, or create the table first") from None
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"load: {rfs.display(fs, spec)} is not text ({e}); restore it or load another "
+                              "checkpoint") from None
 
 
 class ShardReader:

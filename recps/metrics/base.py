@@ -9,7 +9,7 @@ so that the metric of the union of two data sets is computed from a merge of the
   of ``MetricCollection.flatten()``.
 - **grouped** metrics (``additive = False``: GAUC, PNR): per-example columns of shape (N,),
   and merge = concatenation (a group's examples may sit on several workers, so nothing
-  smaller is exact). Merge by gathering (``all_gather_object``), see ``allreduce_metrics``.
+  smaller is exact). Merge by gathering the raw columns (one ``all_gather``, no pickle), see ``allreduce_metrics``.
 
 Input conventions (shape letters as in DESIGN.md; inputs of any shape are flattened):
 

@@ -29,6 +29,8 @@ import torch
 from torch import nn
 
 from recps.data.batch import Batch
+from recps.data.dataset import ExamplesSource
+from recps.data.sharding import WorkerShards
 from recps.errors import ConfigError
 from recps.observer import TrainObserver  # re-exported: recps.trainer.TrainObserver
 from recps.ps.modes.dense import LocalDenseUpdater  # re-exported: recps.trainer.LocalDenseUpdater (ps=local)
@@ -141,7 +143,10 @@ class Trainer:
         updater: applies dense gradients (local optimizer or a PS communicator).
         threads: Hogwild training threads in this process.
         on_step: called as on_step(thread, step, loss) after every step.
-        observers: `TrainObserver`s (metrics reporter, debug dump); none costs nothing.
+        observers: `TrainObserver`s (metrics reporter, debug dump); none costs nothing. One that
+            has `on_fit_plan(steps)` gets, before `on_fit_start`, the steps each fit will take over
+            all threads (`planned_steps`; None when the source cannot say how many batches its shards
+            hold; at most max_steps): the debug dump sizes itself with it.
         prefetch: each thread hands its next batch's sparse features to `collection.prefetch`
             between the current batch's forward and backward passes (a PS collection in async
             mode starts the pulls then: recps.ps.embedding), if the task's forward passes
@@ -190,6 +195,13 @@ class Trainer:
         stop = threading.Event()
         bar = _progress_bar(progress)
         observers = list(self.observers)
+        plan_hooks = [hook for hook in (getattr(obs, "on_fit_plan", None) for obs in observers) if hook is not None]
+        if plan_hooks:
+            batches = _thread_batches(source, batch_size, self.threads)
+            planned = (planned_steps(batches, epochs, max_steps, thread_steps_per_epoch, skip) if batches is not None
+                       else max_steps if max_steps > 0 else None)
+            for hook in plan_hooks:
+                hook(planned)
         for obs in observers:
             obs.on_fit_start([replica for replica, _ in self._replicas])
 
@@ -353,6 +365,18 @@ class Trainer:
         if not probs:
             raise ConfigError("the evaluation split is empty; give dataset.test files or a test_fraction > 0")
         return torch.cat(probs), torch.cat(targets)
+
+
+def _thread_batches(source, batch_size: int, threads: int) -> list[int] | None:
+    """Batches per epoch of each of this process's `threads` shards of `source`, or None when the
+    source cannot say: a worker's share (recps.data.sharding.WorkerShards: its T of the W*T shards)
+    or in-memory examples (recps.data.dataset.ExamplesSource: thread t reads every T-th example)."""
+    if isinstance(source, ExamplesSource):
+        source = WorkerShards(source, 0, 1)
+    if not isinstance(source, WorkerShards) or not isinstance(source.source, ExamplesSource):
+        return None
+    first = source.worker_index * threads
+    return source.shard_batches(batch_size, threads)[first:first + threads]
 
 
 def _with_next(batches) -> Iterator[tuple[Batch, Batch | None]]:

@@ -5,9 +5,9 @@
     python -m recps.debug show RUN --step 3                  # the records of a dump
 
 ``format``: the files (one .bin + one text .idx per role, rank and thread); ``dump``: the
-``DebugDump`` training observer; ``diff``: ``diff_runs``. Importing this package does not
-import torch (the CLI reads dumps with numpy); ``DebugDump`` and ``build_dump`` are loaded
-on first use.
+``DebugDump`` training observer (it logs a ``DumpEstimate`` of its size at the first step);
+``diff``: ``diff_runs``. Importing this package does not import torch (the CLI reads dumps
+with numpy); ``DebugDump``, ``DumpEstimate`` and ``build_dump`` are loaded on first use.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from recps.debug.format import DumpWriter, Record, dump_files, read_index, read_
 
 __all__ = [
     "DebugDump",
+    "DumpEstimate",
     "build_dump",
     "check_debug_config",
     "DumpWriter",
@@ -33,7 +34,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("DebugDump", "build_dump", "check_debug_config", "FIELDS"):
+    if name in ("DebugDump", "DumpEstimate", "build_dump", "check_debug_config", "FIELDS"):
         from recps.debug import dump
 
         return getattr(dump, name)

@@ -21,6 +21,13 @@ Steps are the trainer's global steps; a step is written when start_step <= step 
 if > 0) and (step - start_step) % every_steps == 0. Intermediates are captured on every step
 while dumping is on (a thread learns its step number only after the update).
 
+Size. A dump grows by the same bytes every dumped step (the selected dense parameters twice,
+values and gradients, dominate: the default DeepFM writes 3.7 MB a step, 1.4 GB a pass). When
+the fit's first step is done, the dump logs what it will write (`DumpEstimate`): the bytes of
+that step's records times the steps of the fit's plan it selects (`Trainer.fit` hands the plan
+to `on_fit_plan`), with the free space there; a WARNING when that is over 1 GB or half the free
+space. `debug.every_steps`, `debug.params`, `debug.fields`, `debug.end_step` write less.
+
 With one training thread per process (ps=local, or ps=sync with trainer.threads=1 and any
 number of workers: `recps.cluster` gives each worker its own files), the same seed gives
 byte-identical files: nothing but the numbers goes into them, in an order fixed by the
@@ -34,23 +41,78 @@ from __future__ import annotations
 import fnmatch
 import logging
 import os
+import shutil
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch
 from torch import nn
 
-from recps.debug.format import DumpWriter
+from recps.debug.format import DumpWriter, Record
 from recps.errors import ConfigError, DataError
 from recps.observer import TrainObserver
 
-__all__ = ["DebugDump", "FIELDS", "build_dump", "check_debug_config"]
+__all__ = ["DebugDump", "DumpEstimate", "FIELDS", "build_dump", "check_debug_config"]
 
 log = logging.getLogger(__name__)
 
 #: Per-example fields a dump can name.
 FIELDS = ("keys", "dense", "labels", "logits", "predictions", "loss")
+
+
+#: Above this many bytes (or half the free space) the estimate is logged as a WARNING.
+WARN_BYTES = 10**9
+
+#: What the log line offers to write less (conf/debug/dump.yaml).
+LIMITS = ("debug.every_steps=N (every Nth step), debug.params=[glob,...] (fewer dense parameters; [] none), "
+          "debug.param_grads=false, debug.fields=[...], debug.start_step / debug.end_step")
+
+
+@dataclass(frozen=True)
+class DumpEstimate:
+    """What one fit of a dump writes in this process (all its threads' files together).
+
+    step_bytes: .bin bytes of one dumped step, summed from the fit's first step's records (their
+    numel x element size); param_bytes / grad_bytes: of which dense parameter values / gradients;
+    index_bytes: .idx bytes of one dumped step; steps: dumped steps of the plan (None: the trainer
+    could not say how many steps the fit takes); planned: the fit's steps; total_bytes: steps x
+    (step_bytes + index_bytes) (None without a plan); free_bytes: free space in the dump folder.
+    Exact for batches of one size and fixed shapes; a smaller last batch, multi-hot keys or
+    table rows vary per step."""
+
+    step_bytes: int
+    param_bytes: int
+    grad_bytes: int
+    index_bytes: int
+    steps: int | None
+    planned: int | None
+    total_bytes: int | None
+    free_bytes: int
+
+    def describe(self, folder: Path) -> str:
+        rest = self.step_bytes - self.param_bytes - self.grad_bytes
+        per_step = (f"{_size(self.step_bytes)} a step (dense parameters {_size(self.param_bytes)}, their gradients "
+                    f"{_size(self.grad_bytes)}, other records {_size(rest)})")
+        if self.total_bytes is None:
+            where = f"{per_step} (this process's files) into {folder}; the number of steps is unknown"
+        else:
+            where = (f"{_size(self.total_bytes)} (this process's files) into {folder}: {self.steps} of the "
+                     f"{self.planned} planned steps x {per_step}")
+        return f"{where}; {_size(self.free_bytes)} free there. To write less: {LIMITS}"
+
+    @property
+    def warn(self) -> bool:
+        total = self.total_bytes if self.total_bytes is not None else self.step_bytes
+        return total > WARN_BYTES or total > self.free_bytes // 2
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
 
 
 class _Pending:
@@ -133,8 +195,17 @@ class DebugDump(TrainObserver):
         self._tls = threading.local()
         self._fit_steps = 0
         self._steps_lock = threading.Lock()
+        self._planned: int | None = None  # steps of the coming fit (on_fit_plan)
+        self._estimated = False
+        #: The last fit's `DumpEstimate` (None before its first step).
+        self.estimate: DumpEstimate | None = None
 
     # ---- TrainObserver ----------------------------------------------------------------------------
+
+    def on_fit_plan(self, steps: int | None) -> None:
+        """Before on_fit_start (recps.trainer.Trainer.fit): the steps the fit takes over all its threads
+        (None: unknown); its first step's records times the ones selected give the size estimate."""
+        self._planned = None if steps is None else int(steps)
 
     def on_fit_start(self, replicas: Sequence[nn.Module]) -> None:
         if self._writers and len(replicas) != len(self._writers):
@@ -153,6 +224,8 @@ class DebugDump(TrainObserver):
             log.info("[%s %d] debug dump on: %s", self.role, self.rank, self.folder)
         self._pending = [_Pending() for _ in replicas]
         self._fit_steps = 0
+        self._estimated = False
+        self.estimate = None
         self._hooks = [module.register_forward_hook(self._hook(name)) for name, module in modules.values()]
 
     def on_thread_start(self, thread: int) -> None:
@@ -168,41 +241,73 @@ class DebugDump(TrainObserver):
         self._batches[thread] += 1
         with self._steps_lock:
             self._fit_steps = max(self._fit_steps, step)
+            first, self._estimated = not self._estimated, True
         pending, self._pending[thread] = self._pending[thread], _Pending()
         gstep = self.step_base + step
-        if not self._selected(gstep):
+        selected = self._selected(gstep)
+        if not (selected or first):
             return
-        out, n = self._writers[thread], self._batches[thread]
+        n = self._batches[thread]
         with torch.no_grad():
-            for f in self.fields:
-                if f == "keys":
-                    out.write(gstep, n, "keys.values", batch.sparse.values())
-                    out.write(gstep, n, "keys.lengths", batch.sparse.lengths())
-                elif f == "dense":
-                    out.write(gstep, n, "dense", batch.dense)
-                elif f == "labels":
-                    out.write(gstep, n, "labels", batch.labels)
-                elif f == "logits":
-                    out.write(gstep, n, "logits", logits)
-                elif f == "predictions":
-                    out.write(gstep, n, "predictions", self.task.predict(logits.detach()))
-                elif f == "loss":
-                    out.write(gstep, n, "loss", torch.tensor(float(loss), dtype=torch.float64))
+            records = self._records(thread, pending, batch, logits, loss)
+        if first:
+            self._log_estimate(gstep, records)
+        if selected:
+            out = self._writers[thread]
+            for name, t in records:
+                out.write(gstep, n, name, t)
+
+    def _records(self, thread: int, pending: _Pending, batch: Any, logits: torch.Tensor,
+                 loss: float) -> list[tuple[str, torch.Tensor]]:
+        """(name, tensor) of every record of one step, in the order they are written."""
+        records: list[tuple[str, torch.Tensor]] = []
+        for f in self.fields:
+            if f == "keys":
+                records += [("keys.values", batch.sparse.values()), ("keys.lengths", batch.sparse.lengths())]
+            elif f == "dense":
+                records.append(("dense", batch.dense))
+            elif f == "labels":
+                records.append(("labels", batch.labels))
+            elif f == "logits":
+                records.append(("logits", logits.detach()))
+            elif f == "predictions":
+                records.append(("predictions", self.task.predict(logits.detach())))
+            elif f == "loss":
+                records.append(("loss", torch.tensor(float(loss), dtype=torch.float64)))
+        for name in self.modules:
+            outputs = pending.outputs.get(name, [])
+            records += [(_part(f"out/{name}", i, len(outputs)), t) for i, t in enumerate(outputs)]
+        if self.module_grads:
             for name in self.modules:
-                for i, t in enumerate(pending.outputs.get(name, [])):
-                    out.write(gstep, n, _part(f"out/{name}", i, len(pending.outputs[name])), t)
-            if self.module_grads:
-                for name in self.modules:
-                    grads = pending.output_grads.get(name, [])
-                    for i, g in enumerate(grads):
-                        if g is not None:
-                            out.write(gstep, n, _part(f"grad/out/{name}", i, len(grads)), g)
-            for name, g in pending.grads:
-                out.write(gstep, n, f"grad/{name}", g)
-            for name, p in self._params[thread]:
-                out.write(gstep, n, f"param/{name}", p)
-            if self._table_specs:
-                self._write_tables(out, gstep, n, batch)
+                grads = pending.output_grads.get(name, [])
+                records += [(_part(f"grad/out/{name}", i, len(grads)), g) for i, g in enumerate(grads) if g is not None]
+        records += [(f"grad/{name}", g) for name, g in pending.grads]
+        records += [(f"param/{name}", p.detach()) for name, p in self._params[thread]]
+        if self._table_specs:
+            records += self._table_records(batch)
+        return records
+
+    def _log_estimate(self, step: int, records: list[tuple[str, torch.Tensor]]) -> None:
+        """Sizes the fit's dump from its first step's records and the plan (see DumpEstimate)."""
+        sizes = [(name, t.numel() * t.element_size()) for name, t in records]
+        step_bytes = sum(n for _, n in sizes)
+        planned = self._planned
+        steps = self.selected_steps(self.step_base + 1, self.step_base + planned) if planned is not None else None
+        bin_total = step_bytes * (steps or 0)
+        # index lines as format.DumpWriter writes them, with the widest step, batch and offset numbers
+        last = max(step, self.step_base + (planned or 0))
+        index_bytes = sum(len(Record(last, last, name, str(t.dtype).removeprefix("torch."), tuple(t.shape),
+                                     bin_total, size).line().encode()) for (name, t), (_, size) in zip(records, sizes))
+        self.estimate = estimate = DumpEstimate(
+            step_bytes=step_bytes,
+            param_bytes=sum(n for name, n in sizes if name.startswith("param/")),
+            grad_bytes=sum(n for name, n in sizes if name.startswith("grad/") and not name.startswith("grad/out/")),
+            index_bytes=index_bytes, steps=steps, planned=planned,
+            total_bytes=None if steps is None else steps * (step_bytes + index_bytes),
+            free_bytes=shutil.disk_usage(self.folder).free,
+        )
+        log.log(logging.WARNING if estimate.warn else logging.INFO, "[%s %d] debug dump: %s", self.role, self.rank,
+                estimate.describe(self.folder))
 
     def on_fit_end(self, failed: bool) -> None:
         for h in self._hooks:
@@ -224,6 +329,14 @@ class DebugDump(TrainObserver):
         if step < self.start_step or (self.end_step > 0 and step > self.end_step):
             return False
         return (step - self.start_step) % self.every_steps == 0
+
+    def selected_steps(self, first: int, last: int) -> int:
+        """How many of the global steps first..last (inclusive) are written."""
+        lo, hi = max(first, self.start_step), last if self.end_step <= 0 else min(last, self.end_step)
+        if hi < lo:
+            return 0
+        k_lo = -(-(lo - self.start_step) // self.every_steps)  # first k with start + k * every >= lo
+        return max(0, (hi - self.start_step) // self.every_steps - k_lo + 1)
 
     def _select_params(self, replica: nn.Module) -> list[tuple[str, nn.Parameter]]:
         if not self.params:
@@ -257,14 +370,15 @@ class DebugDump(TrainObserver):
             specs.append((cfg.name, cfg.feature_names[0], int(cfg.num_embeddings), weights[cfg.name], int(cfg.embedding_dim)))
         return specs
 
-    def _write_tables(self, out: DumpWriter, step: int, n: int, batch: Any) -> None:
+    def _table_records(self, batch: Any) -> list[tuple[str, torch.Tensor]]:
         features = batch.sparse.to_dict()
+        records = []
         for name, feature, rows, weight, dim in self._table_specs:
             if feature not in features:
                 raise DataError(f"debug.tables: table {name} reads feature {feature!r}, which the batch lacks")
             ids = torch.unique(torch.remainder(features[feature].values(), rows))  # (U,) sorted
-            out.write(step, n, f"table/{name}.ids", ids)
-            out.write(step, n, f"table/{name}.rows", weight.detach()[ids, :dim])  # (U, D)
+            records += [(f"table/{name}.ids", ids), (f"table/{name}.rows", weight.detach()[ids, :dim])]  # (U,), (U, D)
+        return records
 
     def _hook(self, name: str):
         def hook(module: nn.Module, inputs: Any, output: Any) -> None:

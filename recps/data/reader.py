@@ -20,9 +20,11 @@ Sharding: shard k of n keeps the rows whose global row index (counting parsed ro
 all files, in order) satisfies index % n == k; the n shards partition the data exactly.
 A line with the wrong number of fields belongs to the shard with line_number % n == k.
 
-Bad rows (wrong field count, a non-numeric dense or label value, a missing label, a
-non-integer key when schema.hash_values is False) are skipped, counted and logged with
-their file and line. When the bad rows exceed `error_budget` the reader raises DataError.
+Bad rows (wrong field count, a non-numeric dense or label value, a missing label, a dense
+or label value that overflows float32, the training dtype (1e308), a label outside
+schema.label_range (the task's: binary [0, 1]), a non-integer key when schema.hash_values is
+False) are skipped, counted and logged with their file and line. When the bad rows exceed
+`error_budget` the reader raises DataError.
 
 Example:
     >>> import tempfile, pathlib
@@ -817,8 +819,9 @@ class TabularReader:
                 parse_options=pcsv.ParseOptions(delimiter=s.separator, quote_char='"'),
                 read_options=pcsv.ReadOptions(use_threads=False),
             ).column_names
-        except pa.ArrowInvalid as e:
-            raise DataError(f"{src.name}: cannot parse the header line: {_one_line(e)}; fix the file") from None
+        except (pa.ArrowInvalid, UnicodeDecodeError) as e:  # not text (a Parquet file read as CSV), not UTF-8
+            raise DataError(f"{src.name}: cannot parse the header line: {_one_line(e)}; fix the file or "
+                            f"dataset.schema.format ({s.format!r})") from None
         missing = [c for c in self._needed if c not in names]
         if missing:
             shown = names if len(names) <= 12 else names[:12] + ["..."]
@@ -959,21 +962,44 @@ class TabularReader:
         bad = np.zeros(m, bool)
         problems: list[tuple[str, np.ndarray]] = []  # (reason, (M,) mask) for messages
 
+        # Values are judged as training sees them: after the cast to float32 (1e308 is finite in
+        # float64, inf in float32) and, for dense inputs, after the transform.
         labels = np.empty((m, len(s.labels)), np.float32)  # (M, T)
         for j, c in enumerate(s.labels):
             values, missing, wrong = _parse_floats(rb.column(c), c)
-            labels[:, j] = values
-            problems += [(f"label {c} is missing", missing), (f"label {c} is not a number", wrong)]
-            bad |= missing | wrong
+            with np.errstate(over="ignore", invalid="ignore"):
+                labels[:, j] = values  # the cast to float32
+            col = labels[:, j]
+            present = ~(missing | wrong)
+            overflow = present & ~np.isfinite(col)
+            problems += [(f"label {c} is missing", missing), (f"label {c} is not a number", wrong),
+                         (f"label {c} overflows float32 (|x| > 3.4e38)", overflow)]
+            bad |= missing | wrong | overflow
+            if c in s.label_range:
+                lo, hi = s.label_range[c]
+                outside = present & ~overflow & ((col < lo) | (col > hi))
+                problems.append((f"label {c} is outside [{lo:g}, {hi:g}] (dataset.schema.label_range: the task's)",
+                                 outside))
+                bad |= outside
 
         dense = np.zeros((len(s.dense), m), np.float32)  # (I, M): one contiguous row per column
+        wrong_dense = np.zeros((len(s.dense), m), bool)  # (I, M)
         for j, c in enumerate(s.dense):
             values, missing, wrong = _parse_floats(rb.column(c), c)
-            dense[j] = np.where(missing | wrong, 0.0, values)
+            with np.errstate(over="ignore", invalid="ignore"):
+                dense[j] = np.where(missing | wrong, 0.0, values)  # the cast to float32: overflow -> inf
+            wrong_dense[j] = wrong
             problems.append((f"dense {c} is not a finite number", wrong))
             bad |= wrong
         if s.dense_transform == "log1p":
             dense = np.copysign(np.log1p(np.abs(dense)), dense)  # sign(x) * log(1 + |x|)
+        overflow = ~np.isfinite(dense) & ~wrong_dense  # (I, M)
+        if overflow.any():
+            for j in np.flatnonzero(overflow.any(axis=1)):
+                problems.append((f"dense {s.dense[j]} overflows float32 (|x| > 3.4e38), the training dtype",
+                                 overflow[j]))
+                bad |= overflow[j]
+            dense[overflow] = 0.0  # the rows are dropped; no inf travels further
 
         keys = np.empty((len(s.sparse), m), np.int64)  # (S, M)
         for j, c in enumerate(s.sparse):

@@ -7,6 +7,7 @@ multi-valued sequence slots.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -39,6 +40,11 @@ class Schema:
         dense_transform: "none" or "log1p" (sign(x)*log(1+|x|), Criteo's usual transform).
         hash_values: hash categorical values (strings) into int64 keys; when False the
             values must already be integers and are used as keys unchanged.
+        label_range: the values the task trains on, [lo, hi] inclusive, for every label column
+            ([lo, hi]) or per label ({label: [lo, hi]}); a row whose label lies outside (after the
+            cast to float32) is a bad row. The tabular configs take the task's
+            (`${oc.select:task.label_range,null}`: binary tasks [0, 1]); None checks nothing but
+            finiteness. Held as {label: (lo, hi)}.
     """
 
     labels: tuple[str, ...]
@@ -52,6 +58,7 @@ class Schema:
     sequence_separator: str = "|"
     dense_transform: str = "none"
     hash_values: bool = True
+    label_range: Any = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -74,6 +81,7 @@ class Schema:
         dupes = sorted({c for c in used if used.count(c) > 1})
         if dupes:
             raise ConfigError(f"dataset.schema names columns {dupes} twice; give each one role")
+        object.__setattr__(self, "label_range", _label_bounds(self.label_range, self.labels))
         if self.columns is not None:
             missing = [c for c in used if c not in self.columns]
             if missing:
@@ -122,3 +130,28 @@ class Schema:
     @property
     def num_dense(self) -> int:
         return len(self.dense)
+
+
+def _label_bounds(value: Any, labels: tuple[str, ...]) -> dict[str, tuple[float, float]]:
+    """dataset.schema.label_range as {label: (lo, hi)}: None -> {}, [lo, hi] -> every label,
+    {label: [lo, hi] | None} -> those labels; anything else raises naming the value and the fix."""
+    if value is None:
+        return {}
+    where = f"dataset.schema.label_range={value!r} (the tabular configs take task.label_range)"
+    if isinstance(value, Mapping):
+        unknown = sorted(str(k) for k in value if k not in labels)
+        if unknown:
+            raise ConfigError(f"{where} names labels {unknown} that dataset.schema.labels {list(labels)} does not "
+                              "list; name label columns, or give one [lo, hi] for all")
+        pairs = {str(k): v for k, v in value.items() if v is not None}
+    else:
+        pairs = dict.fromkeys(labels, value)
+    bounds = {}
+    for label, pair in pairs.items():
+        ok = (isinstance(pair, Sequence) and not isinstance(pair, str) and len(pair) == 2
+              and all(isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x) for x in pair))
+        if not ok or pair[0] > pair[1]:
+            raise ConfigError(f"{where}: label {label} needs [lo, hi] with numbers lo <= hi (binary: [0, 1]); "
+                              "set it so, or null to check only finiteness")
+        bounds[label] = (float(pair[0]), float(pair[1]))
+    return bounds

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from recps.data.batch import Batch
-from recps.tasks.base import TaskBase
+from recps.tasks.base import TaskBase, check_label_range
 
 __all__ = ["BinaryTask"]
 
@@ -17,11 +17,15 @@ class BinaryTask(TaskBase):
     Args:
         label_index: which column of `Batch.labels` (B, T) is the target.
         metrics: metric names reported by evaluation (see recps.metrics).
+        label_range: the label values it trains on, [lo, hi]: [0, 1] (clicks; soft labels in
+            between); the tabular readers skip a row whose label lies outside (a 7) as a bad row.
     """
 
-    def __init__(self, label_index: int = 0, metrics: tuple[str, ...] = ("auc", "logloss")) -> None:
+    def __init__(self, label_index: int = 0, metrics: tuple[str, ...] = ("auc", "logloss"),
+                 label_range: tuple[float, float] | None = (0.0, 1.0)) -> None:
         self.label_index = int(label_index)
         self.metrics = tuple(metrics)
+        self.label_range = check_label_range(label_range)
 
     def target(self, batch: Batch) -> torch.Tensor:
         return batch.labels[:, self.label_index]  # (B,)

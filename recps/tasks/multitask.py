@@ -38,7 +38,7 @@ from torch import nn
 from recps.data.batch import Batch
 from recps.errors import ConfigError
 from recps.metrics import MetricCollection
-from recps.tasks.base import TaskBase
+from recps.tasks.base import TaskBase, check_label_range
 
 __all__ = ["MultiTask", "esmm_ctcvr_loss"]
 
@@ -65,6 +65,8 @@ class MultiTask(TaskBase):
         esmm: the model returns [ctr, cvr] logits and trains through pCTCVR (see module doc).
         label_names: the names of `Batch.labels`' columns (dataset.schema.labels); metric keys
             use them; None names them label0, label1, ...
+        label_range: the values every label column holds, [lo, hi]: [0, 1] (binary tasks); the
+            tabular readers skip a row whose label lies outside as a bad row.
 
     `task_names` names the T columns of `predict` / `target` (the training metrics reporter
     reports `<metric>/<task>` per column): the label names, or ESMM's ("ctr", "ctcvr").
@@ -72,7 +74,8 @@ class MultiTask(TaskBase):
 
     def __init__(self, label_indices: Sequence[int] = (0, 1), weights: Sequence[float] | None = None,
                  metrics: Sequence[str] = ("auc", "logloss"), esmm: bool = False,
-                 label_names: Sequence[str] | None = None) -> None:
+                 label_names: Sequence[str] | None = None, label_range: Sequence[float] | None = (0.0, 1.0)) -> None:
+        self.label_range = check_label_range(label_range)
         self.label_indices = tuple(int(i) for i in label_indices)
         if not self.label_indices:
             raise ConfigError("task.label_indices is empty; name the label column of each task, e.g. [0, 1]")

@@ -17,6 +17,11 @@ Contract (ps-lite style):
 - Tensors are sent without a copy (64 KiB and more): do not modify them before the reply arrives.
   Reply tensors share memory with the received message (no copy) and are writable.
 - Only requests fail on a dead server; detect one with `ping(server, timeout)`.
+- Security (`security`): each socket is a CURVE client with the job's keys (derived from the
+  token) and takes no frame over wire.MAX_FRAME_BYTES. A server that refuses the handshake
+  HANDSHAKE_ATTEMPTS times in a row (another token, or no encryption) fails the requests waiting
+  for it with PSError at once, and so does a reply that fails authentication on an established
+  connection (altered on the way): the outcome of those requests is unknown.
 
 >>> import torch
 >>> from recps.ps.transport import TransportServer
@@ -40,9 +45,10 @@ from typing import Mapping, Sequence
 
 import torch
 import zmq
+import zmq.utils.monitor
 
 from recps.errors import PSError, PSTimeoutError
-from recps.ps.transport import wire
+from recps.ps.transport import security, wire
 from recps.ps.transport.server import PING
 from recps.ps.transport.wire import MetaValue, Status
 
@@ -54,6 +60,9 @@ logger = logging.getLogger(__name__)
 _EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
 _SLICE_S = 0.05  # a borrowed channel is released this often while a wait polls it
 _SNDHWM = 10_000  # requests queued to one unreachable server before request() refuses more
+HANDSHAKE_ATTEMPTS = 3  # handshakes refused in a row before the requests to that server fail (reconnects are 0.1 s apart)
+_MONITORED = int(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                 | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_DISCONNECTED)
 
 
 @dataclass
@@ -150,6 +159,17 @@ def wait_all(handles: Sequence[Handle], timeout: float | None = None) -> list[Re
     return [h.wait(max(0.0, deadline - time.monotonic())) for h in handles]
 
 
+class _Link:
+    """What a channel knows of its connection to one server, from the socket's monitor events."""
+
+    __slots__ = ("server", "monitor", "established", "refusals")
+
+    def __init__(self, server: int, monitor: zmq.Socket) -> None:
+        self.server, self.monitor = server, monitor
+        self.established = False  # a handshake succeeded and the connection has not dropped since
+        self.refusals = 0  # handshakes failed in a row
+
+
 class _Channel:
     """One thread's sockets (a DEALER per server) and the requests it has in flight."""
 
@@ -158,6 +178,7 @@ class _Channel:
         self.owner = threading.current_thread()
         self.lock = threading.Lock()
         self.sockets: dict[int, zmq.Socket] = {}
+        self.links: dict[zmq.Socket, _Link] = {}  # monitor socket -> its link
         self.poller = zmq.Poller()
         self.pending: dict[int, Handle] = {}
 
@@ -168,9 +189,13 @@ class _Channel:
             sock.linger = 0
             sock.sndhwm = _SNDHWM
             sock.copy_threshold = wire.ZERO_COPY_BYTES
+            security.secure_client_socket(sock, self.client._keys)
+            monitor = sock.get_monitor_socket(_MONITORED)
             sock.connect(self.client.endpoints[server])
             self.sockets[server] = sock
+            self.links[monitor] = _Link(server, monitor)
             self.poller.register(sock, zmq.POLLIN)
+            self.poller.register(monitor, zmq.POLLIN)
         return sock
 
     def pump(self, target: Handle, deadline: float) -> None:
@@ -180,7 +205,13 @@ class _Channel:
         while True:
             ms = max(0.0, end - time.monotonic()) * 1000
             for sock, _ in self.poller.poll(ms):
-                self._drain(sock)
+                if sock.closed:
+                    continue  # retired by _watch in this round
+                link = self.links.get(sock)
+                if link is None:
+                    self._drain(sock)
+                else:
+                    self._watch(link)
             if target._done or time.monotonic() >= end:
                 return
 
@@ -204,10 +235,69 @@ class _Channel:
                 continue
             handle._complete(msg)
 
+    def _watch(self, link: _Link) -> None:
+        """Read `link`'s monitor events; fail the requests to its server when it cannot be trusted.
+
+        A failure this side detects (HANDSHAKE_FAILED_PROTOCOL: a box that does not open, another
+        mechanism; HANDSHAKE_FAILED_AUTH: refused by the server's ZAP) ends the ZeroMQ session for
+        good (it never reconnects), so the socket is retired and the next request opens a new one.
+        A connection the server closed during the handshake (NO_DETAIL: it could not open ours) is
+        retried by ZeroMQ; HANDSHAKE_ATTEMPTS of them in a row fail the requests."""
+        while not link.monitor.closed and link.monitor.get(_EVENTS) & _POLLIN:
+            event = zmq.utils.monitor.parse_monitor_message(link.monitor.recv_multipart(_NOBLOCK))
+            kind, value = int(event["event"]), int(event["value"])
+            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                link.established, link.refusals = True, 0
+                continue
+            if kind == zmq.EVENT_DISCONNECTED:
+                link.established = False
+                continue
+            reason = security.handshake_failure(kind, value)
+            endpoint = self.client.endpoints[link.server]
+            terminal = kind != zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+            if link.established:  # a message on an established connection did not authenticate
+                self._fail_server(link.server, PSError(
+                    f"a message from server {endpoint} failed authentication ({reason}): it was altered on the way, "
+                    "or the peer is not that server; the connection was dropped and the outcome of this request "
+                    "is unknown (check the network path; every request and reply is authenticated)"))
+                if terminal:
+                    self._retire(link)
+                else:
+                    link.established = False
+                continue
+            link.refusals += 1
+            if link.refusals >= HANDSHAKE_ATTEMPTS or terminal:
+                self._fail_server(link.server, PSError(
+                    f"server {endpoint} refused the secure handshake ({reason}; {link.refusals} in a row): a token "
+                    "mismatch (it runs with another cluster token), another encryption setting, or a peer that is not "
+                    f"a server of this job; set the same {wire.TOKEN_ENV} / cluster.token (and {security.ENCRYPTION_ENV}) "
+                    "on every process"))
+            if terminal:
+                self._retire(link)
+
+    def _retire(self, link: _Link) -> None:
+        """Close the socket of `link` (ZeroMQ gave its connection up); the next request opens another."""
+        sock = self.sockets.pop(link.server)
+        del self.links[link.monitor]
+        for s in (sock, link.monitor):
+            self.poller.unregister(s)
+        sock.disable_monitor()
+        sock.close()
+        link.monitor.close()
+
+    def _fail_server(self, server: int, error: PSError) -> None:
+        """Fail every request in flight to `server` (channel lock held)."""
+        for handle in [h for h in self.pending.values() if h.server == server]:
+            handle._fail(error)
+
     def close(self) -> None:
         for sock in self.sockets.values():
+            sock.disable_monitor()
             sock.close()
+        for monitor in self.links:
+            monitor.close()
         self.sockets.clear()
+        self.links.clear()
 
 
 def _adopt(channel: _Channel) -> bool:
@@ -234,9 +324,12 @@ class TransportClient:
         endpoints: ZeroMQ endpoints of the servers ("tcp://127.0.0.1:40123", "ipc:///tmp/s0.sock").
         token: the cluster token (str or bytes); None reads $RECPS_CLUSTER_TOKEN.
         timeout_s: default timeout of Handle.wait and ping.
+        curve: encrypt and authenticate with CURVE (default: $RECPS_TRANSPORT_ENCRYPTION, on unless
+            it says off); the servers must use the same setting.
     """
 
-    def __init__(self, endpoints: Sequence[str], token: str | bytes | None = None, timeout_s: float = 30.0) -> None:
+    def __init__(self, endpoints: Sequence[str], token: str | bytes | None = None, timeout_s: float = 30.0, *,
+                 curve: bool | None = None) -> None:
         if not endpoints:
             raise ValueError("no server endpoints; pass at least one, e.g. ['tcp://127.0.0.1:7000']")
         if timeout_s <= 0:
@@ -244,6 +337,7 @@ class TransportClient:
         self.endpoints = list(endpoints)
         self.timeout_s = float(timeout_s)
         self._digest = wire.token_digest(token)
+        self._keys = security.curve_keys(token) if security.resolve_encryption(curve) else None
         self._ctx = zmq.Context()
         self._local = threading.local()
         self._channels: list[_Channel] = []

@@ -9,6 +9,15 @@ thread-safe). With num_threads=0 the front thread serves requests itself, one at
 A malformed or unauthenticated request gets an error reply; it never reaches the handler and
 never stops the server. PING ("__ping__") is answered without calling the handler.
 
+Security (`security` has the details): the ROUTER is a CURVE server with keys derived from the
+cluster token and pyzmq's ZAP handler admits only the job's client key, so only a process that
+holds the token gets a message through, and every request and reply is encrypted and
+authenticated per connection (no replay, no forgery). Before authentication a peer costs at most
+one frame of wire.MAX_FRAME_BYTES (ZMQ_MAXMSGSIZE) for at most `handshake_timeout_s`, and at most
+`max_unauthenticated` peers are in that state at once (the front thread follows the ROUTER's
+monitor events). Every rejection is counted by reason (`rejections`) and logged at most once per
+`reject_log_interval_s`.
+
 Handler contract:
 
     handler(verb: str, table: str, fields: dict[str | int, Tensor], meta: dict[str, int | float | bool | str])
@@ -37,9 +46,10 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 import zmq
+import zmq.utils.monitor
 
 from recps.errors import PSError
-from recps.ps.transport import wire
+from recps.ps.transport import security, wire
 from recps.ps.transport.wire import Status
 
 __all__ = ["TransportServer", "Handler", "PING"]
@@ -52,7 +62,9 @@ Handler = Callable[[str, str, dict, dict], object]
 
 _server_ids = itertools.count()
 # Plain ints: pyzmq's enum constants cost an enum construction per use on this hot path.
-_EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
+_EVENTS, _POLLIN, _NOBLOCK, _RCVMORE, _SRCFD = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK), int(zmq.RCVMORE), int(zmq.SRCFD)
+_MONITORED = int(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                 | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 _POLL_MS = 1000  # the front thread re-checks its stop flag at least this often
 
 
@@ -68,14 +80,21 @@ class TransportServer:
 
     Args:
         handler: see the module docstring.
-        token: the cluster token (str or bytes); None reads $RECPS_CLUSTER_TOKEN. Every request
-            must carry the same token, else it is refused with Status.TOKEN_MISMATCH.
+        token: the cluster token (str or bytes); None reads $RECPS_CLUSTER_TOKEN. The CURVE keys
+            are derived from it (`security.curve_keys`); a request must also carry its digest, else
+            it is refused with Status.TOKEN_MISMATCH.
         bind: a host to bind on TCP ("127.0.0.1", the default, accepts local clients only), or a
             full ZeroMQ endpoint ("tcp://10.0.0.5:7000", "ipc:///tmp/recps-s0.sock").
         port: TCP port when `bind` is a host; 0 picks a free one (read `endpoint` after start()).
         num_threads: handler threads serving requests concurrently. 0 serves every request on the
             network thread itself: one hop less per request (see benchmarks/RESULTS.md), but one
             request at a time, so only for handlers that never block (deferred replies still work).
+        curve: encrypt and authenticate with CURVE + ZAP (default: $RECPS_TRANSPORT_ENCRYPTION, on
+            unless it says off). Clients must use the same setting.
+        max_unauthenticated: connections that may be in their handshake (before their first
+            message) at once; one more is shut down at accept.
+        handshake_timeout_s: a connection that has not finished its handshake by then is dropped.
+        reject_log_interval_s: rejected messages and connections are logged at most once per interval.
 
     >>> import torch
     >>> from recps.ps.transport import TransportClient
@@ -92,12 +111,26 @@ class TransportServer:
         bind: str = "127.0.0.1",
         port: int = 0,
         num_threads: int = 2,
+        *,
+        curve: bool | None = None,
+        max_unauthenticated: int = security.MAX_UNAUTHENTICATED,
+        handshake_timeout_s: float = security.HANDSHAKE_TIMEOUT_S,
+        reject_log_interval_s: float = security.REJECTION_LOG_INTERVAL_S,
     ) -> None:
         if num_threads < 0:
             raise ValueError(f"num_threads={num_threads}; use 0 (serve on the network thread) or more")
+        if max_unauthenticated < 1:
+            raise ValueError(f"max_unauthenticated={max_unauthenticated}; at least 1 connection must be able to authenticate")
+        if handshake_timeout_s <= 0:
+            raise ValueError(f"handshake_timeout_s={handshake_timeout_s}; give a positive number of seconds")
         self._handler = handler
         self._digest = wire.token_digest(token)
+        self._keys = security.curve_keys(token) if security.resolve_encryption(curve) else None
+        self._max_unauthenticated = max_unauthenticated
+        self._handshake_timeout_s = handshake_timeout_s
+        self._authenticator = None
         self._bind = _endpoint(bind, port)
+        self._rejections = security.RejectionLog(f"server {self._bind}", reject_log_interval_s, logger)
         self._num_threads = num_threads
         self._name = f"recps-server-{next(_server_ids)}"
         self._ctx: zmq.Context | None = None
@@ -111,6 +144,17 @@ class TransportServer:
         self._terminated = False
 
     @property
+    def encrypted(self) -> bool:
+        """Whether this server speaks CURVE (else: plaintext with the token digest)."""
+        return self._keys is not None
+
+    @property
+    def rejections(self) -> dict[str, int]:
+        """Rejected messages and connections since start, by reason: "malformed", "token",
+        "handshake", "unauthenticated_closed", "unauthenticated_limit" (see security.PendingConnections)."""
+        return self._rejections.counts()
+
+    @property
     def endpoint(self) -> str:
         """The endpoint clients connect to, e.g. "tcp://127.0.0.1:40123" (known after start())."""
         if self._endpoint is None:
@@ -122,16 +166,27 @@ class TransportServer:
         if self._ctx is not None:
             raise PSError(f"server {self._endpoint} was started already; a TransportServer starts once, create a new one")
         ctx = zmq.Context()
+        if self._keys is not None:
+            self._authenticator = security.start_authenticator(ctx, self._keys)  # before the first connection
         router = ctx.socket(zmq.ROUTER)
         router.linger = 0
         router.copy_threshold = wire.ZERO_COPY_BYTES
+        security.secure_server_socket(router, self._keys, self._handshake_timeout_s)
+        monitor = router.get_monitor_socket(_MONITORED)  # before bind: no connection goes unseen
         try:
             router.bind(self._bind)
             self._endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
         except zmq.ZMQError as e:
+            router.disable_monitor()
+            monitor.close()
             router.close()
+            if self._authenticator is not None:
+                self._authenticator.stop()
             ctx.term()
             raise PSError(f"cannot bind server to {self._bind}: {e}; pick another port or address") from None
+        self._rejections.where = f"server {self._endpoint}"
+        pending = security.PendingConnections(self._max_unauthenticated, self._handshake_timeout_s, self._rejections,
+                                              self._endpoint)
         replies = ctx.socket(zmq.PULL)
         replies.linger = 0
         replies.rcvhwm = 0
@@ -142,14 +197,20 @@ class TransportServer:
         self._deferred_out = self._reply_socket(ctx)
         self._ctx = ctx
         # Sockets created here move to the front thread; Thread.start() is the memory barrier zmq asks for.
-        front = threading.Thread(target=self._front, args=(router, replies, control), name=f"{self._name}-front", daemon=True)
+        front = threading.Thread(target=self._front, args=(router, replies, control, monitor, pending),
+                                 name=f"{self._name}-front", daemon=True)
         self._threads = [front] + [
             threading.Thread(target=self._work, name=f"{self._name}-handler-{i}", daemon=True)
             for i in range(self._num_threads)
         ]
         for t in self._threads:
             t.start()
-        logger.info("server listening on %s with %d handler threads", self._endpoint, self._num_threads)
+        if self._keys is None:
+            logger.warning("server %s: encryption is off (curve=False or $%s=off): requests are authenticated by the "
+                           "token digest alone, in clear, and a captured one can be replayed; use it on a trusted network only",
+                           self._endpoint, security.ENCRYPTION_ENV)
+        logger.info("server listening on %s with %d handler threads (%s)", self._endpoint, self._num_threads,
+                    "CURVE" if self._keys is not None else "no encryption")
         return self
 
     def stop(self, timeout: float = 5.0) -> bool:
@@ -189,6 +250,9 @@ class TransportServer:
                 return False
             with self._deferred_lock:
                 self._deferred_out.close()
+            if self._authenticator is not None:
+                self._authenticator.stop()
+            self._rejections.flush()
             self._ctx.destroy(linger=0)
             self._terminated = True
             logger.info("server %s stopped", self._endpoint)
@@ -202,17 +266,24 @@ class TransportServer:
 
     # -- front thread: move messages between the network and the handler threads --------------
 
-    def _front(self, router: zmq.Socket, replies: zmq.Socket, control: zmq.Socket) -> None:
+    def _front(self, router: zmq.Socket, replies: zmq.Socket, control: zmq.Socket, monitor: zmq.Socket,
+               pending: security.PendingConnections) -> None:
         poller = zmq.Poller()
-        for s in (router, replies, control):
+        for s in (router, replies, control, monitor):
             poller.register(s, zmq.POLLIN)
         try:
             while not self._stopping.is_set():
                 if control in dict(poller.poll(_POLL_MS)):
                     break
+                # Connections first: a new one is in `pending` before its first message is read.
+                while monitor.get(_EVENTS) & _POLLIN:
+                    event = zmq.utils.monitor.parse_monitor_message(monitor.recv_multipart(_NOBLOCK))
+                    pending.on_event(int(event["event"]), int(event["value"]))
+                self._rejections.tick()
                 # Socket.get() keeps the GIL where a receive that fails with Again would let go of it.
                 while router.get(_EVENTS) & _POLLIN:
-                    item = wire.recv(router, _NOBLOCK, envelope=1)  # [identity, head, *tensor frames]
+                    # [identity, head, *tensor frames]; while connections are pending, the head's source fd marks one authenticated.
+                    item = _recv_marking(router, pending) if len(pending) else wire.recv(router, _NOBLOCK, envelope=1)
                     if self._num_threads:
                         self._queue.put(item)
                         continue
@@ -229,7 +300,8 @@ class TransportServer:
             for _ in range(self._num_threads):
                 self._queue.put(None)
         finally:
-            for s in (router, replies, control):
+            router.disable_monitor()
+            for s in (router, replies, control, monitor):
                 s.close()
 
     # -- handler threads ----------------------------------------------------------------------
@@ -281,10 +353,10 @@ class TransportServer:
                 raise wire.WireError(f"message kind {msg.kind} sent to a server; requests are kind {wire.REQUEST}")
         except wire.WireError as e:
             rid = wire.peek_request_id(frames[0]) if frames else None
-            logger.warning("server %s: rejected a malformed message: %s", self._endpoint, e)
+            self._rejections.note("malformed", f"a malformed message: {e}")
             return _error(rid or 0, e.status, f"malformed request: {e}")
         if not _same(msg.token_digest, self._digest):
-            logger.warning("server %s: refused %s on %r: token mismatch", self._endpoint, msg.verb, msg.text)
+            self._rejections.note("token", f"{msg.verb} on {msg.text[:100]!r}: token mismatch")
             return _error(
                 msg.request_id,
                 Status.TOKEN_MISMATCH,
@@ -301,6 +373,17 @@ class TransportServer:
             return _reply(msg.request_id, result)
         except Exception as e:  # noqa: BLE001 - every handler error goes back to the client
             return _handler_error(self._endpoint, msg.request_id, msg.verb, msg.text, e)
+
+
+def _recv_marking(router: zmq.Socket, pending: security.PendingConnections) -> list:
+    """wire.recv(router, envelope=1), and the connection the message came from is no longer pending."""
+    frames = [router.recv(_NOBLOCK, copy=True)]  # the ROUTER's identity frame
+    head = router.recv(_NOBLOCK, copy=False)
+    pending.authenticated(head.get(_SRCFD))
+    frames.append(head.bytes)
+    while router.get(_RCVMORE):
+        frames.append(router.recv(_NOBLOCK, copy=False))
+    return frames
 
 
 def _send(sock: zmq.Socket, frames: list) -> None:

@@ -1,7 +1,9 @@
 """The wire format: how a request or reply travels as one multipart ZeroMQ message.
 
     frame 0   head     fixed part (_FIXED), verb, text, meta, then one descriptor per tensor
-    frame 1+  tensors  the raw bytes of each tensor, C order, little-endian, one frame per tensor
+    frame 1+  tensors  the raw bytes of each tensor, C order, little-endian: one frame per tensor,
+                       or ceil(bytes / CHUNK_BYTES) frames of CHUNK_BYTES (the last one shorter)
+                       for a tensor larger than CHUNK_BYTES
 
 Fixed part, little-endian, 43 bytes: magic b"RCPS", version u8, kind u8 (1 request, 2 reply),
 status u16 (`Status`), request id u64, token digest 16 bytes (zeros in replies), tensor count u16,
@@ -19,6 +21,12 @@ to the tensor, so an optional field is absent rather than guessed from a count.
 Everything but the tensors shares one frame because every ZeroMQ send, receive and frame release
 lets go of the GIL, and each time a busy training thread of the same process may keep it for up
 to the interpreter's switch interval (5 ms): a pull is 2 frames each way, not 5.
+
+No frame is ever larger than MAX_FRAME_BYTES (16 MiB): the head is bounded by construction and
+large tensors travel in chunks. This is what lets a receiver set ZeroMQ's ZMQ_MAXMSGSIZE to
+MAX_FRAME_BYTES whatever the tables' sizes, and so refuse, before any authentication, a peer that
+declares a larger frame (recps.ps.transport.security). A tensor up to 16 MiB (a pull of 64k keys x
+64 fp32) arrives without a copy; a larger one is copied once out of its chunks.
 
 Nothing received is unpickled or evaluated. `decode` checks the magic, the version, the frame count,
 every length, every dtype code and that each tensor frame holds exactly numel x itemsize bytes;
@@ -71,10 +79,12 @@ __all__ = [
     "token_digest",
     "resolve_token",
     "TOKEN_ENV",
+    "CHUNK_BYTES",
+    "MAX_FRAME_BYTES",
 ]
 
 MAGIC = b"RCPS"
-VERSION = 2  # 2: tensors carry names
+VERSION = 3  # 2: tensors carry names; 3: tensors over CHUNK_BYTES travel in chunks
 REQUEST = 1
 REPLY = 2
 TOKEN_ENV = "RECPS_CLUSTER_TOKEN"
@@ -90,6 +100,8 @@ _NO_TOKEN = bytes(16)
 # asks for the GIL) once ZeroMQ is done with it.
 ZERO_COPY_BYTES = 1 << 16
 
+CHUNK_BYTES = 1 << 24  # a tensor larger than this travels as several frames of this size
+MAX_FRAME_BYTES = CHUNK_BYTES  # no frame of a message is larger (the head included): ZMQ_MAXMSGSIZE
 MAX_TENSORS = 256
 MAX_NDIM = 8
 MAX_DIM = 1 << 48
@@ -316,10 +328,20 @@ def encode(
     for i, (t, name) in enumerate(zip(tensors, names)):
         desc, buf = _tensor_buffer(i, t, name)
         descs.append(desc)
-        bufs.append(buf)
+        if buf.nbytes <= CHUNK_BYTES:
+            bufs.append(buf)
+        else:  # slices of the tensor's memory, sent without a copy
+            flat = memoryview(buf).cast("B")
+            bufs.extend(flat[pos : pos + CHUNK_BYTES] for pos in range(0, len(flat), CHUNK_BYTES))
     meta_b = _encode_meta(meta)
-    fixed = _FIXED.pack(MAGIC, VERSION, kind, int(status), request_id, token_digest, len(bufs), len(verb_b), len(text_b), len(meta_b))
-    return [b"".join((fixed, verb_b, text_b, meta_b, *descs)), *bufs]
+    fixed = _FIXED.pack(MAGIC, VERSION, kind, int(status), request_id, token_digest, len(descs), len(verb_b), len(text_b), len(meta_b))
+    head = b"".join((fixed, verb_b, text_b, meta_b, *descs))
+    if len(head) > MAX_FRAME_BYTES:
+        raise ValueError(
+            f"the header of {verb or 'a reply'!r} is {len(head)} bytes (mostly meta: {len(meta_b)} bytes); at most "
+            f"{MAX_FRAME_BYTES} travel: send large values as tensors"
+        )
+    return [head, *bufs]
 
 
 def recv(sock, flags: int = 0, envelope: int = 0) -> list:
@@ -362,16 +384,33 @@ def _text(buf: memoryview, what: str) -> str:
         raise WireError(f"{what} is not UTF-8: {e}") from None
 
 
-def _tensor_from_buffer(i: int, code: int, shape: tuple[int, ...], buf: memoryview) -> torch.Tensor:
-    if code not in _DTYPES:
-        raise WireError(f"tensor {i} has unknown dtype code {code}; known: {sorted(_DTYPES)}")
+def _num_chunks(nbytes: int) -> int:
+    """Frames a tensor of `nbytes` travels in (an empty tensor still has its one, empty, frame)."""
+    return max(1, -(-nbytes // CHUNK_BYTES))
+
+
+def _tensor_from_frames(i: int, code: int, shape: tuple[int, ...], frames: Sequence) -> torch.Tensor:
+    """The tensor of descriptor `i` from its frames (one, or its chunks), after checking every length."""
     tdt, ndt = _DTYPES[code]
     expected = math.prod(shape) * ndt.itemsize
-    if len(buf) != expected:
-        raise WireError(f"tensor {i} of shape {list(shape)} and dtype {tdt} needs {expected} bytes; frame has {len(buf)}")
-    arr = np.frombuffer(buf, dtype=ndt)  # (numel,) shares the frame's memory
-    if not (arr.flags.aligned and arr.flags.writeable):
-        arr = arr.copy()  # small frames live unaligned inside the zmq message; copying them is cheap
+    bufs = [_buffer(f) for f in frames]
+    if len(bufs) == 1:
+        if len(bufs[0]) != expected:
+            raise WireError(f"tensor {i} of shape {list(shape)} and dtype {tdt} needs {expected} bytes; frame has {len(bufs[0])}")
+        arr = np.frombuffer(bufs[0], dtype=ndt)  # (numel,) shares the frame's memory
+        if not (arr.flags.aligned and arr.flags.writeable):
+            arr = arr.copy()  # small frames live unaligned inside the zmq message; copying them is cheap
+    else:
+        # Every length is checked before the one allocation, which is then no larger than what arrived.
+        last = expected - CHUNK_BYTES * (len(bufs) - 1)
+        for j, b in enumerate(bufs):
+            if len(b) != (CHUNK_BYTES if j < len(bufs) - 1 else last):
+                raise WireError(f"tensor {i} of shape {list(shape)} and dtype {tdt} ({expected} bytes): chunk {j} has "
+                                f"{len(b)} bytes; chunks are {CHUNK_BYTES} bytes, the last {last}")
+        arr = np.empty(expected // ndt.itemsize, dtype=ndt)  # (numel,)
+        raw = arr.view(np.uint8)
+        for j, b in enumerate(bufs):
+            raw[j * CHUNK_BYTES : j * CHUNK_BYTES + len(b)] = np.frombuffer(b, dtype=np.uint8)
     t = torch.from_numpy(arr.reshape(shape))
     return t.view(torch.bfloat16) if tdt == torch.bfloat16 else t
 
@@ -392,7 +431,9 @@ def decode(frames: Sequence) -> Message:
         raise WireError(f"unknown message kind {kind}")
     if status not in _STATUSES:
         raise WireError(f"unknown status code {status}")
-    if n > MAX_TENSORS or len(frames) != 1 + n:
+    if len(head) > MAX_FRAME_BYTES:
+        raise WireError(f"head has {len(head)} bytes; at most {MAX_FRAME_BYTES}")
+    if n > MAX_TENSORS or len(frames) < 1 + n:
         raise WireError(f"head declares {n} tensors; the message has {len(frames) - 1} tensor frames")
     if text_len > MAX_TEXT_BYTES or meta_len > _MAX_META_BYTES:
         raise WireError(f"head declares {text_len} bytes of text and {meta_len} of meta; too many")
@@ -417,11 +458,22 @@ def decode(frames: Sequence) -> Message:
             shape = struct.unpack_from(f"<{ndim}Q", head, pos + 2)
             if any(d > MAX_DIM for d in shape):
                 raise WireError(f"tensor {i} declares shape {list(shape)}; each dim at most {MAX_DIM}")
+            if code not in _DTYPES:
+                raise WireError(f"tensor {i} has unknown dtype code {code}; known: {sorted(_DTYPES)}")
             shapes.append((code, shape))
             pos += 2 + 8 * ndim
     except struct.error:
         raise WireError(f"head of {len(head)} bytes is too short for {n} tensor descriptors") from None
     if pos != len(head):
         raise WireError(f"head has {len(head) - pos} trailing bytes")
-    tensors = [_tensor_from_buffer(i, code, shape, _buffer(frames[1 + i])) for i, (code, shape) in enumerate(shapes)]
+    # Frames per tensor from the declared sizes (Python ints: no overflow); they must add up
+    # exactly before any tensor is built.
+    counts = [_num_chunks(math.prod(shape) * _DTYPES[code][1].itemsize) for code, shape in shapes]
+    if 1 + sum(counts) != len(frames):
+        raise WireError(f"head declares {n} tensors in {sum(counts)} frames (chunks of {CHUNK_BYTES} bytes); "
+                        f"the message has {len(frames) - 1} tensor frames")
+    tensors, first = [], 1
+    for i, ((code, shape), count) in enumerate(zip(shapes, counts)):
+        tensors.append(_tensor_from_frames(i, code, shape, frames[first : first + count]))
+        first += count
     return Message(kind, rid, _STATUS_OF[status], verb, text, meta, tensors, bytes(digest), names)

@@ -9,7 +9,7 @@ import torch
 import zmq
 
 from recps.errors import PSError, PSTimeoutError
-from recps.ps.transport import PING, Status, TransportClient, TransportServer, wait_all, wire
+from recps.ps.transport import PING, Status, TransportClient, TransportServer, curve_keys, security, wait_all, wire
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -42,8 +42,8 @@ def servers():
 def clients():
     made = []
 
-    def make(endpoints, token=TOKEN, timeout_s=10.0):
-        client = TransportClient(endpoints, token=token, timeout_s=timeout_s)
+    def make(endpoints, token=TOKEN, timeout_s=10.0, **kw):
+        client = TransportClient(endpoints, token=token, timeout_s=timeout_s, **kw)
         made.append(client)
         return client
 
@@ -205,20 +205,48 @@ def test_deferred_reply_releases_the_handler_thread(servers, clients, num_thread
 
 
 def test_wrong_token_is_refused(servers, clients):
+    """Another token means other CURVE keys: the server cannot open the client's handshake, and the
+    client fails its requests after HANDSHAKE_ATTEMPTS refusals (0.1 s apart), not at its timeout."""
     server = servers()
     client = clients([server.endpoint], token="other-token")
     for call in (lambda: client.call(0, "pull", "emb", [torch.arange(2)]), lambda: client.ping(0, timeout=5.0)):
+        start = time.monotonic()
         with pytest.raises(PSError) as e:
             call()
         assert not isinstance(e.value, PSTimeoutError)
-        assert server.endpoint in str(e.value)
-        assert "token mismatch; set the same RECPS_CLUSTER_TOKEN / cluster.token on every process" in str(e.value)
+        assert time.monotonic() - start < 3.0
+        assert f"server {server.endpoint} refused the secure handshake" in str(e.value)
+        assert "set the same RECPS_CLUSTER_TOKEN / cluster.token (and RECPS_TRANSPORT_ENCRYPTION) on every process" in str(e.value)
+    # Each refusal is counted by the server: 3 before the first error, at least 1 more (the client
+    # remembers the refusals in a row) before the second.
+    deadline = time.monotonic() + 5.0
+    while server.rejections.get("handshake", 0) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.rejections["handshake"] >= 4 and set(server.rejections) == {"handshake"}
+
+
+def test_token_digest_is_still_checked_without_encryption(servers, clients):
+    """curve=False (a trusted network): the digest in the header is the only check, as before."""
+    server = servers(curve=False)
+    assert not server.encrypted
+    client = clients([server.endpoint], token="other-token", curve=False)
+    with pytest.raises(PSError, match="token mismatch; set the same RECPS_CLUSTER_TOKEN / cluster.token on every process"):
+        client.call(0, "pull", "emb", [torch.arange(2)])
+    assert server.rejections == {"token": 1}
+    assert clients([server.endpoint], curve=False).call(0, "pull", "emb", [torch.arange(2)]).tensors[0].tolist() == [0, 1]
+
+
+def test_encrypted_client_and_plaintext_server_do_not_talk(servers, clients):
+    server = servers(curve=False)
+    with pytest.raises(PSError, match="refused the secure handshake .* another encryption setting"):
+        clients([server.endpoint]).call(0, "pull", "emb", [torch.arange(2)])
 
 
 def test_timeout_against_a_server_that_never_answers(clients):
     ctx = zmq.Context()
     silent = ctx.socket(zmq.ROUTER)  # receives, never replies
     silent.linger = 0
+    security.secure_server_socket(silent, curve_keys(TOKEN))  # it holds the job's keys: the handshake succeeds
     port = silent.bind_to_random_port("tcp://127.0.0.1")
     try:
         endpoint = f"tcp://127.0.0.1:{port}"
@@ -276,9 +304,10 @@ def test_malformed_frames_from_a_raw_socket_do_not_kill_the_server(servers, clie
         [bytes(range(256)) * 100] * 7,
     ]
     ctx = zmq.Context()
-    raw = ctx.socket(zmq.DEALER)
+    raw = ctx.socket(zmq.DEALER)  # a peer that holds the token (its CURVE keys) but sends garbage
     raw.linger = 0
     raw.rcvtimeo = 5000
+    security.secure_client_socket(raw, curve_keys(TOKEN))
     raw.connect(server.endpoint)
     try:
         for i, frames in enumerate(garbage):
@@ -292,6 +321,7 @@ def test_malformed_frames_from_a_raw_socket_do_not_kill_the_server(servers, clie
         raw.close()
         ctx.term()
     assert calls == ["pull"]  # no malformed request reached the handler
+    assert server.rejections == {"malformed": len(garbage)}
     assert clients([server.endpoint]).ping(0, timeout=5.0) > 0
 
 

@@ -1,8 +1,16 @@
-"""CTR-DNN on generated Criteo-schema data in one process. Its distributed twin is train_fleet.py:
-
-    diff -w examples/train_local.py examples/train_fleet.py     # about ten lines
+"""CTR-DNN on generated Criteo-schema data, in one process (train_local.py) or on a parameter server (train_fleet.py).
 
     python examples/train_local.py --rows 20000 --epochs 2
+    python -m recps.launch --servers 1 --workers 2 -- python examples/train_fleet.py --rows 20000 --epochs 2 --mode geo
+
+train_fleet.py is train_local.py with its Fleet part, 12 lines in place of 5 (tests/test_fleet_example.py counts them):
+
+    diff -w examples/train_local.py examples/train_fleet.py
+
+the Fleet import, --mode, the server branch (3), the PS collection, the distributed optimizer,
+init_worker, this worker's shard, a barrier before evaluating, and only the first worker evaluates
+(2, with main's return type). The mode name takes recps.ps.modes' defaults (GeoMode: k_steps=100);
+for others give a mode object: fleet.DistributedStrategy(GeoMode(k_steps=20)).
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ def train(model, optimizer, data, epochs: int, shard: int = 0, shards: int = 1) 
             optimizer.zero_grad()
             loss.backward()  # the embedding rows are updated here, by the collection itself
             optimizer.step()
-    return float(loss)
+    return float(loss.detach())
 
 
 @torch.no_grad()

@@ -22,7 +22,9 @@ What each call does:
 - `init_server()` starts this process's PSServer (server 0 also hosts the coordinator);
   `run_server()` serves until a worker sends stop (or SIGTERM / SIGINT), then returns.
 - `embedding_bag_collection(configs)` / `embedding_collection(configs)`: PS-backed drop-ins for
-  torchrec's collections, bound to the communicator by `init_worker()`. `mode=` gives a
+  torchrec's collections, bound to the communicator by `init_worker()`
+  (`embedding_bag_collection_from_features(feature_names, dim)`: one table per feature, as
+  recps.nn.LocalEmbeddingBagCollection(feature_names, dim, num_embeddings) builds). `mode=` gives a
   collection its own PS mode (another mode object than the strategy's): its tables are tagged
   with that mode on the servers and trained by that mode's communicator, so one job may train
   a sync table and a GEO table side by side against the same servers.
@@ -224,6 +226,16 @@ class Fleet:
         """A PS-backed EmbeddingBagCollection of torchrec `EmbeddingBagConfig`s, bound by init_worker;
         `mode`: its own PS mode (default: the strategy's)."""
         collection = PSEmbeddingBagCollection(tables, prefix=prefix)
+        self.add_collection(collection, mode)
+        return collection
+
+    def embedding_bag_collection_from_features(self, feature_names, embedding_dim: int, num_embeddings: int = 2**31 - 1,
+                                               prefix: str = "embedding", mode: Mode | None = None) -> PSEmbeddingBagCollection:
+        """`embedding_bag_collection` with one table `t_<feature>` of width `embedding_dim` per feature,
+        the arguments of recps.nn.LocalEmbeddingBagCollection(feature_names, embedding_dim, num_embeddings)
+        (num_embeddings is informational here: the servers' tables grow with the keys)."""
+        collection = PSEmbeddingBagCollection.from_features(feature_names, embedding_dim,
+                                                            num_embeddings=num_embeddings, prefix=prefix)
         self.add_collection(collection, mode)
         return collection
 

@@ -101,7 +101,10 @@ class ShardWriter:
             self.fs.makedirs(self.root, exist_ok=True)
             self.fs.makedirs(self.tmp, exist_ok=True)
         except BaseException as e:
-            raise self._failed(e) from e
+            error = self._failed(e)
+            if error is e:
+                raise
+            raise error from e
 
     def _open(self, name: str):
         path = _join(self.fs, self.tmp, name)

@@ -42,7 +42,8 @@ from recps.fs._common import (DEFAULT_TIMEOUT_S, TIMEOUT_ENV, FileSystemError, F
                               TransientFileSystemError, first_line, is_transient, retry_transient, timeout_s)
 from recps.fs.webhdfs import WebHDFS
 
-__all__ = ["FileSystemError", "TransientFileSystemError", "FileSystemTimeoutError", "resolve", "join",
+__all__ = ["FileSystemError", "TransientFileSystemError", "FileSystemTimeoutError", "FileSystemPermissionError",
+           "FileSystemNotFoundError", "FileSystemIsADirectoryError", "FileSystemNotADirectoryError", "resolve", "join",
            "is_local", "local_path", "display", "write_atomic", "fsync_dir", "read_bytes", "exists", "timeout_s",
            "concurrently", "retry_transient", "is_transient", "write_error", "HDFSClient", "HDFS_PROTOCOLS", "WEBHDFS_PROTOCOLS", "DEFAULT_TIMEOUT_S", "TIMEOUT_ENV"]
 
@@ -142,15 +143,39 @@ def read_bytes(url: str | os.PathLike) -> bytes:
         raise FileSystemError(f"{display(fs, path)} does not exist") from e
 
 
+class FileSystemPermissionError(FileSystemError, PermissionError):
+    """A write refused for its permissions (write_error's PermissionError): both a recps error and a PermissionError."""
+
+
+class FileSystemNotFoundError(FileSystemError, FileNotFoundError):
+    """A write whose folder vanished (write_error's FileNotFoundError)."""
+
+
+class FileSystemIsADirectoryError(FileSystemError, IsADirectoryError):
+    """A write onto a folder (write_error's IsADirectoryError)."""
+
+
+class FileSystemNotADirectoryError(FileSystemError, NotADirectoryError):
+    """A write under a file taken for a folder (write_error's NotADirectoryError)."""
+
+
+# The class write_error raises for each of Python's OSError classes: a recps error (entry points
+# print it on one line) that still is what the caller may catch.
+_WRITE_ERRORS: dict[type, type] = {OSError: FileSystemError, PermissionError: FileSystemPermissionError,
+                                   FileNotFoundError: FileSystemNotFoundError,
+                                   IsADirectoryError: FileSystemIsADirectoryError,
+                                   NotADirectoryError: FileSystemNotADirectoryError}
+
+
 def write_error(exc: BaseException, target: str, kept: str | Callable[[], str]) -> BaseException:
     """What to raise for a write of `target` (as messages show it) that failed with `exc`:
     "cannot write <target>: <exc's class and first line>; <kept>" (`kept`: what the failure
     left there: the old file, nothing, ...; a callable is asked only when the message is made),
-    as an exception of exc's own class (a PermissionError stays one; errno kept), else a
-    FileSystemError. Anything but an OSError, a transient failure (is_transient: worth
-    retrying, and no more calls to a sick file system) and FileExistsError (a refusal, already
-    naming the target) are returned as they are, so the callers' retry and refusal logic still
-    sees them."""
+    errno kept, as a FileSystemError that also is exc's class (a PermissionError stays one:
+    FileSystemPermissionError), or exc's own class where that is none of Python's. Anything but
+    an OSError, a transient failure (is_transient: worth retrying, and no more calls to a sick
+    file system) and FileExistsError (a refusal, already naming the target) are returned as
+    they are, so the callers' retry and refusal logic still sees them."""
     if not _names_the_target(exc):
         return exc
     if callable(kept):
@@ -159,8 +184,9 @@ def write_error(exc: BaseException, target: str, kept: str | Callable[[], str]) 
         except Exception as e:  # noqa: BLE001 - the write's own error matters more
             kept = f"what is left there is unknown ({first_line(e)})"
     message = f"cannot write {target}: {first_line(exc)}; {kept}"
+    cls = type(exc) if isinstance(exc, FileSystemError) else _WRITE_ERRORS.get(type(exc), type(exc))
     try:
-        new = type(exc)(message)
+        new = cls(message)
     except Exception:  # noqa: BLE001 - a class that takes other arguments
         new = FileSystemError(message)
     if not isinstance(new, OSError) or str(new) != message:

@@ -1,7 +1,8 @@
 """recps.fs.write_atomic when the write fails (issue 15 point 5): the error names the target, the
 reason and what is left there, and no temporary remains. Real failures where this process may
 mount a tmpfs (a full one, a read-only one), injected ones elsewhere; a transient failure is
-raised as it was, so retry_transient still retries it."""
+raised as it was, so retry_transient still retries it. A rewritten error is a recps FileSystemError
+(entry points print it on one line) of the original's class (a PermissionError stays one)."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def test_a_full_file_system_names_the_target_and_keeps_the_old_file(tmp_path):
         with pytest.raises(OSError, match=rf"^cannot write {target}: OSError: \[Errno 28\] No space left on device; "
                                           r"nothing was written there; the temporary was removed$") as e:
             rfs.write_atomic(str(target), os.urandom(3 * MiB))
-        assert e.value.errno == errno.ENOSPC
+        assert e.value.errno == errno.ENOSPC and isinstance(e.value, rfs.FileSystemError)  # a recps error: one line
         assert os.listdir(target.parent) == []
         rfs.write_atomic(str(target), b"old")
         with pytest.raises(OSError, match=rf"^cannot write {target}: .*No space left on device; the file there is as "
@@ -69,7 +70,7 @@ def test_an_injected_refusal_keeps_its_class_and_names_the_target(monkeypatch):
     with pytest.raises(PermissionError, match=rf"^cannot write {url.replace('//', '///')}: PermissionError: \[Errno 13\] "
                                               r"Permission denied \(injected\); nothing was written there") as e:
         rfs.write_atomic(url, b"{}")
-    assert e.value.errno == errno.EACCES
+    assert e.value.errno == errno.EACCES and isinstance(e.value, rfs.FileSystemPermissionError)
 
 
 def test_a_transient_failure_is_raised_as_it_was_and_retried(monkeypatch):

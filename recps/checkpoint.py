@@ -311,7 +311,12 @@ def find_checkpoint(path: str | os.PathLike) -> tuple[str, str]:
         for name in _child_names(fs, root):
             man_path = f"{root.rstrip('/')}/{name}/{MANIFEST}"
             if fs.isfile(man_path):
-                man = json.loads(fs.cat_file(man_path))
+                try:
+                    man = json.loads(fs.cat_file(man_path))
+                    int(man.get("progress", {}).get("steps", 0))
+                except (ValueError, TypeError, AttributeError) as e:  # UnicodeDecodeError, JSONDecodeError included
+                    raise ConfigError(f"{rfs.join(url, name, MANIFEST)} is damaged ({type(e).__name__}: {e}); restore "
+                                      f"it, move {rfs.join(url, name)} away, or pass the checkpoint folder to take")
                 found.append((int(man.get("progress", {}).get("steps", 0)), man.get("created_unix", 0), name))
         if found:
             return "ps", rfs.join(url, max(found)[2])

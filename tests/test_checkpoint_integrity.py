@@ -344,3 +344,18 @@ def test_a_ps_save_onto_a_full_file_system_names_the_shard_and_keeps_the_earlier
             with ps(1) as (_, reader):
                 reader.load(str(mount / "ckpt"))
                 assert torch.equal(rows(reader), before)
+
+
+def test_a_damaged_manifest_among_a_runs_checkpoints_is_named(saved, tmp_path):
+    folder, _ = saved
+    run = tmp_path / "run-ckpts"
+    shutil.copytree(folder, run / "step-1")
+    shutil.copytree(folder, run / "step-2")
+    manifest = run / "step-2" / "manifest.json"
+    manifest.write_bytes(b"\xff\xfe" + manifest.read_bytes()[2:])  # a damaged header: not UTF-8
+    from recps.checkpoint import find_checkpoint
+
+    with pytest.raises(ConfigError, match=rf"{manifest} is damaged \(UnicodeDecodeError: "):
+        find_checkpoint(str(run))
+    with pytest.raises(ConfigError, match=rf"{manifest} is unreadable"):
+        verify_ps_checkpoint(str(run / "step-2"))

@@ -352,7 +352,7 @@ def test_a_damaged_manifest_among_a_runs_checkpoints_is_named(saved, tmp_path):
     shutil.copytree(folder, run / "step-1")
     shutil.copytree(folder, run / "step-2")
     manifest = run / "step-2" / "manifest.json"
-    manifest.write_bytes(b"\xff\xfe" + manifest.read_bytes()[2:])  # a damaged header: not UTF-8
+    manifest.write_bytes(b"\xff\xff" + manifest.read_bytes()[2:])  # a damaged header: not UTF-8
     from recps.checkpoint import find_checkpoint
 
     with pytest.raises(ConfigError, match=rf"{manifest} is damaged \(UnicodeDecodeError: "):

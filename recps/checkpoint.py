@@ -104,7 +104,7 @@ def save_checkpoint(job: "Job", folder: str | os.PathLike) -> str:
     except BaseException as exc:
         _discard(fs, staged.values())
         error = rfs.write_error(exc, rfs.display(fs, _fs_join(fs, root, name)), lambda: (
-            "the checkpoint already there is kept as it was (it still loads)"
+            "the checkpoint already there is kept as it was"
             if fs.exists(_fs_join(fs, root, LOCAL_RECORD)) else "no checkpoint was saved there")
             + "; the temporaries were removed")
         if error is exc:
@@ -316,7 +316,7 @@ def find_checkpoint(path: str | os.PathLike) -> tuple[str, str]:
                     int(man.get("progress", {}).get("steps", 0))
                 except (ValueError, TypeError, AttributeError) as e:  # UnicodeDecodeError, JSONDecodeError included
                     raise ConfigError(f"{rfs.join(url, name, MANIFEST)} is damaged ({type(e).__name__}: {e}); restore "
-                                      f"it, move {rfs.join(url, name)} away, or pass the checkpoint folder to take")
+                                      f"it, move {rfs.join(url, name)} away, or pass the checkpoint folder to take") from None
                 found.append((int(man.get("progress", {}).get("steps", 0)), man.get("created_unix", 0), name))
         if found:
             return "ps", rfs.join(url, max(found)[2])

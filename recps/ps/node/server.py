@@ -24,10 +24,17 @@ Verbs (request fields -> reply tensors; `table` is the transport's text field):
     push_dense      {values (N_s,)}, meta ...        -> the mode's reply (e.g. [values])
     save            meta path, mode, tables          -> meta result (JSON)  path/<table>/shard-i-of-S/
     load            meta path, tables                -> meta result (JSON)
+                    (path must lie under one of the server's storage roots, when it has them)
     shrink          meta tables                      -> meta deleted
     stats                                            -> meta stats (JSON)
     tables                                           -> meta tables (JSON name -> spec)
     stop                                             the reply leaves, then `stopped` is set
+
+Storage roots: a save or load path comes from a message, so a server given storage roots
+(`storage_roots=`, else $RECPS_STORAGE_ROOTS: comma-separated paths or URLs) refuses, with
+ConfigError, any path that is not under one of them after normalization (".." resolved; local
+paths through symlinks as well). Without roots the paths are not confined and the first save or
+load logs a warning saying so.
 
 Concurrency: requests are served by `num_threads` handler threads; each table is thread-safe on
 its own (see recps.ps.table), so pulls and pushes of different threads and workers interleave.
@@ -48,8 +55,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import posixpath
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
@@ -70,12 +79,50 @@ from recps.ps.table import SAVE_MODES, DenseTable, SparseTable, warm_up_kernels
 from recps.ps.table.checkpoint import SPEC_FILE, read_spec, saved_tables
 from recps.ps.transport import TransportServer
 
-__all__ = ["PSServer", "HostedTable", "ServerHalf", "ServerHalfFactory", "SPEC_FILE"]
+__all__ = ["PSServer", "HostedTable", "ServerHalf", "ServerHalfFactory", "SPEC_FILE", "STORAGE_ROOTS_ENV",
+           "storage_roots_from_env", "check_storage_path"]
 
 logger = logging.getLogger(__name__)
 
 # SPEC_FILE (recps.ps.table.checkpoint): spec.json, written next to a table's shard folders by server 0
 SAVE_RETRIES = 3  # more attempts of a table's save that failed transiently (recps.fs.retry_transient)
+STORAGE_ROOTS_ENV = "RECPS_STORAGE_ROOTS"
+
+
+def storage_roots_from_env(environ: Mapping[str, str] | None = None) -> tuple[str, ...] | None:
+    """The roots in $RECPS_STORAGE_ROOTS (comma-separated paths or URLs), or None when it is unset."""
+    text = (os.environ if environ is None else environ).get(STORAGE_ROOTS_ENV)
+    if text is None or not text.strip():
+        return None
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def _location(path: str) -> tuple[str, str]:
+    """(scheme://authority, normalized absolute path) of a local path or an fsspec URL."""
+    scheme, sep, rest = str(path).partition("://")
+    if not sep or scheme == "file":
+        return "file://", os.path.realpath(rest if sep else path)  # symlinks and ".." resolved
+    authority, _, tail = rest.partition("/")
+    return f"{scheme}://{authority}", posixpath.normpath("/" + tail)
+
+
+def check_storage_path(path: str, roots: Sequence[str], what: str) -> None:
+    """Raise ConfigError unless `path` lies under one of `roots` (see the module docstring).
+
+    >>> check_storage_path("/data/run/ckpt/../ckpt2", ["/data/run"], "save")
+    >>> check_storage_path("hdfs://nn:9000/runs/a/../../etc", ["hdfs://nn:9000/runs"], "save")
+    Traceback (most recent call last):
+    ...
+    recps.errors.ConfigError: save: path 'hdfs://nn:9000/runs/a/../../etc' (hdfs://nn:9000/etc) is outside the storage roots ['hdfs://nn:9000/runs']; write under one of them, or add the folder to $RECPS_STORAGE_ROOTS (PSServer storage_roots=) on every server
+    """
+    where, target = _location(path)
+    for root in roots:
+        root_where, root_path = _location(root)
+        if where == root_where and (target == root_path or target.startswith(root_path.rstrip("/") + "/")):
+            return
+    shown = target if where == "file://" else f"{where}{target}"
+    raise ConfigError(f"{what}: path {str(path)!r} ({shown}) is outside the storage roots {list(roots)}; write under one "
+                      f"of them, or add the folder to ${STORAGE_ROOTS_ENV} (PSServer storage_roots=) on every server")
 
 
 class HostedTable:
@@ -153,6 +200,8 @@ class PSServer:
             on a background thread either way).
         halves: mode name -> factory of its server half (`recps.ps.modes.server_halves()`); a
             table of a mode not given here is refused at creation.
+        storage_roots: the folders (paths or URLs) save and load may use; None reads
+            $RECPS_STORAGE_ROOTS, and without it paths are not confined (see the module docstring).
     """
 
     def __init__(
@@ -164,10 +213,15 @@ class PSServer:
         port: int = 0,
         num_threads: int = 2,
         halves: Mapping[str, ServerHalfFactory] | None = None,
+        storage_roots: Sequence[str] | None = None,
     ) -> None:
         if not 0 <= index < num_servers:
             raise ConfigError(f"PSServer: index={index} is outside [0, num_servers={num_servers})")
+        if isinstance(storage_roots, str):
+            raise ConfigError(f"PSServer: storage_roots={storage_roots!r} is one string; give a list of folders")
         self.index, self.num_servers = index, num_servers
+        self.storage_roots = tuple(storage_roots) if storage_roots is not None else storage_roots_from_env()
+        self._unconfined_warned = False
         self._transport = TransportServer(self._handle, token=token, bind=bind, port=port, num_threads=num_threads)
         self._tables: dict[str, HostedTable] = {}
         self._tables_lock = threading.Lock()
@@ -200,6 +254,11 @@ class PSServer:
     def endpoint(self) -> str:
         """"tcp://host:port" clients connect to (after start())."""
         return self._transport.endpoint
+
+    @property
+    def rejections(self) -> dict[str, int]:
+        """Messages and connections the transport refused, by reason (TransportServer.rejections)."""
+        return self._transport.rejections
 
     def start(self) -> "PSServer":
         warm_up_kernels()  # before the first request: loading the tables' compiled loops takes ~1 s
@@ -351,10 +410,21 @@ class PSServer:
                 return list(self._tables.values())
         return [self._get(n) for n in names]
 
+    def _confine(self, path: str, verb: str) -> None:
+        """Refuse a path from a message outside the storage roots (see the module docstring)."""
+        if self.storage_roots is not None:
+            check_storage_path(path, self.storage_roots, f"server {self.index}: {verb}")
+        elif not self._unconfined_warned:
+            self._unconfined_warned = True
+            logger.warning("server %d: %s to %s is not confined: no storage roots (set $%s or PSServer storage_roots=), "
+                           "so a client may have this server write or read wherever it can", self.index, verb, path,
+                           STORAGE_ROOTS_ENV)
+
     def _save(self, name, fields, meta):
         path, mode = str(meta["path"]), str(meta.get("mode", "full"))
         if mode not in SAVE_MODES:
             raise ConfigError(f"save: mode={mode!r}; use one of {SAVE_MODES}")
+        self._confine(path, "save")
         calls, names = [], []
         for table in self._selected(meta):
             folder = rfs.join(path, table.name)
@@ -388,6 +458,7 @@ class PSServer:
 
     def _load(self, name, fields, meta):
         path = str(meta["path"])
+        self._confine(path, "load")
         names = [n for n in str(meta.get("tables", "")).split(",") if n]
         if not names:
             with self._tables_lock:
@@ -429,7 +500,8 @@ class PSServer:
                 stats[t.name] = {"kind": "dense", "rows": n, "memory_bytes": n * 4 * 2}  # values and ~state
         with self._tables_lock:
             pending = {mode: half.pending() for mode, half in self._halves.items()}
-        return [], {"stats": json.dumps({"server": self.index, "tables": stats, "pending": pending})}
+        return [], {"stats": json.dumps({"server": self.index, "tables": stats, "pending": pending,
+                                         "rejected": self.rejections})}
 
     def _stop_verb(self, name, fields, meta):
         logger.info("server %d: stop requested by a client", self.index)

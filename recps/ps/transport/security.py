@@ -45,6 +45,7 @@ True
 
 from __future__ import annotations
 
+import collections
 import functools
 import hashlib
 import logging
@@ -284,9 +285,11 @@ class PendingConnections:
     ZAP, or the NULL mechanism without encryption), when it closes, or `handshake_timeout_s`
     after it was accepted (ZeroMQ drops one whose handshake took longer, so one still open
     finished it). Rejections are noted in `rejections`:
-    - "handshake": a HANDSHAKE_FAILED_* event (wrong token, a replayed or altered packet, ZAP refusal);
-    - "unauthenticated_closed": closed before its first message without a handshake failure
-      (a declared frame over MAX_FRAME_BYTES, bytes that are not ZMTP, a peer that gave up);
+    - "handshake": a HANDSHAKE_FAILED_* event (wrong token, a replayed or altered packet, ZAP
+      refusal, a peer that closed or timed out in its handshake), or a message that did not
+      authenticate on an established connection;
+    - "unauthenticated_closed": closed before its first message without such an event (a declared
+      frame over MAX_WIRE_FRAME_BYTES, bytes that are not ZMTP);
     - "unauthenticated_limit": accepted while `limit` others were pending, shut down at once.
     """
 
@@ -297,37 +300,37 @@ class PendingConnections:
         self.endpoint = endpoint  # the listening endpoint: an fd is shut down only if it is one of its connections
         self.pending: dict[int, float] = {}  # fd -> when accepted (monotonic)
         self._evicted: set[int] = set()
-        self._failures = 0  # handshake failures counted whose disconnection has not been seen yet
-        self._last_failure = ""
+        # Reasons of handshake failures whose disconnection is still to come: libzmq reports a failure
+        # right before the DISCONNECTED event of the same connection (one I/O thread, in order).
+        self._failures: collections.deque[str] = collections.deque()
 
     def __len__(self) -> int:
         return len(self.pending)
 
     def on_event(self, event: int, value: int) -> None:
-        now = time.monotonic()
+        """One monitor event of the listening socket (`value`: the fd for ACCEPTED and DISCONNECTED)."""
         if event == EVENT_ACCEPTED:
-            self._expire(now)
+            self._expire(time.monotonic())
             if len(self.pending) >= self.limit:
                 self._evicted.add(value)
                 self.rejections.note("unauthenticated_limit",
                                      f"{len(self.pending)} connections were still unauthenticated; one more was shut down")
                 _shutdown(value, self.endpoint)
             else:
-                self.pending[value] = now
+                self.pending[value] = time.monotonic()
         elif event & EVENT_HANDSHAKE_FAILED:
-            self._failures += 1
-            self._last_failure = handshake_failure(event, value)
-            self.rejections.note("handshake", f"a handshake failed: {self._last_failure}")
+            self._failures.append(handshake_failure(event, value))
         elif event == EVENT_DISCONNECTED:
-            # A failed handshake is followed by its connection's disconnection: it was counted then.
-            counted = self._failures > 0
-            if counted:
-                self._failures -= 1
-            if value in self._evicted:
+            failure = self._failures.popleft() if self._failures else None
+            if value in self._evicted:  # counted when it was shut down
                 self._evicted.discard(value)
-            elif self.pending.pop(value, None) is not None and not counted:
+                return
+            was_pending = self.pending.pop(value, None) is not None
+            if failure is not None:  # in the handshake, or a message that did not authenticate afterwards
+                self.rejections.note("handshake", f"a handshake failed: {failure}")
+            elif was_pending:
                 self.rejections.note("unauthenticated_closed", "a connection closed before its first message "
-                                     f"(a declared frame over {MAX_FRAME_BYTES} bytes, bytes that are not ZMTP, or a peer that gave up)")
+                                     f"(a declared frame over {MAX_WIRE_FRAME_BYTES} bytes, or bytes that are not ZMTP)")
 
     def authenticated(self, fd: int) -> None:
         """A message arrived from `fd`."""

@@ -103,6 +103,16 @@ def test_large_pull_64k_by_64(servers, clients):
     rows += 1  # reply tensors are writable (they share the received message's memory)
 
 
+@pytest.mark.parametrize("curve", [True, False], ids=["curve", "plaintext"])
+def test_tensors_over_max_frame_bytes_cross_both_ways(servers, clients, curve):
+    """40 MiB out and back: chunked under ZMQ_MAXMSGSIZE on both sides, equal on arrival."""
+    big = torch.randn(10 * (1 << 20))  # (10M,) 40 MiB
+    server = servers(lambda verb, table, fields, meta: [fields["x"] * 2], curve=curve)
+    (doubled,) = clients([server.endpoint], curve=curve).call(0, "push", "t", {"x": big}, timeout=60.0).tensors
+    assert torch.equal(doubled, big * 2)
+    assert server.rejections == {}
+
+
 def test_concurrent_threads_fan_out_to_two_servers(servers, clients):
     def scale(verb, table, fields, meta):
         time.sleep(0.002)  # let requests overlap on the handler threads

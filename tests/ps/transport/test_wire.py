@@ -157,3 +157,34 @@ def test_token_from_argument_or_environment(monkeypatch):
         wire.resolve_token(None)
     with pytest.raises(ConfigError, match="empty"):
         wire.resolve_token("")
+
+
+def test_large_tensors_travel_in_chunks_of_at_most_max_frame_bytes():
+    """No frame exceeds MAX_FRAME_BYTES (what ZMQ_MAXMSGSIZE enforces): a 40 MiB tensor travels
+    as 16 + 16 + 8 MiB, a tensor of exactly 16 MiB in one frame, and both come back equal."""
+    big = torch.arange(10 * (1 << 20), dtype=torch.float32)  # (10M,) 40 MiB
+    exact = torch.ones(1 << 22)  # (4M,) exactly 16 MiB
+    frames = encode(REQUEST, 1, verb="push", tensors={"big": big, "exact": exact, "small": torch.arange(3)})
+    sizes = [memoryview(f).nbytes for f in frames[1:]]
+    assert sizes == [wire.CHUNK_BYTES, wire.CHUNK_BYTES, 8 << 20, 16 << 20, 24]
+    assert max(memoryview(f).nbytes for f in frames) <= wire.MAX_FRAME_BYTES
+    msg = decode(_copy_frames(frames))
+    assert torch.equal(msg.fields["big"], big) and torch.equal(msg.fields["exact"], exact)
+    assert msg.fields["small"].tolist() == [0, 1, 2]
+
+
+def test_chunks_that_do_not_add_up_are_refused():
+    big = torch.zeros(5 << 20, dtype=torch.float32)  # (5M,) 20 MiB: chunks of 16 and 4 MiB
+    head, first, last = _copy_frames(encode(REQUEST, 1, tensors=[big]))
+    with pytest.raises(WireError, match="chunk 1 has 4194303 bytes; chunks are 16777216 bytes, the last 4194304"):
+        decode([head, first, last[:-1]])
+    with pytest.raises(WireError, match="chunk 0 has 4194304 bytes"):
+        decode([head, last, first])
+    with pytest.raises(WireError, match=r"1 tensors in 2 frames .* the message has 1 tensor frames"):
+        decode([head, first])
+
+
+def test_a_head_over_max_frame_bytes_is_not_sent():
+    meta = {f"k{i}": "x" * wire.MAX_TEXT_BYTES for i in range(wire.MAX_META_ENTRIES)}  # each value allowed alone
+    with pytest.raises(ValueError, match="at most 16777216 travel: send large values as tensors"):
+        encode(REQUEST, 1, verb="push", text="t" * wire.MAX_TEXT_BYTES, meta=meta)

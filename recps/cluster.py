@@ -30,9 +30,11 @@ role:
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -41,14 +43,17 @@ from typing import Any, Mapping, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
+# The checks of a PS run's config live in recps.config (a layer below: validate_config runs them);
+# re-exported here, where the cluster uses them.
+from recps.config import PS_MODES, check_cluster_config, ps_mode
 from recps.errors import ConfigError, RecpsError
 
-__all__ = ["run_distributed", "run_role", "environment_role", "ps_mode", "child_command", "PS_MODES", "fleet_for",
+__all__ = ["run_distributed", "run_role", "environment_role", "ps_mode", "check_cluster_config", "child_command",
+           "PS_MODES", "fleet_for",
            "on_this_machine", "ProgressLog", "write_progress", "read_progress", "load_worker_state", "STATS_TABLE"]
 
 log = logging.getLogger("recps.cluster")
 
-PS_MODES = ("sync", "async", "geo")
 STATS_TABLE = "recps_stats"  # [examples, examples/s, seconds, CPU seconds] summed over workers (a GEO-mode table: pushes add)
 # Mid-run checkpoints' meetings (a GEO-mode table: pushes add): per worker its planned steps as
 # two float32-exact halves (steps >> 20, steps & (2**20 - 1)), then the steps to the next meeting.
@@ -70,47 +75,6 @@ def environment_role(cfg: DictConfig, environ: Mapping[str, str] | None = None):
     return detect_role_maker(env, num_servers=int(cfg.cluster.servers)).role()
 
 
-def ps_mode(cfg: DictConfig):
-    """The mode object conf/ps/<mode>.yaml builds (its `_target_`, recps.ps.modes): SyncMode,
-    AsyncMode or GeoMode with their knobs and `table:` settings. Raises ConfigError naming a bad key."""
-    from hydra.errors import InstantiationException
-    from hydra.utils import instantiate
-
-    from recps.config import check_target_args
-
-    check_target_args(cfg.ps, "ps", engine_keys=("name",))
-    if cfg.ps.get("table") is not None:
-        check_target_args(cfg.ps.table, "ps.table")
-    node = OmegaConf.to_container(cfg.ps, resolve=True)
-    node.pop("name", None)
-    try:
-        return instantiate(node, _convert_="all")
-    except InstantiationException as e:
-        cause = e.__cause__
-        if isinstance(cause, ConfigError):
-            raise cause from None
-        raise ConfigError(f"ps={cfg.ps.name}: {e}") from e
-
-
-def _check(cfg: DictConfig) -> None:
-    if cfg.ps.name not in PS_MODES:
-        raise ConfigError(f"ps={cfg.ps.name!r} is not a parameter-server mode {PS_MODES}")
-    if cfg.device != "cpu":
-        raise ConfigError(f"ps={cfg.ps.name} trains on CPU workers in this build, device={cfg.device!r}; "
-                          "set device=cpu (or ps=local for GPU training)")
-    if cfg.cluster.name != "local":
-        raise ConfigError(f"cluster={cfg.cluster.name!r} is unknown; use cluster=local (started processes with "
-                          "role variables act as their role under it)")
-    for key in ("servers", "workers"):
-        value = cfg.cluster[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"cluster.{key}={value!r}; it must be an integer >= 1")
-    metrics = cfg.get("metrics")
-    if metrics is not None and bool(metrics.get("enabled", True)) and str(metrics.get("merge", "auto")) == "gloo":
-        raise ConfigError(f"metrics.merge=gloo with ps={cfg.ps.name}: parameter-server workers open no torch.distributed "
-                          "group; their metrics merge through the servers: use metrics.merge=auto (or ps)")
-
-
 def run_distributed(cfg: DictConfig, out_dir: Path, *, work=None, before_launch=None) -> dict[str, Any] | None:
     """Launch a local cluster, or act as this process's role; see the module docstring.
 
@@ -118,7 +82,7 @@ def run_distributed(cfg: DictConfig, out_dir: Path, *, work=None, before_launch=
     set once, `_work`; recps.stream gives its pass loop). `before_launch(cfg, mode, out_dir)`: the
     checks and preparations the launcher makes before any process starts (default: the storage
     checks and the data set's generation)."""
-    _check(cfg)
+    check_cluster_config(cfg)
     mode = ps_mode(cfg)  # a bad mode knob fails here, before any process starts
     role = environment_role(cfg)
     if role is None:
@@ -162,7 +126,7 @@ def run_role(cfg: DictConfig, role, out_dir: Path, *, data=None, observers: Sequ
     In-process clusters (tests) run each role in a thread of one process; `data` (the
     PreparedData of cfg.dataset) spares reading the data set again, `observers`
     (recps.trainer.TrainObserver) join the worker's training threads; `work`: as run_distributed's."""
-    _check(cfg)
+    check_cluster_config(cfg)
     if role.is_server:
         _serve(cfg, role, Path(out_dir))
         return None
@@ -201,15 +165,32 @@ def _role_logging(role) -> None:
     logging.getLogger("recps").setLevel(logging.INFO)
 
 
+# The line a failed process ends with: recps.train's one-line report ("recps.train: ConfigError: ...")
+# or a traceback's last line ("ValueError: ...").
+_ERROR_LINE = re.compile(r"^(recps\.train: .+|([A-Za-z_][\w.]*\.)?[A-Z]\w*(Error|Exception|Exit|Interrupt)(: .*)?)$")
+
+
 class _Tee:
-    """Forwarded output to our stdout and to a file (launch writes line by line under a lock)."""
+    """Forwarded output to our stdout and to a file (launch writes line by line under a lock); keeps
+    each process's last lines, to name what a failed one said."""
 
     def __init__(self, path: Path) -> None:
         self.file = open(path, "a", encoding="utf-8")
+        self.tails: dict[str, collections.deque[str]] = {}
 
     def write(self, text: str) -> None:
         sys.stdout.write(text)
         self.file.write(text)
+        if text.startswith("[") and "] " in text:
+            name, _, line = text[1:].partition("] ")
+            self.tails.setdefault(name, collections.deque(maxlen=50)).append(line.rstrip("\n"))
+
+    def last_error(self, name: str | None) -> str | None:
+        """The last line of process `name` that reads as an error, if any."""
+        for line in reversed(self.tails.get(name or "", ())):
+            if _ERROR_LINE.match(line.strip()):
+                return line.strip().removeprefix("recps.train: ")
+        return None
 
     def flush(self) -> None:
         sys.stdout.flush()
@@ -248,7 +229,11 @@ def _launch_local(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
                         timeout=None if c.timeout_s is None else float(c.timeout_s), host=str(c.host), output=tee)
     finally:
         tee.close()
-    result.check()
+    if not result.ok:
+        from recps.launch import LaunchError
+
+        said = tee.last_error(result.failed)
+        raise LaunchError(f"{result.message}{': ' + said if said else ''}; its output is in {out_dir / 'cluster.log'}")
     if not metrics_file.is_file():
         raise RecpsError(f"the cluster finished but worker 0 wrote no {metrics_file}; see {out_dir / 'cluster.log'}")
     metrics = json.loads(metrics_file.read_text())

@@ -1,5 +1,9 @@
 """Config helpers: OmegaConf resolvers, the PS modes' defaults, validation before anything runs.
 
+`validate_config(cfg)` checks the whole composed config (`recps.train` calls it in the launching
+process before any data is read or process is started); `composition_error_message` turns Hydra's
+"Could not override" into one line naming the closest key.
+
 The knobs of a PS mode and their defaults live in one place, the mode's constructor
 (recps.ps.modes: SyncMode, AsyncMode, GeoMode, and TableConfig for `ps.table`).
 `register_resolvers()` stores each as a Hydra config `recps_defaults/ps/<mode>` generated
@@ -12,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
+import json
+import re
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -19,12 +25,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from recps.errors import ConfigError
 
-__all__ = ["PROJECT_ROOT", "register_resolvers", "check_target_args", "compose_config"]
+__all__ = ["PROJECT_ROOT", "register_resolvers", "check_target_args", "compose_config", "validate_config",
+           "composition_error_message", "did_you_mean", "PLAIN_KEYS", "MODEL_ENGINE_KEYS", "MODEL_INJECTED",
+           "TASK_ENGINE_KEYS", "PS_MODES", "ps_mode", "check_cluster_config"]
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
 MODE_DEFAULTS_GROUP = "recps_defaults/ps"
+PS_MODES = ("sync", "async", "geo")  # ps= values that run on parameter servers (recps.cluster)
 
 
 def register_resolvers() -> None:
@@ -109,3 +118,266 @@ def check_target_args(node: DictConfig, where: str, injected: Iterable[str] = ()
         raise ConfigError(
             f"{where} ({target}): {exc}{hint}; its arguments are {params}"
         ) from exc
+
+
+# ------------------------------------------------------------------------------------ validation
+
+# Keys of conf/model/*.yaml that the engine reads itself (it builds the tables from them;
+# a session dataset reads `batching` to form the batches the model trains on).
+MODEL_ENGINE_KEYS = ("embedding_dim", "batching", "embedding_lr")
+# The collection a model takes: pooled (ranking, retrieval) or per key (sequence models).
+MODEL_INJECTED = ("embedding_bag_collection", "embedding_collection", "dense_in_features")
+# Keys of conf/task/*.yaml that the engine reads itself: `objective`, the metric `main` hands to
+# sweepers unless the command line sets `objective=` (conf/config.yaml).
+TASK_ENGINE_KEYS = ("objective",)
+
+# The nodes without a `_target_` and the keys the engine reads from each ("": the root). A key that
+# is not here is read by nothing: it is refused, unless another value interpolates it (a user's
+# `data_root: /x` used as `${data_root}`). Nodes with a `_target_` are bound to their constructor
+# instead (check_target_args); `stream`, `metrics` and `debug` are checked by their own code.
+PLAIN_KEYS: dict[str, tuple[str, ...]] = {
+    "": ("dataset", "ps", "cluster", "trainer", "optimizer", "task", "metrics", "model", "debug", "stream",
+         "seed", "device", "progress", "checkpoint", "objective"),
+    "trainer": ("epochs", "max_steps", "batch_size", "threads", "eval_batch_size", "resume", "observers", "precision"),
+    "cluster": ("name", "servers", "workers", "host", "timeout_s", "connect_timeout_s", "dead_after_s",
+                "server_threads", "server_torch_threads"),
+    "checkpoint": ("save", "dir"),
+}
+# ps=local (conf/ps/local.yaml) has no constructor either.
+LOCAL_PS_KEYS: dict[str, tuple[str, ...]] = {
+    "ps": ("name", "num_embeddings", "table"),
+    "ps.table": ("optimizer", "init_std"),
+    "ps.table.optimizer": ("name", "lr", "eps"),
+}
+
+
+def did_you_mean(key: str, options: Iterable[str], where: str = "") -> str:
+    """`"; did you mean trainer.threads?"` for the option closest to `key`, else ``""``.
+
+    >>> did_you_mean("thread", ["epochs", "threads"], "trainer")
+    '; did you mean trainer.threads?'
+    """
+    close = difflib.get_close_matches(str(key), [str(o) for o in options], n=1, cutoff=0.6)
+    return f"; did you mean {where + '.' if where else ''}{close[0]}?" if close else ""
+
+
+def _added_by(path: str, overrides: Sequence[str]) -> str:
+    """Where a key came from: the `+key=...` override that added it, else a config file."""
+    for o in overrides:
+        name = o.lstrip("+~").split("=", 1)[0]
+        if name == path:
+            return f"the override {o}"
+    return "a config file (conf/ or your --config-dir)"
+
+
+def _check_plain_keys(cfg: DictConfig, overrides: Sequence[str]) -> None:
+    schema = dict(PLAIN_KEYS)
+    if cfg.ps.get("_target_") is None:
+        schema.update(LOCAL_PS_KEYS)
+    for path, known in schema.items():
+        node = OmegaConf.select(cfg, path) if path else cfg
+        if not isinstance(node, DictConfig):
+            continue
+        for key in node.keys():
+            key = str(key)
+            full = f"{path}.{key}" if path else key
+            if key in known or _interpolated(cfg, full):
+                continue
+            where = f"{path}'s" if path else "the top level's"
+            raise ConfigError(
+                f"{full}={_show(node, key)} (from {_added_by(full, overrides)}) is read by nothing and would be "
+                f"ignored{did_you_mean(key, known, path)} ({where} keys: {', '.join(known)})")
+
+
+def _interpolated(cfg: DictConfig, full: str) -> bool:
+    """Whether another value of `cfg` reads `full` through an interpolation (`${data_root}`): without
+    it, some other value changes or no longer resolves."""
+    def drop(container: dict) -> dict:
+        parent, _, key = full.rpartition(".")
+        node = container
+        for part in parent.split(".") if parent else ():
+            node = node[part]
+        del node[key]
+        return container
+
+    before = drop(OmegaConf.to_container(cfg, resolve=True))
+    try:
+        after = OmegaConf.to_container(OmegaConf.create(drop(OmegaConf.to_container(cfg, resolve=False))), resolve=True)
+    except Exception:  # noqa: BLE001 (omegaconf's interpolation errors; a resolver's own)
+        return True
+    return after != before
+
+
+def _show(node: DictConfig, key: str) -> str:
+    value = OmegaConf.to_container(node, resolve=False)[key]  # as the user wrote it
+    return json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+
+
+def _int_at_least(cfg: DictConfig, path: str, low: int, fix: str, allowed: tuple[int, ...] = ()) -> None:
+    value = OmegaConf.select(cfg, path)
+    if value in allowed and not isinstance(value, bool):
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"{path}={value!r}: {fix}")
+
+
+def _check_values(cfg: DictConfig) -> None:
+    """The plain nodes' values (the constructors check their own)."""
+    _int_at_least(cfg, "trainer.epochs", 0, "give the number of passes over the training data, 0 or more")
+    _int_at_least(cfg, "trainer.max_steps", 1, "give -1 (no limit: trainer.epochs passes) or a number of steps "
+                  ">= 1 (summed over threads)", allowed=(-1,))
+    _int_at_least(cfg, "trainer.batch_size", 1, "give the examples per batch (per thread), 1 or more")
+    _int_at_least(cfg, "trainer.threads", 1, "give the training threads per process, 1 or more")
+    _int_at_least(cfg, "trainer.eval_batch_size", 1, "give the examples per evaluation batch, 1 or more")
+    _int_at_least(cfg, "seed", 0, "give an integer >= 0")
+    resume = cfg.trainer.get("resume")
+    if resume is not None and not isinstance(resume, str):
+        raise ConfigError(f"trainer.resume={resume!r}: give a checkpoint folder (a path or URL) or null")
+    device = str(cfg.device)
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        raise ConfigError(f"device={device!r}: use cpu or cuda (cuda:N for one GPU)")
+    for path in ("progress", "checkpoint.save"):
+        if not isinstance(OmegaConf.select(cfg, path), bool):
+            raise ConfigError(f"{path}={OmegaConf.select(cfg, path)!r}: use true or false")
+    if not isinstance(cfg.get("objective"), str) or not cfg.objective:
+        raise ConfigError(f"objective={cfg.get('objective')!r}: name the metric sweepers maximise, e.g. "
+                          "objective=auc (the task's metrics are in task.metrics)")
+    if cfg.ps.get("_target_") is None and cfg.ps.name == "local":
+        _int_at_least(cfg, "ps.num_embeddings", 1, "give the rows per table, 1 or more")
+
+
+def ps_mode(cfg: DictConfig):
+    """The mode object conf/ps/<mode>.yaml builds (its `_target_`, recps.ps.modes): SyncMode,
+    AsyncMode or GeoMode with their knobs and `table:` settings. Raises ConfigError naming a bad key."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    check_target_args(cfg.ps, "ps", engine_keys=("name",))
+    if cfg.ps.get("table") is not None:
+        check_target_args(cfg.ps.table, "ps.table")
+    node = OmegaConf.to_container(cfg.ps, resolve=True)
+    node.pop("name", None)
+    try:
+        return instantiate(node, _convert_="all")
+    except InstantiationException as e:
+        cause = e.__cause__
+        if isinstance(cause, ConfigError):
+            raise cause from None
+        raise ConfigError(f"ps={cfg.ps.name}: {e}") from e
+
+
+def check_cluster_config(cfg: DictConfig) -> None:
+    """What a parameter-server run needs of `ps`, `device`, `cluster` and `metrics` (recps.config.validate_config
+    calls it before anything starts)."""
+    if cfg.ps.name not in PS_MODES:
+        raise ConfigError(f"ps={cfg.ps.name!r} is not a parameter-server mode {PS_MODES}")
+    if cfg.device != "cpu":
+        raise ConfigError(f"ps={cfg.ps.name} trains on CPU workers in this build, device={cfg.device!r}; "
+                          "set device=cpu (or ps=local for GPU training)")
+    if cfg.cluster.name != "local":
+        raise ConfigError(f"cluster={cfg.cluster.name!r} is unknown; use cluster=local (started processes with "
+                          "role variables act as their role under it)")
+    for key in ("servers", "workers"):
+        value = cfg.cluster[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"cluster.{key}={value!r}; it must be an integer >= 1")
+    seconds, cores = "a number of seconds > 0", "null (chosen from the cores here) or "
+    for key, what, ok in (("timeout_s", f"null (no limit) or {seconds}", lambda v: v is None or v > 0),
+                          ("connect_timeout_s", seconds, lambda v: v is not None and v > 0),
+                          ("dead_after_s", seconds, lambda v: v is not None and v > 0),
+                          ("server_threads", cores + "an integer >= 0",
+                           lambda v: v is None or (isinstance(v, int) and v >= 0)),
+                          ("server_torch_threads", cores + "an integer >= 1",
+                           lambda v: v is None or (isinstance(v, int) and v >= 1))):
+        value = cfg.cluster.get(key)
+        if isinstance(value, bool) or not (value is None or isinstance(value, (int, float))) or not ok(value):
+            raise ConfigError(f"cluster.{key}={value!r}; give {what}")
+    metrics = cfg.get("metrics")
+    if metrics is not None and bool(metrics.get("enabled", True)) and str(metrics.get("merge", "auto")) == "gloo":
+        raise ConfigError(f"metrics.merge=gloo with ps={cfg.ps.name}: parameter-server workers open no torch.distributed "
+                          "group; their metrics merge through the servers: use metrics.merge=auto (or ps)")
+
+
+def validate_config(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
+    """Everything about a composed config that can be checked before data is read or any process
+    starts; raises a ConfigError naming the value, where it came from and the fix.
+
+    `overrides`: the command line's (to say which one added an unknown key). Cheap checks come
+    first (unknown keys, the trainer's and cluster's values, the PS mode's knobs); binding the
+    model, task, optimizer, data set and observers to their constructors imports those classes.
+    stream=hourly's own keys are checked by recps.stream (before it launches anything).
+
+    >>> validate_config(compose_config(["ps=local", "trainer.batch_size=-1"]))
+    Traceback (most recent call last):
+    ...
+    recps.errors.ConfigError: trainer.batch_size=-1: give the examples per batch (per thread), 1 or more
+    """
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        missing = sorted(OmegaConf.missing_keys(cfg))
+        if not missing:
+            OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as exc:  # an interpolation that does not resolve: omegaconf names the key
+        key = str(getattr(exc, "full_key", None) or "")
+        parent, _, last = key.rpartition(".")
+        node = OmegaConf.select(cfg, parent, throw_on_resolution_failure=False) if parent else cfg
+        raw = f"={_show(node, last)}" if isinstance(node, DictConfig) and last in node else ""
+        raise ConfigError(f"{key or 'the config'}{raw} does not resolve: {str(exc).splitlines()[0]}; "
+                          "fix the interpolation or give a value") from exc
+    if missing:
+        raise ConfigError(f"{', '.join(missing)} not set (??? in the config); give a value on the command line, "
+                          f"e.g. {missing[0]}=...")
+    _check_plain_keys(cfg, overrides)
+    _check_values(cfg)
+    name = str(cfg.ps.name)
+    if name in PS_MODES:
+        check_cluster_config(cfg)
+        ps_mode(cfg)  # binds ps and ps.table to their constructors and builds the mode (its own checks)
+    elif name != "local":
+        raise ConfigError(f"ps={name!r} is not one of local, {', '.join(PS_MODES)}; pick one of them")
+    # stream=hourly: recps.stream checks its own keys (a layer above) before it launches anything.
+    # Binding to constructors: imports the classes (models: torchrec), still before any data or process.
+    check_target_args(cfg.model, "model", injected=MODEL_INJECTED, engine_keys=MODEL_ENGINE_KEYS)
+    check_target_args(cfg.task, "task", engine_keys=TASK_ENGINE_KEYS)
+    check_target_args(cfg.optimizer, "optimizer", injected=("params",))
+    if cfg.dataset.get("_target_"):
+        check_target_args(cfg.dataset, "dataset", injected=("seed",))
+    for i, spec in enumerate(cfg.trainer.get("observers") or ()):
+        check_target_args(spec, f"trainer.observers[{i}]", injected=("job",))
+    from recps.debug.dump import check_debug_config
+    from recps.metrics.reporter import check_metrics_config
+
+    check_metrics_config(cfg.get("metrics"))
+    check_debug_config(cfg.get("debug"))
+    metrics = cfg.get("metrics")
+    if metrics is not None and bool(metrics.get("tensorboard", False)):  # the held-out metrics go there too
+        import importlib.util
+
+        if importlib.util.find_spec("tensorboard") is None:
+            raise ConfigError("metrics.tensorboard=true needs the tensorboard package, which is not installed: "
+                              "pip install tensorboard (or set metrics.tensorboard=false)")
+
+
+def composition_error_message(exc: BaseException) -> str | None:
+    """A one-line message for Hydra's "Could not override 'trainer.thread'" (a key the config does not
+    have), with the closest key; None for any other error.
+
+    >>> from hydra.errors import ConfigCompositionException
+    >>> try:
+    ...     compose_config(["trainer.thread=2"])
+    ... except ConfigCompositionException as e:
+    ...     print(composition_error_message(e))  # doctest: +ELLIPSIS
+    trainer.thread=2: trainer has no key 'thread'; did you mean trainer.threads? (trainer's keys: epochs, ...)
+    """
+    cause = exc.__cause__
+    parent = getattr(cause, "parent_node", None)
+    full_key = getattr(cause, "full_key", None)
+    if not isinstance(parent, DictConfig) or not full_key or "not in struct" not in str(cause):
+        return None
+    path, _, key = str(full_key).rpartition(".")
+    keys = [str(k) for k in parent.keys() if str(k) != "hydra"]
+    override = re.search(r"use (\+\S+)", str(exc))
+    shown = override.group(1)[1:] if override else full_key
+    where = path or "the config"
+    return f"{shown}: {where} has no key {key!r}{did_you_mean(key, keys, path)} ({where}'s keys: {', '.join(keys)})"

@@ -18,7 +18,7 @@ from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from recps.checkpoint import load_checkpoint, save_checkpoint
-from recps.config import check_target_args
+from recps.config import MODEL_ENGINE_KEYS, MODEL_INJECTED, TASK_ENGINE_KEYS, check_target_args
 from recps.data.dataset import PreparedData, prepare_data
 from recps.debug.dump import build_dump, check_debug_config
 from recps.errors import ConfigError
@@ -28,15 +28,12 @@ from recps.metrics.reporter import MetricsReporter, build_reporter, check_metric
 from recps.nn import LocalEmbeddingBagCollection, LocalEmbeddingCollection
 from recps.trainer import LocalDenseUpdater, Trainer, dense_parameters
 
-__all__ = ["Job", "build_job", "checkpoint_dir", "build_observers", "prepare_dataset", "run_training", "evaluate", "training_observers"]
+__all__ = ["Job", "MODEL_ENGINE_KEYS", "MODEL_INJECTED", "build_job", "checkpoint_dir", "build_observers", "prepare_dataset", "run_training", "evaluate", "training_observers"]
 
 log = logging.getLogger("recps.run")
 
-# Keys of conf/model/*.yaml that the engine reads itself (it builds the tables from them;
-# a session dataset reads `batching` to form the batches the model trains on).
-MODEL_ENGINE_KEYS = ("embedding_dim", "batching", "embedding_lr")
-# The collection a model takes: pooled (ranking, retrieval) or per key (sequence models).
-MODEL_INJECTED = ("embedding_bag_collection", "embedding_collection", "dense_in_features")
+# MODEL_ENGINE_KEYS, MODEL_INJECTED (recps.config, re-exported here): what the engine reads from and
+# injects into a model config; TASK_ENGINE_KEYS: what it reads from a task config (its `objective`).
 
 
 def seed_everything(seed: int) -> None:
@@ -90,7 +87,7 @@ def checkpoint_dir(cfg: DictConfig, out_dir: Path) -> str:
 def build_job(cfg: DictConfig, data: PreparedData | None = None) -> Job:
     """Validates `cfg`, then builds the data, model and trainer of one run."""
     check_target_args(cfg.model, "model", injected=MODEL_INJECTED, engine_keys=MODEL_ENGINE_KEYS)
-    check_target_args(cfg.task, "task")
+    check_target_args(cfg.task, "task", engine_keys=TASK_ENGINE_KEYS)
     check_target_args(cfg.optimizer, "optimizer", injected=("params",))
     check_metrics_config(cfg.get("metrics"))
     check_debug_config(cfg.get("debug"))
@@ -110,7 +107,10 @@ def build_job(cfg: DictConfig, data: PreparedData | None = None) -> Job:
     if "dense_in_features" in takes:
         injected["dense_in_features"] = schema.num_dense
     model = instantiate(model_cfg, **injected, _convert_="all")
-    task = instantiate(cfg.task, _convert_="all")
+    task_cfg = OmegaConf.to_container(cfg.task, resolve=True)
+    for key in TASK_ENGINE_KEYS:
+        task_cfg.pop(key, None)
+    task = instantiate(task_cfg, _convert_="all")
     if callable(getattr(task, "bind", None)):
         task.bind(data)  # e.g. retrieval: sampled negatives come from the data's item catalogue
     dense = [p for _, p in dense_parameters(model, collection)]

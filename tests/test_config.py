@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from recps.config import PROJECT_ROOT, check_target_args, register_resolvers
+from recps.config import (
+    PROJECT_ROOT,
+    TASK_ENGINE_KEYS,
+    check_target_args,
+    compose_config,
+    register_resolvers,
+    validate_config,
+)
 from recps.errors import ConfigError
 from recps.run import MODEL_ENGINE_KEYS, MODEL_INJECTED  # what the engine injects into / reads from a model config
 
@@ -37,7 +45,13 @@ def test_every_group_option_composes(path: Path):
     if group == "model":
         check_target_args(cfg.model, "model", injected=MODEL_INJECTED, engine_keys=MODEL_ENGINE_KEYS)
     if group in ("optimizer", "task"):
-        check_target_args(node, group, injected=("params",))
+        check_target_args(node, group, injected=("params",), engine_keys=TASK_ENGINE_KEYS)
+    if group == "stream" and path.stem == "hourly":  # its root and out have no default (???)
+        with pytest.raises(ConfigError, match=r"stream.out, stream.root not set .*stream.out=\.\.\."):
+            validate_config(cfg)
+        cfg = compose_config(["stream=hourly", "stream.root=/r", "stream.out=/o", "stream.start_day=20261201",
+                              "stream.end_day=20261201"])
+    validate_config(cfg)  # the whole config, as recps.train checks it before anything starts
     if group == "ps" and path.stem != "local":  # a PS mode: one constructor, its table node another
         from recps.cluster import ps_mode
 
@@ -66,3 +80,85 @@ def test_unknown_model_argument_is_named():
         cfg = compose(config_name="config", overrides=["+model.hiden=[8]"])
     with pytest.raises(ConfigError, match=r"model \(models.DeepFM\).*hiden"):
         check_target_args(cfg.model, "model", injected=MODEL_INJECTED, engine_keys=MODEL_ENGINE_KEYS)
+
+
+# ------------------------------------------------------------------ validate_config (issue 18, point 3)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("trainer.batch_size=-1", "trainer.batch_size=-1: give the examples per batch (per thread), 1 or more"),
+    ("trainer.batch_size=0", "trainer.batch_size=0: give the examples per batch"),
+    ("trainer.threads=0", "trainer.threads=0: give the training threads per process, 1 or more"),
+    ("trainer.epochs=-2", "trainer.epochs=-2: give the number of passes"),
+    ("trainer.max_steps=0", "trainer.max_steps=0: give -1 (no limit"),
+    ("trainer.eval_batch_size=1.5", "trainer.eval_batch_size=1.5: give the examples per evaluation batch"),
+    ("cluster.workers=0", "cluster.workers=0; it must be an integer >= 1"),
+    ("cluster.servers=two", "cluster.servers='two'; it must be an integer >= 1"),
+    ("cluster.dead_after_s=0", "cluster.dead_after_s=0; give a number of seconds > 0"),
+    ("cluster.server_threads=-1", "cluster.server_threads=-1; give null (chosen from the cores here) or an integer"),
+    ("device=gpu", "device='gpu': use cpu or cuda"),
+    ("checkpoint.save=maybe", "checkpoint.save='maybe': use true or false"),
+    ("ps.max_pending=0", "max_pending"),
+])
+def test_a_bad_value_is_refused_naming_it(override, message):
+    """Each under the default ps=async: the launcher refuses it before any process starts."""
+    cfg = compose_config([override])
+    with pytest.raises(ConfigError) as err:
+        validate_config(cfg, [override])
+    assert message in str(err.value)
+
+
+def test_cluster_values_are_not_checked_under_ps_local():
+    validate_config(compose_config(["ps=local", "cluster.workers=0"]))  # ps=local starts no cluster
+
+
+def test_an_added_key_nothing_reads_is_refused_with_the_closest_key():
+    """Hydra's hint for a key the config lacks is `+trainer.thread=2`: following it must not train with
+    the key ignored."""
+    cfg = compose_config(["+trainer.thread=2"])
+    with pytest.raises(ConfigError) as err:
+        validate_config(cfg, ["+trainer.thread=2"])
+    assert str(err.value).startswith("trainer.thread=2 (from the override +trainer.thread=2) is read by nothing")
+    assert "did you mean trainer.threads?" in str(err.value)
+    for override, where in (("+cluster.worker=2", "did you mean cluster.workers?"),
+                            ("+checkpoint.dri=/x", "did you mean checkpoint.dir?"),
+                            ("+sed=3", "did you mean seed?"),
+                            ("+model.hiden=[8]", "did you mean model.hidden?"),
+                            ("+ps.max_pendin=3", "did you mean ps.max_pending?"),
+                            ("+task.metric=[auc]", "did you mean task.metrics?")):
+        with pytest.raises(ConfigError, match=re.escape(where)):
+            validate_config(compose_config([override]), [override])
+    with pytest.raises(ConfigError, match=re.escape("did you mean ps.num_embeddings?")):
+        validate_config(compose_config(["ps=local", "+ps.num_embedding=7"]))
+
+
+def test_an_added_key_that_a_value_interpolates_is_kept():
+    """A user's own top-level value that others refer to (`data_root`) is read, through the interpolation."""
+    cfg = compose_config(["+data_root=/data", "dataset.dir=${data_root}/synthetic"])
+    validate_config(cfg)
+    assert cfg.dataset.train == ["/data/synthetic/train.txt"]
+    validate_config(compose_config(["++trainer.observers=[]"]))  # an optional key the engine reads
+
+
+def test_a_key_the_config_lacks_gets_the_closest_one():
+    from hydra.errors import ConfigCompositionException
+
+    from recps.config import composition_error_message
+
+    for override, expected in (
+        ("trainer.thread=2", "trainer.thread=2: trainer has no key 'thread'; did you mean trainer.threads? "
+                             "(trainer's keys: epochs, max_steps, batch_size, threads, eval_batch_size, resume"),
+        ("model.hiden=[8]", "model.hiden=[8]: model has no key 'hiden'; did you mean model.hidden?"),
+        ("sed=1", "sed=1: the config has no key 'sed'; did you mean seed?"),
+        ("cluster.zzz=1", "cluster.zzz=1: cluster has no key 'zzz' (cluster's keys: name, servers"),
+    ):
+        with pytest.raises(ConfigCompositionException) as err:
+            compose_config([override])
+        assert composition_error_message(err.value).startswith(expected), composition_error_message(err.value)
+
+
+def test_a_missing_value_and_an_unresolvable_one_are_named():
+    with pytest.raises(ConfigError, match=r"^dataset.dir=\$\{nope\} does not resolve: Interpolation key 'nope'"):
+        validate_config(compose_config(["dataset.dir=${nope}"]))
+    with pytest.raises(ConfigError, match=r"^trainer.resume not set \(\?\?\? in the config\)"):
+        validate_config(compose_config(["trainer.resume=???"]))

@@ -175,3 +175,64 @@ def test_criteo_tiny_trains_and_evaluates_both_models_on_80_20(tmp_path):
         assert 0.0 < metrics["auc"] < 1.0 and 0.0 < metrics["logloss"] < 1.0, metrics
         evaluated = json.loads(check(recps("recps.evaluate", str(run / "checkpoint"))).stdout)
         assert evaluated["auc"] == pytest.approx(metrics["auc"], abs=1e-6)
+
+
+# ---------------------------------------------------------- errors before processes (issue 18, point 3)
+
+
+def one_line_error(proc: subprocess.CompletedProcess) -> str:
+    """The failed run's stderr: one line, no traceback; returns it."""
+    assert proc.returncode == 1, f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("trainer.batch_size=-1", "recps.train: ConfigError: trainer.batch_size=-1: give the examples per batch "
+                              "(per thread), 1 or more"),
+    ("cluster.workers=0", "recps.train: ConfigError: cluster.workers=0; it must be an integer >= 1"),
+])
+def test_a_bad_value_under_a_ps_mode_fails_before_any_process_starts(tmp_path, override, message):
+    """The default ps=async: the launcher refuses the value itself; no server or worker ever starts."""
+    run = tmp_path / "run"
+    proc = recps("recps.train", override, "progress=false", f"dataset.dir={tmp_path / 'data'}",
+                 f"hydra.run.dir={run}", timeout=120)
+    assert one_line_error(proc) == message
+    assert "[worker0]" not in proc.stdout and "[server0]" not in proc.stdout, proc.stdout
+    assert not (run / "cluster.log").exists() and not (run / "recps-job.yaml").exists()
+    assert not (tmp_path / "data").exists()  # nor was the data set generated
+
+
+def test_a_misspelled_key_names_the_closest_and_its_plus_form_does_not_train(tmp_path):
+    proc = recps("recps.train", "trainer.thread=2", f"hydra.run.dir={tmp_path / 'a'}", timeout=120)
+    assert one_line_error(proc).startswith(
+        "recps.train: trainer.thread=2: trainer has no key 'thread'; did you mean trainer.threads?")
+    # Hydra's own message suggests +trainer.thread=2: that must not train with the key ignored.
+    proc = recps("recps.train", "+trainer.thread=2", "ps=local", f"hydra.run.dir={tmp_path / 'b'}", timeout=120)
+    assert one_line_error(proc).startswith(
+        "recps.train: ConfigError: trainer.thread=2 (from the override +trainer.thread=2) is read by nothing and "
+        "would be ignored; did you mean trainer.threads?")
+    assert not (tmp_path / "b" / "metrics.json").exists()
+
+
+def test_hydra_full_error_shows_the_traceback(tmp_path):
+    env = dict(os.environ, HYDRA_FULL_ERROR="1")
+    proc = subprocess.run([sys.executable, "-m", "recps.train", "trainer.batch_size=-1", "ps=local",
+                           f"hydra.run.dir={tmp_path / 'run'}"], cwd=PROJECT_ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 1
+    assert "Traceback" in proc.stderr and "in validate_config" in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "recps.errors.ConfigError: trainer.batch_size=-1: give the examples per batch (per thread), 1 or more")
+
+
+def test_a_worker_that_fails_is_named_with_what_it_said(tmp_path):
+    """What only a worker can find (here: no data files) ends the run with the worker's own message."""
+    run = tmp_path / "run"
+    proc = recps("recps.train", f"dataset.dir={tmp_path / 'none'}", "dataset.generate=null", "progress=false",
+                 "checkpoint.save=false", f"hydra.run.dir={run}", timeout=300)
+    last = one_line_error(proc)
+    assert last.startswith("recps.train: LaunchError: worker0 (pid "), last
+    assert f"exited with code 1: DataError: {tmp_path / 'none' / 'train.txt'}: no such file" in last, last
+    assert last.endswith(f"its output is in {run / 'cluster.log'}")

@@ -14,13 +14,17 @@ as that server or worker instead (worker 0 writes metrics.json and the PS checkp
 Mistakes fail first: `recps.config.validate_config` checks the whole composed config here,
 before any data is read or process started, and an error a user can cause (a RecpsError: a bad
 value, data or a failed cluster; a key the config lacks; a config that is not found) prints as
-one message, without a traceback (`HYDRA_FULL_ERROR=1` shows it).
+one message, without a traceback (`HYDRA_FULL_ERROR=1` shows it). Library log lines nobody can
+act on are silenced (`recps.quiet_libraries`). The run ends with what its numbers are: the task's
+metrics on the held-out test split, the baseline's on the same split when the task computes one
+(retrieval: most popular items), the training throughput, and where metrics.json is.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 import traceback
@@ -33,7 +37,7 @@ from omegaconf import DictConfig
 
 from recps.config import composition_error_message, register_resolvers, validate_config
 
-__all__ = ["main", "cli", "error_message"]
+__all__ = ["main", "cli", "error_message", "summary_lines", "held_out_metric_names"]
 
 log = logging.getLogger("recps.train")
 
@@ -68,6 +72,9 @@ def _single_run() -> bool:
 def _run(cfg: DictConfig) -> float:
     from hydra.core.hydra_config import HydraConfig
 
+    from recps import quiet_libraries
+
+    quiet_libraries()
     hydra_cfg = HydraConfig.get()
     validate_config(cfg, overrides=list(hydra_cfg.overrides.task))  # before any data, process or heavy import
     out_dir = Path(hydra_cfg.runtime.output_dir)
@@ -88,17 +95,102 @@ def _run(cfg: DictConfig) -> float:
         if metrics is None:  # a server or worker of the cluster: the launcher reports
             return float("nan")
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True, default=str) + "\n")
-    task_metrics = cfg.task.get("metrics") or ()
-    shown = ("auc", "logloss", "accuracy", *(str(m) for m in task_metrics), "examples_per_sec", "best_reachable_auc")
-    summary = ", ".join(f"{k}={metrics[k]:.4f}" if isinstance(metrics[k], float) else f"{k}={metrics[k]}"
-                        for k in dict.fromkeys(shown) if k in metrics)
-    print(f"[recps] {summary}")  # entry point: the one line a user reads
+    for line in summary_lines(cfg, metrics):
+        print(f"[recps] {line}")  # entry point: the lines a user reads
     print(f"[recps] metrics: {out_dir / 'metrics.json'}")
+    _tensorboard_test_metrics(cfg, metrics, out_dir)
     if cfg.objective not in metrics:
         log.warning("objective=%s is not a metric of this run (%s); sweepers get NaN: set objective=<one of them>",
                     cfg.objective, ", ".join(sorted(k for k, v in metrics.items() if isinstance(v, float))))
         return float("nan")
     return float(metrics[cfg.objective])
+
+
+def held_out_metric_names(cfg: DictConfig, metrics: dict[str, Any]) -> list[str]:
+    """The evaluation's metrics in `metrics`, in the task's order: the task's metrics (auc, logloss and
+    accuracy first), their per-label values (`auc/ctr`) and the baseline's (`most_popular/recall@10`)."""
+    names = list(dict.fromkeys(("auc", "logloss", "accuracy", *(str(m) for m in cfg.task.get("metrics") or ()))))
+
+    def rank(key: str) -> tuple[int, int, str]:
+        head, _, tail = key.partition("/")
+        if head in names:
+            return (0, names.index(head), tail)
+        return (1, names.index(key.rpartition("/")[2]), head)
+
+    keys = [k for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+            and (k.partition("/")[0] in names or k.rpartition("/")[2] in names)]
+    return sorted(keys, key=rank)
+
+
+def summary_lines(cfg: DictConfig, metrics: dict[str, Any]) -> list[str]:
+    """What the run's numbers are, in words: the held-out split's metrics (a stream's: its last pass,
+    evaluated before training on it), the baseline's on the same split, the training throughput.
+
+    >>> from omegaconf import OmegaConf
+    >>> cfg = OmegaConf.create({"task": {"metrics": ["recall@10", "auc"]}})
+    >>> for line in summary_lines(cfg, {"recall@10": 0.031, "auc": 0.8, "most_popular/recall@10": 0.043,
+    ...                                 "most_popular/auc": 0.83, "queries": 610.0, "train_steps": 20,
+    ...                                 "train_examples": 10240, "examples_per_sec": 87344.7}):
+    ...     print(line)
+    held-out test split (610 queries): auc=0.8000 recall@10=0.0310
+    baseline on the same split, most popular items: auc=0.8300 recall@10=0.0430
+    trained 20 steps, 10240 examples, 87345 examples/s
+    """
+    names = held_out_metric_names(cfg, metrics)
+    task_names = {"auc", "logloss", "accuracy", *(str(m) for m in cfg.task.get("metrics") or ())}
+    stream = metrics.get("stream")
+    if isinstance(stream, dict):
+        passes = [p for p in stream.get("passes") or () if isinstance(p, dict) and "pass" in p]
+        last = passes[-1] if passes else {}
+        name = f"{last['day']}/{last['pass']}" if last.get("day") else str(last.get("pass", ""))
+        where = f"last pass ({name}), evaluated before training on it" if passes else "last pass"
+    else:
+        where = "held-out test split"
+        if isinstance(metrics.get("queries"), (int, float)):
+            where += f" ({int(metrics['queries'])} queries)"
+    own = [k for k in names if "/" not in k]
+    lines = [f"{where}: " + (" ".join(f"{k}={metrics[k]:.4f}" for k in own) or "no metrics")]
+    if isinstance(metrics.get("best_reachable_auc"), float):
+        lines[0] += f" (the data's best reachable auc={metrics['best_reachable_auc']:.4f})"
+    baselines: dict[str, list[str]] = {}  # `most_popular/recall@10`: a metric of the task, another ranking's
+    for k in names:
+        head, _, tail = k.partition("/")
+        if tail and head not in task_names:
+            baselines.setdefault(head, []).append(k)
+    for name, keys in baselines.items():
+        what = "most popular items" if name == "most_popular" else name
+        lines.append(f"baseline on the same split, {what}: "
+                     + " ".join(f"{k.partition('/')[2]}={metrics[k]:.4f}" for k in keys))
+    if "train_steps" in metrics and "examples_per_sec" in metrics:
+        workers = metrics.get("workers")
+        steps = f"{metrics['train_steps']} steps" + (" on worker 0" if isinstance(workers, int) and workers > 1 else "")
+        examples = f"{metrics.get('train_examples', '?')} examples" + (
+            f" over {workers} workers" if isinstance(workers, int) and workers > 1 else "")
+        lines.append(f"trained {steps}, {examples}, {metrics['examples_per_sec']:.0f} examples/s")
+    return lines
+
+
+def _tensorboard_test_metrics(cfg: DictConfig, metrics: dict[str, Any], out_dir: Path) -> None:
+    """With metrics.tensorboard=true, the held-out metrics as `test/<name>` scalars in <run dir>/tensorboard
+    (beside the training reports' `train/` and `pass/`), at the last reported training step."""
+    node = cfg.get("metrics")
+    if node is None or not bool(node.get("tensorboard", False)) or isinstance(metrics.get("stream"), dict):
+        return  # (a stream's metrics are per pass: recps.stream writes them)
+    from torch.utils.tensorboard import SummaryWriter
+
+    reports = [r for r in metrics.get("train_metrics") or () if isinstance(r, dict) and "step" in r]
+    step = int(reports[-1]["step"]) if reports else int(metrics.get("train_steps", 0))
+    names = held_out_metric_names(cfg, metrics)
+    if isinstance(metrics.get("best_reachable_auc"), float):
+        names.append("best_reachable_auc")
+    writer = SummaryWriter(log_dir=str(out_dir / "tensorboard"))
+    try:
+        for name in names:
+            value = float(metrics[name])
+            if math.isfinite(value):
+                writer.add_scalar(f"test/{name}", value, step)
+    finally:
+        writer.close()
 
 
 # ------------------------------------------------------------------------------------- the CLI

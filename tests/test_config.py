@@ -162,3 +162,16 @@ def test_a_missing_value_and_an_unresolvable_one_are_named():
         validate_config(compose_config(["dataset.dir=${nope}"]))
     with pytest.raises(ConfigError, match=r"^trainer.resume not set \(\?\?\? in the config\)"):
         validate_config(compose_config(["trainer.resume=???"]))
+
+
+def test_the_task_sets_the_objective_unless_the_command_line_does():
+    """Point 5: a next-item or retrieval run returns one of its own metrics to sweepers by default."""
+    assert compose_config([]).objective == "auc"
+    assert compose_config(["model=gru4rec"]).objective == "recall@20"
+    assert compose_config(["model=two_tower"]).objective == "recall@50"
+    assert compose_config(["model=word2vec"]).objective == "wordsim353_spearman"
+    assert compose_config(["model=gru4rec", "objective=mrr@20"]).objective == "mrr@20"
+    assert compose_config(["model=mmoe"]).objective == "auc"  # multi-task: the mean AUC (no objective of its own)
+    for name in ("binary", "multitask", "multitask_esmm", "next_item", "retrieval", "skipgram", "skipgram_sessions"):
+        task = OmegaConf.load(CONF / "task" / f"{name}.yaml")
+        assert task.get("objective", "auc") in task.metrics, name

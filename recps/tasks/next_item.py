@@ -80,6 +80,11 @@ class NextItemTask(TaskBase):
             the engine's eval batch size applies when it is smaller.
     """
 
+    # The next-item models look their clicks up together with every item of the catalogue (one KJT
+    # they build: GRU4Rec, SASRec), never batch.sparse as it is: a PS collection prefetching the
+    # batch's rows would pull them for nothing, then turn prefetch off with a warning per thread.
+    passes_batch_sparse = False
+
     def __init__(self, loss: str = "cross_entropy", bpreg: float = 1.0,
                  metrics: Sequence[str] = ("recall@20", "mrr@20"), eval_rows: int = 256) -> None:
         if loss not in _LOSSES:

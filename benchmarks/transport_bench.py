@@ -11,6 +11,8 @@ answering the same pull is measured alongside as the floor.
     python benchmarks/transport_bench.py                         # the issue's two sizes, TCP and IPC
     python benchmarks/transport_bench.py --fanout                # also: 2 servers, 1 and 2 client threads,
                                                                  #   per-thread sockets vs one I/O thread
+    python benchmarks/transport_bench.py --encryption both       # every configuration with CURVE and without,
+                                                                 #   taking turns (issue 15: the cost of encryption)
 
 Issue 4's reference (ZeroMQ, loopback TCP): 8k keys -> 8k x 16 in 0.42 ms, 64k keys -> 64k x 64 in 6.4 ms.
 """
@@ -33,20 +35,20 @@ import numpy as np
 import torch
 import zmq
 
-from recps.ps.transport import TransportClient, TransportServer, wait_all, wire
+from recps.ps.transport import TransportClient, TransportServer, curve_keys, security, wait_all, wire
 
 TOKEN = "bench-token"
 SIZES = [(8192, 16), (65536, 64)]
 
 
-def _serve(bind: str, num_threads: int, ready: mp.Queue, stop: mp.Event) -> None:
+def _serve(bind: str, num_threads: int, curve: bool, ready: mp.Queue, stop: mp.Event) -> None:
     torch.set_num_threads(1)
     tables = {f"d{d}": torch.randn(k, d) for k, d in SIZES}  # (K, D) preallocated rows
 
     def pull(verb, table, fields, meta):
         return [tables[table][: fields["keys"].shape[0]]]  # (K, D) a contiguous slice, sent without a copy
 
-    with TransportServer(pull, token=TOKEN, bind=bind, num_threads=num_threads) as server:
+    with TransportServer(pull, token=TOKEN, bind=bind, num_threads=num_threads, curve=curve) as server:
         ready.put(server.endpoint)
         stop.wait(600)
 
@@ -91,9 +93,10 @@ class IOThreadClient:
     """The alternative client design, for comparison only: one I/O thread owns every socket;
     callers hand it requests over inproc and wait on a Future."""
 
-    def __init__(self, endpoints, token):
+    def __init__(self, endpoints, token, curve: bool):
         self._ctx = zmq.Context()
         self._digest = wire.token_digest(token)
+        self._keys = curve_keys(token) if curve else None
         self._ids = itertools.count(1)
         self._pending: dict[int, Future] = {}
         self._local = threading.local()
@@ -121,6 +124,7 @@ class IOThreadClient:
         for e in endpoints:
             s = self._ctx.socket(zmq.DEALER)
             s.linger = 0
+            security.secure_client_socket(s, self._keys)
             s.connect(e)
             socks.append(s)
         poller = zmq.Poller()
@@ -185,26 +189,29 @@ def _stop_servers(stop, procs):
             p.kill()
 
 
-def bench_latency(configs: list[tuple[str, int]], runs: int, warmup: int, rounds: int) -> list[dict]:
-    """Median pull latency per (transport, server threads) and size. The configurations take turns,
-    `rounds` times, so that load from other processes on the machine hits them all alike."""
+def bench_latency(configs: list[tuple[str, int, bool]], runs: int, warmup: int, rounds: int) -> list[dict]:
+    """Median pull latency per (transport, server threads, encryption) and size. The configurations
+    take turns, `rounds` times, so that load from other processes on the machine hits them all alike."""
     tmp = tempfile.mkdtemp(prefix="recps-bench-")
-    binds = ["127.0.0.1" if t == "tcp" else f"ipc://{tmp}/s{i}.sock" for i, (t, _) in enumerate(configs)]
-    endpoints, stop, procs = _start(_serve, [(b, n) for b, (_, n) in zip(binds, configs)])
+    binds = ["127.0.0.1" if t == "tcp" else f"ipc://{tmp}/s{i}.sock" for i, (t, _, _) in enumerate(configs)]
+    endpoints, stop, procs = _start(_serve, [(b, n, c) for b, (_, n, c) in zip(binds, configs)])
     raw_endpoints, raw_stop, raw_procs = _start(_serve_raw, [()])
     callers, closers, pids = {}, [], {}
     try:
-        client = TransportClient(endpoints, token=TOKEN, timeout_s=30)
-        closers.append(client.close)
+        clients = {}  # one per encryption setting, knowing every server (it talks only to its own kind)
+        for curve in sorted({c for _, _, c in configs}):
+            clients[curve] = TransportClient(endpoints, token=TOKEN, timeout_s=30, curve=curve)
+            closers.append(clients[curve].close)
         for k, d in SIZES:
             call, close = _raw_caller(raw_endpoints[0], k, d)
             callers[("raw pyzmq, tcp", "-", k, d)] = call
             pids[("raw pyzmq, tcp", "-", k, d)] = raw_procs[0].pid
             closers.append(close)
             keys = torch.randint(0, 1 << 40, (k,))  # (K,) int64
-            for i, (transport, threads) in enumerate(configs):
-                callers[(f"recps, {transport}", threads, k, d)] = lambda i=i, d=d, keys=keys: client.call(i, "pull", f"d{d}", {"keys": keys})
-                pids[(f"recps, {transport}", threads, k, d)] = procs[i].pid
+            for i, (transport, threads, curve) in enumerate(configs):
+                what = f"recps, {transport}, {'curve' if curve else 'no encryption'}"
+                callers[(what, threads, k, d)] = lambda i=i, d=d, keys=keys, c=clients[curve]: c.call(i, "pull", f"d{d}", {"keys": keys})
+                pids[(what, threads, k, d)] = procs[i].pid
         for key, call in callers.items():
             got = call()
             got = got.tensors[0] if hasattr(got, "tensors") else got
@@ -233,14 +240,14 @@ def bench_latency(configs: list[tuple[str, int]], runs: int, warmup: int, rounds
             for (w, n, k, d), v in samples.items()]
 
 
-def bench_fanout(runs: int, warmup: int, rounds: int, num_threads: int) -> list[dict]:
+def bench_fanout(runs: int, warmup: int, rounds: int, num_threads: int, curve: bool = True) -> list[dict]:
     """8k keys -> 8k x 16 rows split over 2 servers, from 1 and from 2 client threads at once,
     with per-thread sockets (TransportClient) and with one I/O thread (IOThreadClient); taking turns."""
-    endpoints, stop, procs = _start(_serve, [("127.0.0.1", num_threads)] * 2)
+    endpoints, stop, procs = _start(_serve, [("127.0.0.1", num_threads, curve)] * 2)
     k, d = SIZES[0]
     halves = [torch.randint(0, 1 << 40, (k // 2,)) for _ in endpoints]  # (K/2,) per server
-    direct = TransportClient(endpoints, token=TOKEN, timeout_s=30)
-    io = IOThreadClient(endpoints, TOKEN)
+    direct = TransportClient(endpoints, token=TOKEN, timeout_s=30, curve=curve)
+    io = IOThreadClient(endpoints, TOKEN, curve)
     designs = {
         "per-thread sockets": lambda: wait_all([direct.request(s, "pull", f"d{d}", {"keys": halves[s]}) for s in range(2)]),
         "one I/O thread": lambda: [f.result(30) for f in [io.request(s, "pull", f"d{d}", {"keys": halves[s]}) for s in range(2)]],
@@ -277,14 +284,17 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--configs", default="tcp:2,tcp:0,ipc:2", help="transport:server_threads, comma-separated")
+    parser.add_argument("--encryption", choices=["curve", "off", "both"], default="curve",
+                        help="CURVE (the transport's default), none, or each configuration both ways, taking turns")
     parser.add_argument("--fanout", action="store_true", help="also compare the two client designs")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    configs = [(c.split(":")[0], int(c.split(":")[1])) for c in args.configs.split(",")]
+    settings = {"curve": [True], "off": [False], "both": [True, False]}[args.encryption]
+    configs = [(c.split(":")[0], int(c.split(":")[1]), curve) for c in args.configs.split(",") for curve in settings]
     rows = bench_latency(configs, args.runs, args.warmup, args.rounds)
     if args.fanout:
-        rows += bench_fanout(args.runs, args.warmup, args.rounds, 2)
+        rows += bench_fanout(args.runs, args.warmup, args.rounds, 2, curve=settings[0])
     for row in rows:
         print(json.dumps(row))
     if args.json:

@@ -26,7 +26,7 @@ from recps.job import Job  # re-exported: recps.run.Job
 from recps.metrics import MetricCollection
 from recps.metrics.reporter import MetricsReporter, build_reporter, check_metrics_config
 from recps.nn import LocalEmbeddingBagCollection, LocalEmbeddingCollection
-from recps.trainer import LocalDenseUpdater, Trainer, dense_parameters
+from recps.trainer import LocalDenseUpdater, Trainer, check_precision, dense_parameters
 
 __all__ = ["Job", "MODEL_ENGINE_KEYS", "MODEL_INJECTED", "build_job", "checkpoint_dir", "build_observers", "prepare_dataset", "run_training", "evaluate", "training_observers"]
 
@@ -93,6 +93,7 @@ def build_job(cfg: DictConfig, data: PreparedData | None = None) -> Job:
     check_debug_config(cfg.get("debug"))
     if cfg.device != "cpu" and not torch.cuda.is_available():
         raise ConfigError(f"device={cfg.device!r} but torch sees no GPU; set device=cpu or run `make setup-gpu`")
+    precision = check_precision(cfg.trainer.get("precision", "fp32"), str(cfg.device))  # before any data is read
     seed_everything(int(cfg.seed))
     data = data or prepare_dataset(cfg.dataset, seed=int(cfg.seed))
     schema = data.schema
@@ -116,7 +117,7 @@ def build_job(cfg: DictConfig, data: PreparedData | None = None) -> Job:
     dense = [p for _, p in dense_parameters(model, collection)]
     optimizer = instantiate(cfg.optimizer)(dense)
     trainer = Trainer(model, collection, task, LocalDenseUpdater(dense, optimizer),
-                      threads=int(cfg.trainer.threads))
+                      threads=int(cfg.trainer.threads), precision=precision, device=str(cfg.device))
     job = Job(cfg, data, collection, model, task, optimizer, trainer)
     trainer.observers = build_observers(cfg.trainer.get("observers"), job)
     return job

@@ -310,7 +310,7 @@ class PendingConnections:
     def on_event(self, event: int, value: int) -> None:
         """One monitor event of the listening socket (`value`: the fd for ACCEPTED and DISCONNECTED)."""
         if event == EVENT_ACCEPTED:
-            self._expire(time.monotonic())
+            self.expire()
             if len(self.pending) >= self.limit:
                 self._evicted.add(value)
                 self.rejections.note("unauthenticated_limit",
@@ -336,7 +336,10 @@ class PendingConnections:
         """A message arrived from `fd`."""
         self.pending.pop(fd, None)
 
-    def _expire(self, now: float) -> None:
+    def expire(self) -> None:
+        """Forget connections accepted more than handshake_timeout_s ago: still open, they finished
+        their handshake (ZeroMQ drops one that did not)."""
+        now = time.monotonic()
         old = [fd for fd, t in self.pending.items() if now - t > self.timeout_s]
         for fd in old:
             del self.pending[fd]

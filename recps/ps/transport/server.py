@@ -279,6 +279,8 @@ class TransportServer:
                 while monitor.get(_EVENTS) & _POLLIN:
                     event = zmq.utils.monitor.parse_monitor_message(monitor.recv_multipart(_NOBLOCK))
                     pending.on_event(int(event["event"]), int(event["value"]))
+                if len(pending):
+                    pending.expire()
                 self._rejections.tick()
                 # Socket.get() keeps the GIL where a receive that fails with Again would let go of it.
                 while router.get(_EVENTS) & _POLLIN:

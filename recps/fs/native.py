@@ -37,7 +37,7 @@ from typing import Any
 import hdfs_native
 import hdfs_native.fsspec as _hn_fsspec
 
-from recps.fs._common import (RETRIABLE_REMOTE, FileSystemError, TransientFileSystemError, bounded,
+from recps.fs._common import (RETRIABLE_REMOTE, FileSystemError, SharedAcrossThreads, TransientFileSystemError, bounded,
                               first_line, is_transient)
 from recps.fs._common import timeout_s as _timeout
 
@@ -286,9 +286,9 @@ class _Bounded:
             return False
 
 
-class HdfsFileSystem(_Bounded, _hn_fsspec.HdfsFileSystem):
+class HdfsFileSystem(_Bounded, _hn_fsspec.HdfsFileSystem, metaclass=SharedAcrossThreads):
     """hdfs:// through hdfs-native, every call bounded (see the module docstring)."""
 
 
-class ViewfsFileSystem(_Bounded, _hn_fsspec.ViewfsFileSystem):
+class ViewfsFileSystem(_Bounded, _hn_fsspec.ViewfsFileSystem, metaclass=SharedAcrossThreads):
     """viewfs:// through hdfs-native, every call bounded (see the module docstring)."""

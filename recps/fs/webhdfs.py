@@ -35,7 +35,7 @@ import requests
 from fsspec.implementations import webhdfs as _fsspec_webhdfs
 
 from recps.fs._common import (RETRIABLE_REMOTE, TIMEOUT_ENV, FileSystemError, FileSystemTimeoutError,
-                              TransientFileSystemError, first_line)
+                              SharedAcrossThreads, TransientFileSystemError, first_line)
 from recps.fs._common import timeout_s as _timeout
 
 __all__ = ["WebHDFS", "WebHDFile", "default_user"]
@@ -70,7 +70,7 @@ class _TimeoutSession(requests.Session):
         return super().request(method, url, *args, **kwargs)
 
 
-class WebHDFS(_fsspec_webhdfs.WebHDFS):
+class WebHDFS(_fsspec_webhdfs.WebHDFS, metaclass=SharedAcrossThreads):
     """fsspec's WebHDFS with a timeout on every request and exact errors (see the module docstring).
 
     `timeout_s` bounds the connect and each wait for bytes of every request (not a whole

@@ -312,3 +312,28 @@ def test_not_replicated_yet_is_transient():
 
     with pytest.raises(TransientFileSystemError, match="NotReplicatedYetException: Not replicated yet: /x/keys.bin"):
         call_bounded("hdfs://127.0.0.1:1", "write", add_block, 5.0)
+
+
+def test_one_hdfs_file_system_a_process_whatever_the_thread(hdfs_root):
+    """fsspec keeps a synchronous file system per thread, for good; on hdfs:// that was an
+    hdfs-native client (and its runtime) more for every thread that touched HDFS: a save's
+    thread pool each pass. Every thread here gets the one instance, which also works from all."""
+    import threading
+
+    seen: list = []
+
+    def use(i: int) -> None:
+        fs, path = rfs.resolve(f"{hdfs_root}/t{i}")
+        seen.append(fs)
+        rfs.write_atomic(f"{hdfs_root}/t{i}", str(i))
+
+    threads = [threading.Thread(target=use, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(seen) == 6 and len({id(fs) for fs in seen}) == 1
+    assert seen[0] is rfs.resolve(hdfs_root)[0]
+    assert [rfs.read_bytes(f"{hdfs_root}/t{i}") for i in range(6)] == [str(i).encode() for i in range(6)]
+    # other arguments (a timeout) are another file system
+    assert rfs.resolve(hdfs_root, timeout_s=7)[0] is not seen[0]

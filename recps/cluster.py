@@ -48,7 +48,7 @@ from omegaconf import DictConfig, OmegaConf
 from recps.config import PS_MODES, check_cluster_config, ps_mode
 from recps.errors import ConfigError, RecpsError
 
-__all__ = ["run_distributed", "run_role", "environment_role", "ps_mode", "check_cluster_config", "child_command",
+__all__ = ["run_distributed", "run_role", "storage_roots", "environment_role", "ps_mode", "check_cluster_config", "child_command",
            "PS_MODES", "fleet_for",
            "on_this_machine", "ProgressLog", "write_progress", "read_progress", "load_worker_state", "STATS_TABLE"]
 
@@ -84,6 +84,7 @@ def run_distributed(cfg: DictConfig, out_dir: Path, *, work=None, before_launch=
     checks and the data set's generation)."""
     check_cluster_config(cfg)
     mode = ps_mode(cfg)  # a bad mode knob fails here, before any process starts
+    _transport_encryption(cfg)
     role = environment_role(cfg)
     if role is None:
         (before_launch or _before_launch)(cfg, mode, Path(out_dir))
@@ -91,6 +92,15 @@ def run_distributed(cfg: DictConfig, out_dir: Path, *, work=None, before_launch=
     _role_logging(role)
     run_role(cfg, role, Path(out_dir), work=work)
     return None
+
+
+def _transport_encryption(cfg: DictConfig) -> None:
+    """cluster.encryption (curve / off) into this process's environment, which the processes it
+    starts inherit and the transport reads as it opens a socket; null leaves the environment's."""
+    from recps.ps.fleet import ENCRYPTION_ENV
+
+    if cfg.cluster.get("encryption") is not None:
+        os.environ[ENCRYPTION_ENV] = str(cfg.cluster.encryption)
 
 
 def _before_launch(cfg: DictConfig, mode, out_dir: Path) -> None:
@@ -127,6 +137,7 @@ def run_role(cfg: DictConfig, role, out_dir: Path, *, data=None, observers: Sequ
     PreparedData of cfg.dataset) spares reading the data set again, `observers`
     (recps.trainer.TrainObserver) join the worker's training threads; `work`: as run_distributed's."""
     check_cluster_config(cfg)
+    _transport_encryption(cfg)
     if role.is_server:
         _serve(cfg, role, Path(out_dir))
         return None
@@ -282,12 +293,35 @@ def _serve(cfg: DictConfig, role, out_dir: Path) -> None:
         threads = 1
     if threads is not None:
         torch.set_num_threads(int(threads))
+    from recps.ps.fleet import STORAGE_ROOTS_ENV
+
+    os.environ[STORAGE_ROOTS_ENV] = ",".join(storage_roots(cfg, out_dir))  # read as the server starts
     with fleet_for(cfg, role) as fleet:
         fleet.init_server()  # start-up work (loads the tables' compiled loops), like the imports:
         cpu = time.process_time()  # before the CPU clock starts
         fleet.run_server()
     if on_this_machine(role):  # the launcher adds it to metrics.json (benchmarks: examples per CPU-second)
         (out_dir / f"{role.name}.cpu.json").write_text(json.dumps({"cpu_seconds": time.process_time() - cpu}))
+
+
+def storage_roots(cfg: DictConfig, out_dir: Path, environ: Mapping[str, str] | None = None) -> list[str]:
+    """The folders this job's servers may save to and load from (a save or load request naming a
+    path elsewhere is refused: recps.ps.node.server.check_storage_path): the run folder, the
+    checkpoint folder, the checkpoint resumed from, the stream's output, and whatever
+    $RECPS_STORAGE_ROOTS already names (comma-separated)."""
+    from recps.ps.fleet import STORAGE_ROOTS_ENV
+    from recps.run import checkpoint_dir
+
+    env = os.environ if environ is None else environ
+    roots = [str(Path(out_dir).resolve()), checkpoint_dir(cfg, Path(out_dir).resolve())]
+    resume = cfg.trainer.get("resume")
+    if resume:
+        roots.append(str(resume))
+    stream = cfg.get("stream")
+    if stream is not None and bool(stream.get("enabled", False)) and stream.get("out"):
+        roots.append(str(stream.out))
+    roots += [r for r in env.get(STORAGE_ROOTS_ENV, "").split(",") if r.strip()]
+    return list(dict.fromkeys(roots))
 
 
 def on_this_machine(role) -> bool:

@@ -140,7 +140,7 @@ PLAIN_KEYS: dict[str, tuple[str, ...]] = {
          "seed", "device", "progress", "checkpoint", "objective"),
     "trainer": ("epochs", "max_steps", "batch_size", "threads", "eval_batch_size", "resume", "observers", "precision"),
     "cluster": ("name", "servers", "workers", "host", "timeout_s", "connect_timeout_s", "dead_after_s",
-                "server_threads", "server_torch_threads"),
+                "server_threads", "server_torch_threads", "encryption"),
     "checkpoint": ("save", "dir"),
 }
 # ps=local (conf/ps/local.yaml) has no constructor either.
@@ -292,6 +292,10 @@ def check_cluster_config(cfg: DictConfig) -> None:
         value = cfg.cluster.get(key)
         if isinstance(value, bool) or not (value is None or isinstance(value, (int, float))) or not ok(value):
             raise ConfigError(f"cluster.{key}={value!r}; give {what}")
+    encryption = cfg.cluster.get("encryption")
+    if encryption is not None and str(encryption) not in ("curve", "off"):
+        raise ConfigError(f"cluster.encryption={encryption!r}; use curve (authenticated, encrypted), off (a trusted "
+                          "network) or null ($RECPS_TRANSPORT_ENCRYPTION, else curve)")
     metrics = cfg.get("metrics")
     if metrics is not None and bool(metrics.get("enabled", True)) and str(metrics.get("merge", "auto")) == "gloo":
         raise ConfigError(f"metrics.merge=gloo with ps={cfg.ps.name}: parameter-server workers open no torch.distributed "

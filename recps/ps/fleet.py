@@ -57,9 +57,11 @@ from recps.ps.modes import MODES, AsyncMode, Mode, ServerReader, server_halves
 from recps.ps.modes.dense import assign_flat
 from recps.ps.node import ServerNode, connect
 from recps.ps.node.coordinator import DEFAULT_DEAD_AFTER_S
+from recps.ps.node.server import STORAGE_ROOTS_ENV  # the folders a server may save to and load from
+from recps.ps.transport.security import ENCRYPTION_ENV  # curve (default) or off, the same on every process
 from recps.ps.roles import Role, detect_role_maker
 
-__all__ = ["Fleet", "DistributedStrategy", "DistributedOptimizer", "DENSE_TABLE", "init", "read_checkpoint",
+__all__ = ["Fleet", "DistributedStrategy", "STORAGE_ROOTS_ENV", "ENCRYPTION_ENV", "DistributedOptimizer", "DENSE_TABLE", "init", "read_checkpoint",
            "merge_worker_states"]
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,42 @@
+"""A PS job's servers save and load only inside the job's folders (recps.cluster.storage_roots):
+a request naming any other path is refused (recps.ps.node.server.check_storage_path), so a
+client holding the token cannot have a server write elsewhere. cluster.encryption reaches every
+process the job starts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from recps.cluster import storage_roots
+from recps.config import PROJECT_ROOT, compose_config
+from recps.errors import ConfigError
+from recps.ps.node.server import check_storage_path
+
+
+def test_the_roots_are_the_run_the_checkpoint_the_resume_and_the_stream_folders(tmp_path):
+    cfg = compose_config(["ps=async", "checkpoint.dir=hdfs://nn:9000/ckpt", f"trainer.resume={tmp_path / 'old'}"])
+    roots = storage_roots(cfg, tmp_path / "run", environ={"RECPS_STORAGE_ROOTS": "/extra/a,/extra/b"})
+    assert roots == [str(tmp_path / "run"), "hdfs://nn:9000/ckpt", str(tmp_path / "old"), "/extra/a", "/extra/b"]
+    stream = compose_config(["ps=async", "stream=hourly", "stream.root=/clicks", "stream.out=hdfs://nn:9000/model"])
+    assert "hdfs://nn:9000/model" in storage_roots(stream, tmp_path / "run", environ={})
+    assert storage_roots(compose_config(["ps=async"]), tmp_path / "run", environ={})[1] == str(tmp_path / "run" / "checkpoint")
+    check_storage_path(f"{tmp_path}/run/checkpoint/step-20", roots, "save")
+    with pytest.raises(ConfigError, match="outside the storage roots"):
+        check_storage_path("hdfs://nn:9000/elsewhere", roots, "save")
+
+
+@pytest.mark.slow
+def test_a_ps_run_confines_its_servers_and_passes_encryption_off(tmp_path):
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "recps.train", "ps=async", "trainer.max_steps=20", "progress=false",
+           f"checkpoint.dir={tmp_path / 'ckpt'}", "cluster.encryption=off", f"hydra.run.dir={run}"]
+    proc = subprocess.run(cmd, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    log = (run / "cluster.log").read_text()
+    assert "is not confined" not in log  # the servers knew the job's folders
+    assert "in clear" in log  # encryption off reached the server processes
+    assert (tmp_path / "ckpt" / "manifest.json").is_file()

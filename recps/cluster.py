@@ -378,9 +378,10 @@ def _work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence =
         per_thread = min(source.shard_batches(batch_size, threads))
         if skip is not None:
             skip = [min(skip)] * threads  # equal steps for every thread
-        if max_steps > 0:
-            done = skip[0] if skip else 0
-            per_thread, epochs, max_steps = min(per_thread, done + max(1, max_steps // threads)), 1, -1
+        if max_steps > 0 and skip is not None:  # a resumed run: the steps left of one epoch
+            per_thread, epochs, max_steps = min(per_thread, skip[0] + max(1, max_steps // threads)), 1, -1
+        # Else the trainer stops at exactly max_steps, a multiple of the threads (check_cluster_config):
+        # each step waits for every thread, so each takes max_steps / threads.
 
     with fleet_for(cfg, role) as fleet:
         fleet.add_collection(job.collection)

@@ -292,6 +292,12 @@ def check_cluster_config(cfg: DictConfig) -> None:
         value = cfg.cluster.get(key)
         if isinstance(value, bool) or not (value is None or isinstance(value, (int, float))) or not ok(value):
             raise ConfigError(f"cluster.{key}={value!r}; give {what}")
+    threads, max_steps = int(cfg.trainer.threads), int(cfg.trainer.max_steps)
+    if cfg.ps.name == "sync" and max_steps > 0 and max_steps % threads:
+        lower = max_steps - max_steps % threads
+        raise ConfigError(f"trainer.max_steps={max_steps} with ps=sync and trainer.threads={threads}: every thread takes "
+                          f"the same steps (each step waits for all), so give a multiple of {threads}, e.g. "
+                          f"trainer.max_steps={lower or threads} or {lower + threads}")
     encryption = cfg.cluster.get("encryption")
     if encryption is not None and str(encryption) not in ("curve", "off"):
         raise ConfigError(f"cluster.encryption={encryption!r}; use curve (authenticated, encrypted), off (a trusted "

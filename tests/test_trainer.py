@@ -66,7 +66,7 @@ def ps_run(tmp_path, in_process_cluster, mode: str, *overrides: str) -> tuple[di
                           "dataset.generate.test_rows=500", "dataset.generate.vocab=100", *overrides])
     counter = CountSteps()
     out = tmp_path / "run"
-    out.mkdir()
+    out.mkdir(parents=True)
     metrics = in_process_cluster(cfg, out, token=f"steps-{mode}", observers=[counter])
     return metrics, counter.steps
 
@@ -79,11 +79,6 @@ def test_max_steps_is_exact_under_the_ps_modes(tmp_path, in_process_cluster, mod
     assert (metrics["train_steps"], seen, metrics["train_examples"]) == (50, 50, 50 * 32)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "ps=sync: recps/cluster.py (_work) turns max_steps into max(1, max_steps // threads) steps per thread "
-    "of one epoch: 51 with 2 threads trains 50, 3 with 4 threads trains 4, and epochs > 1 train one epoch. "
-    "Every thread must take the same steps there, so a max_steps that is no multiple of the threads "
-    "should be refused (ConfigError naming it), and the epochs kept; cluster.py is not this change's file"))
 def test_sync_max_steps_is_exact_or_refused(tmp_path, in_process_cluster):
     # 6,000 rows, 2 threads of 94 batches an epoch: 250 steps need the second epoch.
     metrics, seen = ps_run(tmp_path, in_process_cluster, "sync", "trainer.threads=2", "trainer.epochs=2",

@@ -2,8 +2,9 @@
 
 The role comes from `recps.ps.roles.detect_role_maker()` (RECPS_* variables set by
 `python -m recps.launch`, torchrun, MPI or Slurm); the process serves every PS mode's tables
-until a worker sends `stop`, it gets SIGTERM / SIGINT, or every worker is gone
-(`recps.ps.fleet.Fleet.run_server`). Options: --threads (handler threads), --dead-after
+until a worker sends `stop` or it gets SIGTERM / SIGINT (exit 0), or the job cannot finish: every
+worker gone without a stop, a peer declared dead, the coordinator lost (exit 1, the reason logged;
+`recps.ps.fleet.Fleet.run_server`). Options: --threads (handler threads), --dead-after
 (seconds of heartbeat silence before the coordinator declares a peer dead; server 0 only).
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from recps.errors import PSError
 from recps.ps.fleet import Fleet
 from recps.ps.node.coordinator import DEFAULT_DEAD_AFTER_S
 from recps.ps.roles import detect_role_maker
@@ -27,8 +29,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format=f"[{role.name}] %(asctime)s %(levelname)s %(name)s: %(message)s")
     if not role.is_server:
         parser.error(f"this process has role {role.name}; python -m recps.ps runs servers only")
-    with Fleet(role, connect_timeout_s=args.timeout, dead_after_s=args.dead_after, server_threads=args.threads) as fleet:
-        fleet.run_server()
+    try:
+        with Fleet(role, connect_timeout_s=args.timeout, dead_after_s=args.dead_after, server_threads=args.threads) as fleet:
+            fleet.run_server()
+    except PSError as e:  # the job did not finish (a dead peer, no stop): a non-zero exit, whoever launched us
+        logging.getLogger("recps.ps").error("%s", e)
+        return 1
     return 0
 
 

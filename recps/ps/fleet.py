@@ -188,8 +188,11 @@ class Fleet:
         log.info("%s serving on %s", self.role.name, self._node.endpoint)
 
     def run_server(self) -> None:
-        """Serve until a worker sends stop, SIGTERM / SIGINT arrives (from the main thread), or every
-        worker left or died without a stop (no orphan servers without a launcher); then stop."""
+        """Serve until a worker sends stop or SIGTERM / SIGINT arrives (from the main thread): then
+        stop and return. Raise PSError (a non-zero exit, whoever launched the process) when the job
+        cannot finish: every worker left or died without a stop (no orphan servers without a
+        launcher), a peer was declared dead, this server was, or the coordinator is lost; server 0
+        first serves two heartbeats longer, so that every peer hears who died from its coordinator."""
         self._require("server", "run_server")
         if self._node is None:
             self.init_server()
@@ -202,10 +205,18 @@ class Fleet:
 
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, on_signal)
+        failure: PSError | None = None
         try:
             while not node.wait(0.5):  # wake up now and then: signal handlers run between bytecodes
+                failure = node.failure
+                if failure is not None:
+                    if node.coordinator is not None:  # the others hear it from this coordinator's heartbeats
+                        node.wait(2 * node.heartbeat_s + 0.5)
+                    failure = PSError(f"{self.role.name}: {failure}")
+                    break
                 if node.workers_gone:
-                    log.warning("%s: every worker left or died without stopping the servers; stopping", self.role.name)
+                    failure = PSError(f"{self.role.name}: every worker left or died before the job finished (no worker "
+                                      "sent stop, see the workers' logs); stopping with an error")
                     break
             time.sleep(_REPLY_GRACE_S)  # let the reply to a worker's stop leave before the sockets close
         finally:
@@ -216,6 +227,8 @@ class Fleet:
             finally:
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
+        if failure is not None:
+            raise failure
 
     def _stop_server(self) -> None:
         if self._node is not None:

@@ -11,6 +11,10 @@ Contract of every data verb (ps-lite style):
   checkpoints with. Duplicate keys never leave the worker: a pull asks each unique key once
   and copies rows back to every occurrence; a push sums the gradients of duplicate keys first.
   `assume_unique=True` skips that work when the caller guarantees unique keys.
+- liveness: with a coordinator (`connect`), a server declared dead, the coordinator lost or
+  any other peer dead (the job cannot finish) fails every call in flight at once, and every
+  later one, with the PSError that names it ("server0 at tcp://...: no heartbeat for 10.2 s"),
+  instead of each waiting out its timeout; `failure` holds that error.
 - the client is thread-safe and meant to be shared by a worker's training threads (each thread
   gets its own sockets from the transport).
 - tensors passed to a push must not be modified until its handle's wait() returned.
@@ -175,6 +179,18 @@ class PSClient:
         self._tables: dict[str, _Sparse | _Dense] = {}
         self._tables_lock = threading.Lock()
         self._closed = False
+        if coordinator is not None:
+            coordinator.on_failure(self._peer_failed)
+
+    def _peer_failed(self, names: tuple[str, ...], error: PSError) -> None:
+        """The coordinator link's failure (a dead peer, or the coordinator itself): fail every server's calls."""
+        for s in range(self.num_servers):
+            self._transport.fail_server(s, error)
+
+    @property
+    def failure(self) -> PSError | None:
+        """Why this worker cannot go on (a dead server or worker, the coordinator lost), or None."""
+        return self.coordinator.failure if self.coordinator is not None else None
 
     def __enter__(self) -> "PSClient":
         return self

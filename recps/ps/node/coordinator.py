@@ -6,6 +6,19 @@ every pending barrier and server wait fails at once with an error naming it, and
 later one. A peer that deregisters (a clean exit) has left; a barrier that needs a worker that
 left fails naming it.
 
+Liveness is a lease that accounts for the observer's own stalls: silence is counted from the
+later of a peer's last heartbeat and the end of the observer's last stall (a SIGSTOP, a VM
+pause, swapping: a tick of its monitor that came more than STALL_S late), so a coordinator that
+was itself paused does not declare everyone dead on its first tick back. What a heartbeat
+reply carries reaches the peers (CoordinatorClient):
+- a peer declared dead (`dead`, `dead_why`: "server1 at tcp://... is dead: no heartbeat for ...")
+  fails the peer that hears it (`failure`, `on_failure` listeners; the PSClient then fails every
+  call in flight at once), since the job cannot finish without it (no automatic restarts);
+- the dead peer itself, if it comes back, is told (`declared_dead`) and fails;
+- the coordinator's own loss (server 0 dead or stalled): a peer whose heartbeats go unanswered
+  for `dead_after_s` (its own stalls excepted) fails naming server0, so the coordinator is no
+  silent single point of failure.
+
 Verbs (meta in, meta out; all answered by a `CoordinatorClient`):
 
     register     kind, index, endpoint        -> heartbeat_s, dead_after_s, num_servers, num_workers
@@ -41,12 +54,47 @@ from dataclasses import dataclass, field
 from recps.errors import ConfigError, PSError, PSTimeoutError
 from recps.ps.transport import TransportClient, TransportServer
 
-__all__ = ["Coordinator", "CoordinatorClient", "DEFAULT_DEAD_AFTER_S", "tcp_endpoint"]
+__all__ = ["Coordinator", "CoordinatorClient", "DEFAULT_DEAD_AFTER_S", "STALL_S", "StallClock", "tcp_endpoint"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_DEAD_AFTER_S = 10.0
 _REPLY_MARGIN_S = 2.0  # a client waits this much longer than the coordinator, to get its message
+STALL_S = 1.5  # a watcher's tick this late means its own process stalled: leases restart from its resume
+
+
+class StallClock:
+    """The end of this observer's last stall: `tick()` on every round of a loop that expects to run
+    at least every `period_s`; a round `STALL_S` later than that means the process itself was
+    paused (SIGSTOP, VM stall, swap), so silence it saw during the pause proves nothing about others.
+
+    >>> clock = StallClock(0.25, now=100.0)
+    >>> clock.tick(now=100.3), clock.resumed_at
+    (0.0, 100.0)
+    >>> clock.tick(now=121.0), clock.resumed_at     # paused for about 20 s
+    (20.45, 121.0)
+    >>> clock.silence(last_seen=98.0, now=125.0)    # counted from the resume, not from 98
+    4.0
+    """
+
+    def __init__(self, period_s: float, now: float | None = None) -> None:
+        self.period_s = float(period_s)
+        self.last = time.monotonic() if now is None else now
+        self.resumed_at = self.last
+
+    def tick(self, now: float | None = None) -> float:
+        """Record a round; returns how long the process was stalled before it (0.0 if it was not)."""
+        now = time.monotonic() if now is None else now
+        late = now - self.last - self.period_s
+        self.last = now
+        if late > STALL_S:
+            self.resumed_at = now
+            return round(late, 3)
+        return 0.0
+
+    def silence(self, last_seen: float, now: float) -> float:
+        """Seconds a peer last seen at `last_seen` has been silent, this observer's stalls excepted."""
+        return now - max(last_seen, self.resumed_at)
 
 
 def tcp_endpoint(address: str) -> str:
@@ -110,6 +158,7 @@ class Coordinator:
         self._barriers: dict[str, _Barrier] = {}
         self._stop = threading.Event()
         self._monitor: threading.Thread | None = None
+        self.stalls: list[float] = []  # seconds of each stall of this process the monitor noticed
 
     @property
     def endpoint(self) -> str:
@@ -211,9 +260,12 @@ class Coordinator:
             peer = self._peers.get(name)
             if peer is not None and peer.state == "alive":
                 peer.last_seen = time.monotonic()
-            dead = ",".join(n for n, p in self._peers.items() if p.state == "dead")
+            dead = {n: _who(n, p) + f" is dead: {p.why}" for n, p in self._peers.items() if p.state == "dead"}
             gone = self.workers_gone()
-        return [], {"dead": dead, "known": peer is not None, "workers_gone": gone}
+        meta = {"dead": ",".join(dead), "dead_why": json.dumps(dead), "known": peer is not None, "workers_gone": gone}
+        if peer is not None and peer.state == "dead":
+            meta["declared_dead"] = peer.why
+        return [], meta
 
     def workers_gone(self) -> bool:
         """True once all W workers registered and none is alive any more (left or dead): the
@@ -235,7 +287,7 @@ class Coordinator:
         """(error kind, message) if a peer of `kinds` is dead (any kind) or left (lock held)."""
         for n, p in self._peers.items():
             if p.state == "dead":
-                return "dead", f"{n} ({p.endpoint or p.kind}) is dead: {p.why}"
+                return "dead", f"{_who(n, p)} is dead: {p.why}"
         for n, p in self._peers.items():
             if p.state == "left" and p.kind in kinds:
                 return "left", f"{n} left the cluster ({p.why})"
@@ -282,7 +334,7 @@ class Coordinator:
 
     def _fail_for(self, peer: _Peer, name: str) -> list[tuple[_Waiter, str]]:
         """Every pending wait that can no longer succeed because `name` died or left (lock held)."""
-        why = f"{name} ({peer.endpoint or peer.kind}) is dead: {peer.why}" if peer.state == "dead" else f"{name} left the cluster"
+        why = f"{_who(name, peer)} is dead: {peer.why}" if peer.state == "dead" else f"{name} left the cluster"
         failed = [(w, f"{w.what}: {why}") for w in self._server_waiters]
         self._server_waiters = []
         for b in self._barriers.values():
@@ -292,15 +344,23 @@ class Coordinator:
 
     def _watch(self) -> None:
         tick = min(0.25, self.dead_after_s / 8)
+        clock = StallClock(tick)
         while not self._stop.wait(tick):
+            stalled = clock.tick()
+            if stalled:  # our own pause: every lease restarts now (the peers' heartbeats are queued)
+                self.stalls.append(stalled)
+                logger.warning("coordinator: this process was stalled for %.1f s; no peer is declared dead for it", stalled)
             now = time.monotonic()
             failed: list[tuple[_Waiter, str, str]] = []
             with self._lock:
                 for name, peer in self._peers.items():
-                    if peer.state == "alive" and now - peer.last_seen > self.dead_after_s:
+                    silent = clock.silence(peer.last_seen, now)
+                    if peer.state == "alive" and silent > self.dead_after_s:
                         peer.state = "dead"
-                        peer.why = f"no heartbeat for {now - peer.last_seen:.1f} s (dead_after_s={self.dead_after_s:g})"
-                        logger.error("coordinator: %s (%s) is dead: %s", name, peer.endpoint, peer.why)
+                        peer.why = (f"no heartbeat for {silent:.1f} s (cluster.dead_after_s={self.dead_after_s:g}); "
+                                    "it crashed, hangs or was stalled that long (raise cluster.dead_after_s if such "
+                                    "pauses are expected)")
+                        logger.error("coordinator: %s is dead: %s", _who(name, peer), peer.why)
                         failed += [(w, "dead", m) for w, m in self._fail_for(peer, name)]
                 # Expired waits: each fails alone, naming who is missing.
                 keep = []
@@ -321,6 +381,11 @@ class Coordinator:
                         del self._barriers[bname]
             for w, kind, message in failed:
                 _answer(w.future, kind, message)
+
+
+def _who(name: str, peer: _Peer) -> str:
+    """ "server1 at tcp://127.0.0.1:4000", or "worker0" (a worker serves nothing)."""
+    return f"{name} at {peer.endpoint}" if peer.endpoint else name
 
 
 def _resolve(future: Future, meta: dict) -> None:
@@ -347,8 +412,15 @@ class CoordinatorClient:
         self.endpoint = tcp_endpoint(address)
         self.name = name
         self.timeout_s = float(timeout_s)
-        self._transport = TransportClient([self.endpoint], token=token, timeout_s=self.timeout_s)
+        self._transport = TransportClient([self.endpoint], token=token, timeout_s=self.timeout_s, names=["the coordinator"])
         self._heartbeat_s = DEFAULT_DEAD_AFTER_S / 5
+        self._dead_after_s = DEFAULT_DEAD_AFTER_S
+        self.server_endpoints: list[str] = []  # the PS servers' endpoints, once wait_for_servers returned them
+        self.failure: PSError | None = None  # why this peer cannot go on (a dead peer, told dead, coordinator lost)
+        self.failed_peers: tuple[str, ...] = ()  # who that failure names ("server0", "worker1")
+        self._listeners: list = []
+        self._failure_lock = threading.Lock()
+        self.stalls: list[float] = []  # seconds of each stall of this process the heartbeat thread noticed
         self._dead: tuple[str, ...] = ()
         self._heartbeat_failing = False
         self.workers_gone = False  # as of the last heartbeat: every worker left or died
@@ -374,6 +446,7 @@ class CoordinatorClient:
         self.name = f"{kind}{index}"
         meta = self._call("register", meta={"kind": kind, "index": index, "endpoint": endpoint}, timeout_s=timeout_s)
         self._heartbeat_s = float(meta["heartbeat_s"])
+        self._dead_after_s = float(meta["dead_after_s"])
         if heartbeats:
             self.start_heartbeats()
         return meta
@@ -383,7 +456,8 @@ class CoordinatorClient:
         PSError at once if a server is dead or left."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
         meta = self._call("wait_servers", meta={"timeout_s": timeout}, timeout_s=timeout + _REPLY_MARGIN_S)
-        return str(meta["endpoints"]).split(",")
+        self.server_endpoints = str(meta["endpoints"]).split(",")
+        return list(self.server_endpoints)
 
     def barrier(self, name: str, index: int | None = None, timeout_s: float | None = None) -> None:
         """Block until every worker reached barrier `name`. `index` defaults to this peer's
@@ -408,24 +482,88 @@ class CoordinatorClient:
             self._thread = threading.Thread(target=self._beat, name=f"recps-{self.name}-heartbeat", daemon=True)
             self._thread.start()
 
-    def _beat(self) -> None:
-        warned = False
-        while not self._stop.wait(self._heartbeat_s):
+    def on_failure(self, listener) -> None:
+        """Call `listener(names, error)` once this peer cannot go on (see `failure`): `names` the dead
+        peers ("server0", ...) or this peer's own name, `error` a PSError naming them. Called from
+        the heartbeat thread (or at once, if the failure is already known); it must not block."""
+        with self._failure_lock:
+            self._listeners.append(listener)
+            failure, names = self.failure, self.failed_peers
+        if failure is not None:
+            listener(names, failure)
+
+    def _fail(self, names: tuple[str, ...], error: PSError) -> None:
+        """The first failure stays; listeners hear it once. Barriers and waits fail at once too."""
+        with self._failure_lock:
+            if self.failure is not None:
+                return
+            self.failure, self.failed_peers = error, names
+            listeners = list(self._listeners)
+        logger.error("%s: %s", self.name, error)
+        if names == ("server0",) or names == (self.name,):  # the coordinator is lost, or has no use for us
+            self._transport.fail_server(0, error)
+        for listener in listeners:
             try:
-                meta = self._call("heartbeat", meta={"name": self.name}, timeout_s=max(1.0, 2 * self._heartbeat_s))
-                dead = tuple(n for n in str(meta.get("dead", "")).split(",") if n)
-                if dead and dead != self._dead:
-                    logger.error("%s: the coordinator declared %s dead", self.name, ", ".join(dead))
-                self._dead, warned = dead, False
-                self._heartbeat_failing = False
-                self.workers_gone = bool(meta.get("workers_gone", False))
+                listener(names, error)
+            except Exception:  # a listener's bug must not stop the heartbeats
+                logger.exception("%s: a failure listener raised", self.name)
+
+    def _coordinator_name(self) -> str:
+        ps = f" at {self.server_endpoints[0]}" if self.server_endpoints else ""
+        return f"server0{ps} (its coordinator at {self.endpoint})"
+
+    def _beat(self) -> None:
+        """Heartbeat every heartbeat_s; a lease on the coordinator: unanswered for dead_after_s
+        (this process's own stalls excepted, see StallClock) fails this peer naming server0."""
+        warned = False
+        period = self._heartbeat_s
+        clock = StallClock(period)
+        last_ok = time.monotonic()
+        while not self._stop.wait(period if not self._heartbeat_failing else min(period, 0.25)):
+            stalled = clock.tick()
+            if stalled:
+                self.stalls.append(stalled)
+                logger.warning("%s: this process was stalled for %.1f s", self.name, stalled)
+            now = time.monotonic()
+            timeout = max(0.2, min(2 * period, self._dead_after_s - clock.silence(last_ok, now)))
+            try:
+                meta = self._call("heartbeat", meta={"name": self.name}, timeout_s=timeout)
             except PSError as e:
                 if self._stop.is_set():
                     return
+                now = time.monotonic()
+                if now - clock.last > timeout + STALL_S:  # stalled during the call: the silence is ours
+                    clock.resumed_at = now
+                    self.stalls.append(round(now - clock.last - timeout, 3))
+                clock.last = now
                 self._heartbeat_failing = True
                 if not warned:
                     logger.warning("%s: heartbeat failed: %s", self.name, e)
                     warned = True
+                silent = clock.silence(last_ok, now)
+                if silent > self._dead_after_s and self.failure is None:
+                    self._fail(("server0",), PSError(
+                        f"{self._coordinator_name()} is dead or stalled: no answer to {self.name}'s heartbeats for "
+                        f"{silent:.1f} s (cluster.dead_after_s={self._dead_after_s:g}); the job cannot go on without "
+                        "its coordinator (no automatic restarts); see server0's log, or raise cluster.dead_after_s "
+                        "if such pauses are expected"))
+                continue
+            clock.last = last_ok = time.monotonic()
+            self._heartbeat_failing, warned = False, False
+            self.workers_gone = bool(meta.get("workers_gone", False))
+            dead = tuple(n for n in str(meta.get("dead", "")).split(",") if n)
+            if dead and dead != self._dead:
+                logger.error("%s: the coordinator declared %s dead", self.name, ", ".join(dead))
+            self._dead = dead
+            if meta.get("declared_dead") is not None:
+                self._fail((self.name,), PSError(
+                    f"{self.name} was declared dead by the coordinator ({meta['declared_dead']}); this process "
+                    "stalled or lost the network longer than that, and the job has failed without it"))
+            elif dead:
+                why = json.loads(str(meta.get("dead_why") or "{}"))
+                self._fail(dead, PSError(
+                    f"{why.get(dead[0], dead[0] + ' is dead')}; the job cannot finish without it "
+                    "(no automatic restarts)"))
 
     def deregister(self, timeout_s: float = 2.0) -> None:
         """Leave the cluster cleanly (stops heartbeats); errors are logged, not raised. Skipped

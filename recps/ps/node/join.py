@@ -11,7 +11,9 @@
       stops on SIGTERM/SIGINT and when every worker is gone)
 
 Every process heartbeats to the coordinator; one silent for `dead_after_s` is declared dead and
-every barrier or server wait fails naming it (see coordinator.py).
+every barrier or server wait fails naming it (see coordinator.py). Every peer then learns it with
+its next heartbeat (`ServerNode.failure`, `PSClient.failure`; a worker's calls in flight fail at
+once), and so does the dead peer if it comes back; a peer that loses the coordinator fails too.
 
 >>> from recps.ps.roles import UserDefinedRoleMaker
 >>> from recps.launch import free_port
@@ -90,6 +92,16 @@ class ServerNode:
     def wait(self, timeout: float | None = None) -> bool:
         """Block until a client asked this server to stop (or stop() ran); True if so within `timeout`."""
         return self.server.wait_stop_requested(timeout)
+
+    @property
+    def failure(self):
+        """A PSError once this server cannot go on: a peer was declared dead, this server itself
+        was (it stalled), or the coordinator is lost (see CoordinatorClient.failure); else None."""
+        return self.link.failure
+
+    @property
+    def heartbeat_s(self) -> float:
+        return self.link._heartbeat_s
 
     @property
     def workers_gone(self) -> bool:

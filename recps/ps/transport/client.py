@@ -16,7 +16,10 @@ Contract (ps-lite style):
   request by up to 50 ms (one polling slice).
 - Tensors are sent without a copy (64 KiB and more): do not modify them before the reply arrives.
   Reply tensors share memory with the received message (no copy) and are writable.
-- Only requests fail on a dead server; detect one with `ping(server, timeout)`.
+- Only requests fail on a dead server; detect one with `ping(server, timeout)`, or let whoever
+  watches the servers (recps.ps.node's coordinator heartbeats) call `fail_server(server, error)`:
+  every request in flight to that server, and every later one, then fails at once with `error`
+  (within one polling slice, 50 ms) instead of waiting out its timeout.
 - Security (`security`): each socket is a CURVE client with the job's keys (derived from the
   token) and takes no frame over wire.MAX_FRAME_BYTES. A server that refuses the handshake
   HANDSHAKE_ATTEMPTS times in a row (another token, or no encryption) fails the requests waiting
@@ -93,6 +96,9 @@ class Handle:
             try:
                 if not self._channel.client._closed:
                     self._channel.pump(self, time.monotonic())
+                    failed = self._channel.client._failed.get(self.server)
+                    if not self._done and failed is not None:
+                        self._fail(failed)
             finally:
                 self._channel.lock.release()
         return self._done
@@ -109,7 +115,10 @@ class Handle:
                         self._fail(PSError(f"the transport client was closed while {self.verb} to {self.endpoint} was in flight"))
                     elif not self._done:
                         channel.pump(self, deadline)
-                        if not self._done and time.monotonic() >= deadline:
+                        failed = channel.client._failed.get(self.server)
+                        if not self._done and failed is not None:
+                            self._fail(failed)
+                        elif not self._done and time.monotonic() >= deadline:
                             self._fail(self._timeout_error(timeout))
                 finally:
                     channel.lock.release()
@@ -124,7 +133,7 @@ class Handle:
 
     def _timeout_error(self, timeout: float) -> PSTimeoutError:
         return PSTimeoutError(
-            f"server {self.endpoint} did not answer {self.verb} on table {self.table!r} "
+            f"{self._channel.client.names[self.server]} at {self.endpoint} did not answer {self.verb} on table {self.table!r} "
             f"({self.num_keys} keys) within {timeout:g} s; is it alive? (ping it, or raise the timeout)"
         )
 
@@ -326,16 +335,21 @@ class TransportClient:
         timeout_s: default timeout of Handle.wait and ping.
         curve: encrypt and authenticate with CURVE (default: $RECPS_TRANSPORT_ENCRYPTION, on unless
             it says off); the servers must use the same setting.
+        names: what errors call each server (default "server0", "server1", ...).
     """
 
     def __init__(self, endpoints: Sequence[str], token: str | bytes | None = None, timeout_s: float = 30.0, *,
-                 curve: bool | None = None) -> None:
+                 curve: bool | None = None, names: Sequence[str] | None = None) -> None:
         if not endpoints:
             raise ValueError("no server endpoints; pass at least one, e.g. ['tcp://127.0.0.1:7000']")
         if timeout_s <= 0:
             raise ValueError(f"timeout_s={timeout_s}; a positive number of seconds is needed")
         self.endpoints = list(endpoints)
+        self.names = list(names) if names is not None else [f"server{i}" for i in range(len(self.endpoints))]
+        if len(self.names) != len(self.endpoints):
+            raise ValueError(f"{len(self.names)} names for {len(self.endpoints)} endpoints; give one name per endpoint")
         self.timeout_s = float(timeout_s)
+        self._failed: dict[int, PSError] = {}  # server -> the error its requests fail with (fail_server)
         self._digest = wire.token_digest(token)
         self._keys = security.curve_keys(token) if security.resolve_encryption(curve) else None
         self._ctx = zmq.Context()
@@ -372,6 +386,9 @@ class TransportClient:
             raise ValueError(f"server {server} out of range; this client knows {len(self.endpoints)} servers")
         if not verb or (verb.startswith("__") and verb != PING):
             raise ValueError(f"verb {verb!r} is empty or reserved (names starting with '__' belong to the transport)")
+        failed = self._failed.get(server)
+        if failed is not None:
+            raise failed
         rid = next(self._ids)
         frames = wire.encode(wire.REQUEST, rid, verb=verb, text=table, tensors=tensors, meta=meta, token_digest=self._digest)
         first = next(iter(tensors.values() if isinstance(tensors, Mapping) else tensors), None)
@@ -404,6 +421,18 @@ class TransportClient:
         start = time.perf_counter()
         self.request(server, PING).wait(timeout)
         return time.perf_counter() - start
+
+    def fail_server(self, server: int, error: PSError) -> None:
+        """Server `server` is gone (its watcher says so): every request in flight to it fails with
+        `error` within one polling slice of its wait, and every later request() raises it at once.
+        The first error given for a server stays. Thread-safe."""
+        if not 0 <= server < len(self.endpoints):
+            raise ValueError(f"server {server} out of range; this client knows {len(self.endpoints)} servers")
+        self._failed.setdefault(server, error)
+
+    def failed(self, server: int) -> PSError | None:
+        """The error fail_server gave for `server`, or None."""
+        return self._failed.get(server)
 
     def close(self) -> None:
         """Close every socket; call once no thread uses the client any more. Pending handles time out."""

@@ -265,7 +265,7 @@ def test_timeout_against_a_server_that_never_answers(clients):
         with pytest.raises(PSTimeoutError) as e:
             client.request(0, "pull", "emb", [torch.arange(8192)]).wait(0.3)
         assert 0.3 <= time.monotonic() - start < 1.5
-        assert f"server {endpoint} did not answer pull on table 'emb' (8192 keys) within 0.3 s" in str(e.value)
+        assert f"server0 at {endpoint} did not answer pull on table 'emb' (8192 keys) within 0.3 s" in str(e.value)
         with pytest.raises(PSTimeoutError, match=endpoint):
             client.ping(0, timeout=0.2)
     finally:

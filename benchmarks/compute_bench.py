@@ -1,0 +1,279 @@
+"""Dense compute against the machine's roofline: fp32 and bf16 (trainer.precision), CTR-DNN.
+
+    python -m benchmarks.compute_bench [--rows 200000] [--vocab 1000000] [--rounds 2]
+    python -m benchmarks.compute_bench --rows 2000 --vocab 100 --rounds 1 --probe-size 256 --out /tmp/c.json  # tiny
+
+One run, alternating (issue 17): each round takes, in turn,
+1. a matmul peak probe: (N, N) @ (N, N), N = 2048, fp32 and bf16, on every core this process may use
+   (os.sched_getaffinity), in a fresh process; GFLOP/s = 2 N^3 / seconds, the best of `--probe-trials`;
+2. CTR-DNN (conf/model/ctr_dnn.yaml, the real CLI in fresh processes: benchmarks.ps_throughput.run_one)
+   in ps=local with 1 and with 2 Hogwild threads (1Px1T, 1Px2T) and in GEO and async with 1 server +
+   2 workers x 1 thread (1S+2Wx1T), each in fp32 and bf16;
+the precisions swap order every round (fp32 first in odd rounds), and so do the probe's dtypes.
+
+The roofline of a run is the peak of its precision (the best probe of the whole run; the same cores):
+fraction = examples/s x FLOP per example / peak. FLOP per example is counted from the model's Linear
+layers as built (`flop_per_example`): forward 2·in·out, backward 4·in·out (the input's gradient: the
+first layer's feeds the embedding rows; the weight's), i.e. 6·sum(in·out); the embedding lookups,
+pooling, activations and optimizers are not counted (they are the distance to the roofline).
+
+Targets (issue 17): fp32 local and GEO >= 75% of the fp32 roofline; bf16 >= 1.6x fp32 examples/s where
+the CPU has bf16 units (avx512_bf16 / amx_bf16 in /proc/cpuinfo), at equal AUC (within 0.002);
+async >= 85% of GEO examples/s. Each is judged on the medians over rounds and written met or not.
+
+Prints one JSON record per probe and run as it ends, then a Markdown table; writes every record,
+the CPU (model name, flags that matter, cores), the medians and the targets to --out
+(default benchmarks/results/compute_bench.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.ps_throughput import ROOT, run_one
+
+__all__ = ["CONFIGS", "PRECISIONS", "cpu_info", "flop_per_example", "ctr_dnn_flop_per_example", "peak_probe",
+           "run", "summarize", "table", "main"]
+
+CONFIGS = {  # name: (ps mode, topology)
+    "local-1T": ("local", "1Px1T"),
+    "local-2T": ("local", "1Px2T"),
+    "geo-1S+2Wx1T": ("geo", "1S+2Wx1T"),
+    "async-1S+2Wx1T": ("async", "1S+2Wx1T"),
+}
+PRECISIONS = ("fp32", "bf16")
+ROOFLINE_TARGET = 0.75        # fp32 local and GEO, of the fp32 roofline
+BF16_SPEEDUP_TARGET = 1.6     # bf16 / fp32 examples/s, where the CPU has bf16 units
+AUC_TOLERANCE = 0.002         # bf16's AUC against fp32's
+ASYNC_OF_GEO_TARGET = 0.85    # async / GEO examples/s
+_CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_fp16", "avx512_fp16")
+
+
+def cpu_info() -> dict[str, Any]:
+    """The CPU this runs on: model name, the flags that decide fp32 / bf16 speed, cores usable here."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and model in ("", platform.machine(), platform.processor()):
+            model = value.strip()
+        elif key.strip() == "flags" and not flags:
+            flags = set(value.split())
+    import torch
+
+    return {
+        "model": model, "machine": platform.machine(), "cores": len(os.sched_getaffinity(0)),
+        "cpu_count": os.cpu_count(), "flags": {f: f in flags for f in _CPU_FLAGS},
+        "bf16_units": "avx512_bf16" in flags or "amx_bf16" in flags,
+        "torch": torch.__version__, "onednn_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+    }
+
+
+def flop_per_example(model) -> int:
+    """FLOP of one example's forward and backward through `model`'s Linear layers: 6·sum(in·out).
+
+    >>> from torch import nn
+    >>> flop_per_example(nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 1)))  # 6 * (4*3 + 3*1)
+    90
+    """
+    from torch import nn
+
+    return sum(6 * m.in_features * m.out_features for m in model.modules() if isinstance(m, nn.Linear))
+
+
+def ctr_dnn_flop_per_example(model_config: str | os.PathLike = ROOT / "conf" / "model" / "ctr_dnn.yaml") -> int:
+    """`flop_per_example` of CTR-DNN as conf/model/ctr_dnn.yaml builds it on the Criteo schema
+    (26 sparse features of embedding_dim, 13 dense): 247-512-256-128-32-1 -> 1,766,592."""
+    from hydra.utils import get_object
+    from omegaconf import OmegaConf
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+
+    from recps.data.schema import Schema
+
+    cfg = OmegaConf.to_container(OmegaConf.load(model_config), resolve=True)
+    schema, dim = Schema.criteo(), int(cfg.pop("embedding_dim"))
+    collection = EmbeddingBagCollection(tables=[
+        EmbeddingBagConfig(name=f"t_{f}", embedding_dim=dim, num_embeddings=1, feature_names=[f])
+        for f in schema.feature_names])
+    model = get_object(cfg.pop("_target_"))(collection, dense_in_features=schema.num_dense,
+                                            **{k: v for k, v in cfg.items() if k in ("hidden",)})
+    return flop_per_example(model)
+
+
+def _probe(size: int, dtype: str, reps: int, trials: int) -> dict[str, Any]:
+    """In this process: the best GFLOP/s of `reps` (size, size) matmuls in `dtype`, over `trials`."""
+    import torch
+
+    threads = len(os.sched_getaffinity(0))
+    torch.set_num_threads(threads)
+    dt = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(size, size, generator=g).to(dt), torch.randn(size, size, generator=g).to(dt)
+    for _ in range(2):
+        a @ b
+    rates = []
+    for _ in range(trials):
+        start = time.perf_counter()
+        for _ in range(reps):
+            a @ b
+        rates.append(2 * size ** 3 * reps / (time.perf_counter() - start) / 1e9)
+    return {"kind": "peak", "dtype": dtype, "size": size, "threads": threads, "gflops": round(max(rates), 2),
+            "trials_gflops": [round(r, 2) for r in rates]}
+
+
+def peak_probe(size: int = 2048, dtype: str = "fp32", reps: int = 10, trials: int = 5) -> dict[str, Any]:
+    """`_probe` in a fresh process (no thread pool or cache state from the parent)."""
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.compute_bench", "--probe-child",
+                           json.dumps([size, dtype, reps, trials])], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if proc.returncode != 0:
+        raise RuntimeError(f"the {dtype} peak probe failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run(rows: int = 200_000, vocab: int = 1_000_000, rounds: int = 2, configs: list[str] | None = None,
+        seed: int = 0, k_steps: int = 100, probe_size: int = 2048, probe_reps: int = 10, probe_trials: int = 5,
+        data_root: str | os.PathLike | None = None, echo=print) -> dict[str, Any]:
+    """Every round: the probes, then each configuration in both precisions (see the module docstring).
+    Returns {"cpu", "flop_per_example", "records", "summary", "targets"}."""
+    names = list(configs or CONFIGS)
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown:
+        raise ValueError(f"configs {unknown} unknown; pick from {list(CONFIGS)}")
+    flop = ctr_dnn_flop_per_example()
+    records: list[dict[str, Any]] = []
+    for rnd in range(1, rounds + 1):
+        order = PRECISIONS if rnd % 2 else PRECISIONS[::-1]
+        for dtype in order:
+            rec = {**peak_probe(probe_size, dtype, probe_reps, probe_trials), "round": rnd,
+                   "load_1min": round(os.getloadavg()[0], 2)}
+            records.append(rec)
+            echo(json.dumps(rec))
+        for name in names:
+            mode, topology = CONFIGS[name]
+            for precision in order:
+                r = run_one(mode, topology, rows, vocab, seed, k_steps, [f"trainer.precision={precision}"],
+                            data_root=data_root)
+                rec = {"kind": "train", "config": name, "precision": precision, "round": rnd,
+                       "flop_per_example": flop, "gflops": round(r["examples_per_sec"] * flop / 1e9, 2),
+                       **{k: r[k] for k in ("mode", "topology", "examples_per_sec", "auc", "logloss",
+                                            "examples_per_cpu_second", "train_examples", "train_seconds",
+                                            "best_reachable_auc", "wall_s", "load_1min_before",
+                                            "load_1min_after", "k_steps")}}
+                records.append(rec)
+                echo(json.dumps(rec))
+    summary, targets = summarize(records, names)
+    return {"benchmark": "compute_bench", "cpu": cpu_info(), "flop_per_example": flop, "rows": rows,
+            "vocab_per_slot": vocab, "rounds": rounds, "records": records, "summary": summary, "targets": targets}
+
+
+def summarize(records: list[dict[str, Any]], names: list[str] | None = None) -> tuple[dict, list[dict]]:
+    """Peaks (best probe per dtype), per (config, precision) the median examples/s over rounds, its
+    roofline fraction and AUCs; every train record gets its `roofline_fraction` (of the best peak).
+    Then the targets, each {"target", "value", "met"} (met None: not applicable here)."""
+    peaks = {d: max((r["gflops"] for r in records if r["kind"] == "peak" and r["dtype"] == d), default=None)
+             for d in PRECISIONS}
+    runs = [r for r in records if r["kind"] == "train"]
+    for r in runs:
+        peak = peaks.get(r["precision"])
+        r["roofline_fraction"] = round(r["gflops"] / peak, 4) if peak else None
+    summary: dict[str, Any] = {"peak_gflops": peaks, "configs": {}}
+    for name in names or sorted({r["config"] for r in runs}):
+        for precision in PRECISIONS:
+            mine = [r for r in runs if r["config"] == name and r["precision"] == precision]
+            if not mine:
+                continue
+            rate = statistics.median(r["examples_per_sec"] for r in mine)
+            peak = peaks.get(precision)
+            summary["configs"].setdefault(name, {})[precision] = {
+                "examples_per_sec": round(rate), "runs_examples_per_sec": [r["examples_per_sec"] for r in mine],
+                "roofline_fraction": round(rate * mine[0]["flop_per_example"] / 1e9 / peak, 4) if peak else None,
+                "auc": round(statistics.median(r["auc"] for r in mine), 4), "runs_auc": [r["auc"] for r in mine]}
+    bf16_units = cpu_info()["bf16_units"]
+    targets: list[dict[str, Any]] = []
+    configs = summary["configs"]
+    for name, both in configs.items():
+        fp32, bf16 = both.get("fp32"), both.get("bf16")
+        if fp32 and name in ("local-1T", "local-2T", "geo-1S+2Wx1T") and fp32["roofline_fraction"] is not None:
+            targets.append({"target": f"{name} fp32 >= {ROOFLINE_TARGET:.0%} of the fp32 roofline",
+                            "value": fp32["roofline_fraction"], "met": fp32["roofline_fraction"] >= ROOFLINE_TARGET})
+        if fp32 and bf16:
+            speedup = round(bf16["examples_per_sec"] / fp32["examples_per_sec"], 3)
+            targets.append({"target": f"{name} bf16 >= {BF16_SPEEDUP_TARGET}x fp32 examples/s (CPU with bf16 units)",
+                            "value": speedup, "met": speedup >= BF16_SPEEDUP_TARGET if bf16_units else None})
+            dauc = round(bf16["auc"] - fp32["auc"], 4)
+            targets.append({"target": f"{name} bf16 AUC within {AUC_TOLERANCE} of fp32", "value": dauc,
+                            "met": abs(dauc) <= AUC_TOLERANCE})
+    for precision in PRECISIONS:
+        geo, asyn = configs.get("geo-1S+2Wx1T", {}).get(precision), configs.get("async-1S+2Wx1T", {}).get(precision)
+        if geo and asyn:
+            ratio = round(asyn["examples_per_sec"] / geo["examples_per_sec"], 3)
+            targets.append({"target": f"async {precision} >= {ASYNC_OF_GEO_TARGET:.0%} of GEO examples/s",
+                            "value": ratio, "met": ratio >= ASYNC_OF_GEO_TARGET})
+    return summary, targets
+
+
+def table(result: dict[str, Any]) -> str:
+    """Markdown: the medians per configuration and precision, then the targets."""
+    s = result["summary"]
+    peaks = s["peak_gflops"]
+    lines = [f"Peak (best probe, {result['cpu']['cores']} cores): fp32 {peaks['fp32']} GFLOP/s, bf16 {peaks['bf16']} "
+             f"GFLOP/s; CTR-DNN {result['flop_per_example']:,} FLOP per example.", "",
+             "| config | precision | examples/s (median) | runs | of the roofline | AUC | runs' AUC |",
+             "|---|---|---|---|---|---|---|"]
+    for name, both in s["configs"].items():
+        for precision, v in both.items():
+            frac = f"{v['roofline_fraction']:.1%}" if v["roofline_fraction"] is not None else "-"
+            lines.append(f"| {name} | {precision} | {v['examples_per_sec']:,} | "
+                         f"{' / '.join(f'{x:,}' for x in v['runs_examples_per_sec'])} | {frac} | {v['auc']:.4f} | "
+                         f"{' / '.join(f'{x:.4f}' for x in v['runs_auc'])} |")
+    lines += ["", "| target | value | met |", "|---|---|---|"]
+    for t in result["targets"]:
+        met = {True: "yes", False: "**no**", None: "n/a (no bf16 units)"}[t["met"]]
+        lines.append(f"| {t['target']} | {t['value']} | {met} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--vocab", type=int, default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--k-steps", type=int, default=100)
+    parser.add_argument("--probe-size", type=int, default=2048)
+    parser.add_argument("--probe-reps", type=int, default=10)
+    parser.add_argument("--probe-trials", type=int, default=5)
+    parser.add_argument("--data-dir", default=None, help="where the generated data is cached (default datasets/generated)")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "compute_bench.json"))
+    parser.add_argument("--probe-child", help=argparse.SUPPRESS)  # JSON [size, dtype, reps, trials]: one probe, here
+    args = parser.parse_args(argv)
+    if args.probe_child:
+        print(json.dumps(_probe(*json.loads(args.probe_child))))
+        return 0
+    result = run(args.rows, args.vocab, args.rounds, args.configs.split(","), args.seed, args.k_steps,
+                 args.probe_size, args.probe_reps, args.probe_trials, args.data_dir,
+                 echo=lambda line: print(line, flush=True))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({"cpu": result["cpu"]}))
+    print(table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

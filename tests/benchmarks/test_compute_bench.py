@@ -1,0 +1,87 @@
+"""benchmarks/compute_bench.py cannot rot: the FLOP count against the hand count, the summary's
+arithmetic on made-up records, and a tiny end-to-end run of the real command (written under tmp)."""
+
+from __future__ import annotations
+
+import doctest
+import json
+import subprocess
+import sys
+
+import pytest
+
+from recps.config import PROJECT_ROOT
+
+from benchmarks import compute_bench
+from benchmarks.compute_bench import CONFIGS, ctr_dnn_flop_per_example, summarize
+
+
+def test_doctests():
+    assert doctest.testmod(compute_bench, verbose=False).failed == 0
+
+
+def test_ctr_dnn_flop_count_is_counted_from_its_layers():
+    """conf/model/ctr_dnn.yaml on the Criteo schema: 26 x 9 + 13 = 247 inputs, MLP 512-256-128-32, a
+    1-wide head; 2 FLOP per multiply-add forward, twice that backward: the issue's ~1.8 MFLOP."""
+    shapes = [(247, 512), (512, 256), (256, 128), (128, 32), (32, 1)]
+    assert ctr_dnn_flop_per_example() == 6 * sum(i * o for i, o in shapes) == 1_766_592
+
+
+def _train(config, precision, rate, auc, rnd=1, flop=1_000_000):
+    mode, topology = CONFIGS[config]
+    return {"kind": "train", "config": config, "precision": precision, "round": rnd, "mode": mode,
+            "topology": topology, "examples_per_sec": rate, "auc": auc, "flop_per_example": flop,
+            "gflops": rate * flop / 1e9}
+
+
+def test_summary_medians_fractions_and_targets():
+    records = [{"kind": "peak", "dtype": "fp32", "gflops": 90.0}, {"kind": "peak", "dtype": "fp32", "gflops": 100.0},
+               {"kind": "peak", "dtype": "bf16", "gflops": 200.0}]
+    for rnd, (f, b) in enumerate([(80_000, 120_000), (70_000, 140_000), (75_000, 130_000)], start=1):
+        records += [_train("local-1T", "fp32", f, 0.7000, rnd), _train("local-1T", "bf16", b, 0.7015, rnd)]
+    records += [_train("geo-1S+2Wx1T", "fp32", 60_000, 0.70), _train("async-1S+2Wx1T", "fp32", 54_000, 0.69)]
+    summary, targets = summarize(records)
+    assert summary["peak_gflops"] == {"fp32": 100.0, "bf16": 200.0}  # the best probe
+    local = summary["configs"]["local-1T"]
+    assert local["fp32"]["examples_per_sec"] == 75_000 and local["bf16"]["examples_per_sec"] == 130_000  # medians
+    assert local["fp32"]["roofline_fraction"] == 0.75 and local["bf16"]["roofline_fraction"] == 0.65
+    assert records[3]["roofline_fraction"] == 0.8  # each run: 80,000 x 1 MFLOP / 100 GFLOP/s
+    got = {t["target"]: (t["value"], t["met"]) for t in targets}
+    assert got["local-1T fp32 >= 75% of the fp32 roofline"] == (0.75, True)
+    assert got["geo-1S+2Wx1T fp32 >= 75% of the fp32 roofline"] == (0.6, False)
+    speedup = got["local-1T bf16 >= 1.6x fp32 examples/s (CPU with bf16 units)"]
+    assert speedup[0] == round(130_000 / 75_000, 3)
+    assert speedup[1] is (True if compute_bench.cpu_info()["bf16_units"] else None)
+    assert got["local-1T bf16 AUC within 0.002 of fp32"] == (0.0015, True)
+    assert got["async fp32 >= 85% of GEO examples/s"] == (0.9, True)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_tiny_run_end_to_end(tmp_path):
+    """`python -m benchmarks.compute_bench` on a tiny world, one round: both probes and every
+    configuration in both precisions, in alternating order, with sane fields; the checkout's
+    benchmarks/results is not written."""
+    out, mine = tmp_path / "compute.json", PROJECT_ROOT / "benchmarks" / "results" / "compute_bench.json"
+    before = mine.stat().st_mtime_ns if mine.exists() else None
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.compute_bench", "--rows", "2000", "--vocab", "100",
+                           "--rounds", "1", "--probe-size", "256", "--probe-reps", "3", "--probe-trials", "2",
+                           "--data-dir", str(tmp_path / "data"), "--out", str(out)],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=580)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}"
+    result = json.loads(out.read_text())
+    assert result["cpu"]["cores"] >= 1 and result["cpu"]["model"] and isinstance(result["cpu"]["bf16_units"], bool)
+    assert set(result["cpu"]["flags"]) >= {"avx512_bf16", "amx_bf16"}
+    peaks = [r for r in result["records"] if r["kind"] == "peak"]
+    assert [p["dtype"] for p in peaks] == ["fp32", "bf16"] and all(p["gflops"] > 0 and p["size"] == 256 for p in peaks)
+    runs = [r for r in result["records"] if r["kind"] == "train"]
+    assert [(r["config"], r["precision"]) for r in runs] == [(c, p) for c in CONFIGS for p in ("fp32", "bf16")]
+    for r in runs:
+        assert r["examples_per_sec"] > 0 and 0.4 < r["auc"] < 1 and r["train_examples"] == 2000, r
+        assert r["flop_per_example"] == 1_766_592
+        assert r["gflops"] == pytest.approx(r["examples_per_sec"] * 1_766_592 / 1e9, abs=0.01)
+        peak = max(p["gflops"] for p in peaks if p["dtype"] == r["precision"])  # a tiny probe is no peak: arithmetic only
+        assert r["roofline_fraction"] == round(r["gflops"] / peak, 4) > 0, r
+    assert {t["target"].split(" ")[0] for t in result["targets"]} >= {"local-1T", "geo-1S+2Wx1T", "async"}
+    assert "| local-1T | fp32 |" in proc.stdout and "| target | value | met |" in proc.stdout
+    assert (mine.stat().st_mtime_ns if mine.exists() else None) == before

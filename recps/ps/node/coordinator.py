@@ -16,15 +16,22 @@ reply carries reaches the peers (CoordinatorClient):
   call in flight at once), since the job cannot finish without it (no automatic restarts);
 - the dead peer itself, if it comes back, is told (`declared_dead`) and fails;
 - the coordinator's own loss (server 0 dead or stalled): a peer whose heartbeats go unanswered
-  for `dead_after_s` (its own stalls excepted) fails naming server0, so the coordinator is no
-  silent single point of failure.
+  for `dead_after_s` + `heartbeat_s` (its own stalls excepted) fails naming server0, so the
+  coordinator is no silent single point of failure.
+
+Bounds, with the defaults (heartbeat_s = dead_after_s / 5): a peer that crashed is declared dead
+within dead_after_s and every other peer hears it within one more heartbeat_s; the coordinator's
+loss is detected within dead_after_s + heartbeat_s. A stall of a peer shorter than dead_after_s -
+heartbeat_s (8 s of 10), or of the coordinator shorter than dead_after_s, ends nothing.
 
 Verbs (meta in, meta out; all answered by a `CoordinatorClient`):
 
     register     kind, index, endpoint        -> heartbeat_s, dead_after_s, num_servers, num_workers
     deregister   name
-    heartbeat    name                         -> dead (comma-separated names of dead peers),
-                                                 workers_gone (all W workers registered, none alive)
+    heartbeat    name                         -> dead (comma-separated names of dead peers), dead_why (JSON
+                                                 name -> why), declared_dead (if the caller is), servers
+                                                 (endpoints, once all S registered), workers_gone (all W
+                                                 workers registered, none alive)
     wait_servers timeout_s                    -> endpoints (comma-separated, server order), once all S registered
     barrier      name (text), index, timeout_s      released when all W workers arrived
     members                                   -> members (JSON)
@@ -262,7 +269,9 @@ class Coordinator:
                 peer.last_seen = time.monotonic()
             dead = {n: _who(n, p) + f" is dead: {p.why}" for n, p in self._peers.items() if p.state == "dead"}
             gone = self.workers_gone()
-        meta = {"dead": ",".join(dead), "dead_why": json.dumps(dead), "known": peer is not None, "workers_gone": gone}
+            servers = self._servers_ready()
+        meta = {"dead": ",".join(dead), "dead_why": json.dumps(dead), "known": peer is not None, "workers_gone": gone,
+                "servers": ",".join(servers or [])}  # so that every peer can name server0's endpoint if it is lost
         if peer is not None and peer.state == "dead":
             meta["declared_dead"] = peer.why
         return [], meta
@@ -519,13 +528,16 @@ class CoordinatorClient:
         period = self._heartbeat_s
         clock = StallClock(period)
         last_ok = time.monotonic()
+        # The coordinator answered at last_ok and may have stalled right after; a stall shorter than
+        # dead_after_s must not end the job, so the lease is one heartbeat period longer.
+        lease = self._dead_after_s + period
         while not self._stop.wait(period if not self._heartbeat_failing else min(period, 0.25)):
             stalled = clock.tick()
             if stalled:
                 self.stalls.append(stalled)
                 logger.warning("%s: this process was stalled for %.1f s", self.name, stalled)
             now = time.monotonic()
-            timeout = max(0.2, min(2 * period, self._dead_after_s - clock.silence(last_ok, now)))
+            timeout = max(0.2, min(2 * period, lease - clock.silence(last_ok, now)))
             try:
                 meta = self._call("heartbeat", meta={"name": self.name}, timeout_s=timeout)
             except PSError as e:
@@ -541,7 +553,7 @@ class CoordinatorClient:
                     logger.warning("%s: heartbeat failed: %s", self.name, e)
                     warned = True
                 silent = clock.silence(last_ok, now)
-                if silent > self._dead_after_s and self.failure is None:
+                if silent > lease and self.failure is None:
                     self._fail(("server0",), PSError(
                         f"{self._coordinator_name()} is dead or stalled: no answer to {self.name}'s heartbeats for "
                         f"{silent:.1f} s (cluster.dead_after_s={self._dead_after_s:g}); the job cannot go on without "
@@ -551,6 +563,8 @@ class CoordinatorClient:
             clock.last = last_ok = time.monotonic()
             self._heartbeat_failing, warned = False, False
             self.workers_gone = bool(meta.get("workers_gone", False))
+            if meta.get("servers") and not self.server_endpoints:
+                self.server_endpoints = str(meta["servers"]).split(",")
             dead = tuple(n for n in str(meta.get("dead", "")).split(",") if n)
             if dead and dead != self._dead:
                 logger.error("%s: the coordinator declared %s dead", self.name, ", ".join(dead))

@@ -1,0 +1,270 @@
+"""Liveness without recps.launch: processes started the way torchrun / Kubernetes / Slurm would
+(each with its role's environment, nobody watching them), paused with real SIGSTOP / SIGCONT.
+
+- stalls shorter than dead_after_s (of the coordinator, of another server, of the worker) end
+  nothing: the job finishes and every process exits 0;
+- a server stalled for 2 x dead_after_s: the worker's pull/push in flight fails at once, within
+  dead_after_s (+ one heartbeat) of the stall's start, naming "server1 at tcp://...", not after
+  its 60 s timeout; the servers exit non-zero (the job did not finish), the stalled one as well;
+- the coordinator's server (server0) stalled: the worker and server1 detect its loss within
+  dead_after_s + heartbeat_s, naming server0; server0, on resume, does not declare anyone dead on
+  its first tick back (its own stall is not their silence), and exits non-zero;
+- a worker stalled: the others fail naming it, and the worker itself exits non-zero on resume.
+Plus the pieces in-process: a peer declared dead is told so on its next heartbeat, and
+TransportClient.fail_server fails a request in flight at once.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import zmq
+
+from recps.errors import PSError
+from recps.launch import free_port
+from recps.ps.node.coordinator import Coordinator, CoordinatorClient
+from recps.ps.roles import UserDefinedRoleMaker
+from recps.ps.transport import TransportClient, security
+from recps.ps.transport.security import curve_keys
+
+TOKEN = "liveness-token"
+DEAD_AFTER_S = 5.0  # heartbeat_s = 1.0
+HEARTBEAT_S = DEAD_AFTER_S / 5
+REQUEST_TIMEOUT_S = 60.0  # a pull or push must never wait this long for a dead server
+
+# A worker as a user's script would be (connect + pull/push), reporting what happened on stdout.
+WORKER = r"""
+import os, sys, time, torch
+from recps.errors import PSError
+from recps.ps.node import connect
+from recps.ps.roles import detect_role_maker
+
+role = detect_role_maker().role()
+client = connect(role, timeout_s=60.0, request_timeout_s=float(sys.argv[1]))
+client.create_sparse_table("emb", dim=4, optimizer={"name": "sgd", "lr": 0.1}, initializer={"kind": "zeros"})
+print("JOINED", flush=True)
+steps = 0
+gen = torch.Generator().manual_seed(role.index)
+try:
+    while not os.path.exists(sys.argv[2]):
+        keys = torch.randint(0, 1000, (256,), generator=gen)
+        client.push("emb", keys, torch.ones(256, 4)).wait()
+        rows = client.pull("emb", keys).wait()
+        steps += 1
+        time.sleep(0.005)
+    client.barrier("end", timeout=60.0)
+    if role.index == 0:
+        client.stop_servers(timeout=10.0)
+    print(f"DONE {steps}", flush=True)
+except PSError as e:
+    print(f"FAILED {time.time():.3f} {type(e).__name__}: {e}", flush=True)
+    client.close()
+    sys.exit(1)
+client.close()
+"""
+
+
+class Cluster:
+    """S servers (python -m recps.ps) and W workers (WORKER) started with their role's variables."""
+
+    def __init__(self, folder: Path, servers: int, workers: int) -> None:
+        self.folder = folder
+        self.stop_file = folder / "finish"
+        coordinator = f"127.0.0.1:{free_port()}"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.procs: dict[str, subprocess.Popen] = {}
+        for kind, count in (("server", servers), ("worker", workers)):
+            for i in range(count):
+                role = UserDefinedRoleMaker(kind, i, servers, workers, coordinator=coordinator, token=TOKEN).role()
+                cmd = ([sys.executable, "-m", "recps.ps", "--dead-after", str(DEAD_AFTER_S), "--threads", "1"] if kind == "server"
+                       else [sys.executable, "-c", WORKER, str(REQUEST_TIMEOUT_S), str(self.stop_file)])
+                log = open(folder / f"{role.name}.log", "wb")
+                self.procs[role.name] = subprocess.Popen(cmd, env={**env, **role.to_env()}, stdout=log, stderr=subprocess.STDOUT,
+                                                         start_new_session=True)
+                log.close()
+
+    def log(self, name: str) -> str:
+        return (self.folder / f"{name}.log").read_text(errors="replace")
+
+    def wait_for(self, name: str, pattern: str, timeout: float) -> re.Match:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if m := re.search(pattern, self.log(name)):
+                return m
+            if self.procs[name].poll() is not None:
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"{name} never logged {pattern!r} within {timeout} s:\n{self.log(name)[-3000:]}")
+
+    def exit_code(self, name: str, timeout: float) -> int:
+        try:
+            return self.procs[name].wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{name} still runs after {timeout} s:\n{self.log(name)[-3000:]}") from None
+
+    def stall(self, name: str, seconds: float) -> tuple[float, float]:
+        """SIGSTOP `name` for `seconds`; returns the wall-clock times of the stop and the resume."""
+        pid = self.procs[name].pid
+        stopped = time.time()
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(seconds)
+        resumed = time.time()
+        os.kill(pid, signal.SIGCONT)
+        return stopped, resumed
+
+    def kill_all(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    made = []
+
+    def make(servers: int, workers: int) -> Cluster:
+        c = Cluster(tmp_path, servers, workers)
+        made.append(c)
+        for w in range(workers):
+            c.wait_for(f"worker{w}", "JOINED", 40.0)
+        time.sleep(2 * HEARTBEAT_S)  # every peer heartbeat since all joined; requests are in flight all the time
+        return c
+
+    yield make
+    for c in made:
+        c.kill_all()
+
+
+def _failure(c: Cluster, name: str) -> tuple[float, str]:
+    m = c.wait_for(name, r"FAILED (\d+\.\d+) (.*)", 5.0)
+    return float(m.group(1)), m.group(2)
+
+
+@pytest.mark.slow
+def test_stalls_shorter_than_dead_after_s_end_nothing(cluster):
+    c = cluster(servers=2, workers=1)
+    for name in ("server0", "server1", "worker0"):  # the coordinator's process, another server, the worker
+        c.stall(name, 3.0)  # 3 s of dead_after_s 5 (heartbeat 1 s): more than two heartbeats missed
+        time.sleep(1.5)
+        assert c.procs["worker0"].poll() is None, c.log("worker0")
+    c.stop_file.touch()
+    assert c.exit_code("worker0", 30) == 0, c.log("worker0")
+    assert re.search(r"DONE \d+", c.log("worker0"))
+    assert c.exit_code("server0", 15) == 0, c.log("server0")
+    assert c.exit_code("server1", 15) == 0, c.log("server1")
+    for name in c.procs:
+        assert "is dead" not in c.log(name), c.log(name)
+    assert re.search(r"stalled for \d", c.log("server0"))  # the coordinator saw its own stall and forgave it
+
+
+@pytest.mark.slow
+def test_stalled_server_fails_the_workers_calls_at_once_naming_it(cluster):
+    c = cluster(servers=2, workers=1)
+    stopped, resumed = c.stall("server1", 2 * DEAD_AFTER_S)
+    failed_at, message = _failure(c, "worker0")
+    took = failed_at - stopped
+    print(f"server1 stalled: worker0 failed {took:.2f} s after the SIGSTOP")
+    assert DEAD_AFTER_S - 0.5 < took < DEAD_AFTER_S + HEARTBEAT_S + 1.0, message
+    assert re.search(r"server1 at tcp://127\.0\.0\.1:\d+ is dead: no heartbeat for", message), message
+    assert "did not answer" not in message  # the pending call was failed, not timed out
+    assert c.exit_code("worker0", 10) == 1
+    assert c.exit_code("server0", 15) == 1, c.log("server0")  # the job did not finish
+    assert "server1 at tcp://" in c.log("server0")
+    assert c.exit_code("server1", 3 * DEAD_AFTER_S) == 1, c.log("server1")  # dead, and it learns it on resume
+
+
+@pytest.mark.slow
+def test_stalled_coordinator_is_detected_by_everyone_naming_server0(cluster):
+    c = cluster(servers=2, workers=1)
+    stopped, resumed = c.stall("server0", 2 * DEAD_AFTER_S)
+    failed_at, message = _failure(c, "worker0")
+    took = failed_at - stopped
+    print(f"server0 (coordinator) stalled: worker0 failed {took:.2f} s after the SIGSTOP")
+    assert DEAD_AFTER_S - 0.5 < took < DEAD_AFTER_S + HEARTBEAT_S + 1.0, message
+    assert re.search(r"server0 at tcp://127\.0\.0\.1:\d+ \(its coordinator at tcp://[\d.:]+\) is dead or stalled", message)
+    assert c.exit_code("worker0", 10) == 1
+    assert c.exit_code("server1", 10) == 1, c.log("server1")
+    assert "server0 at tcp://" in c.log("server1")
+    # Back from its stall, server0 forgives the silence its own pause caused; then the peers that
+    # really left it are dead a lease later, and it exits non-zero.
+    assert c.exit_code("server0", 3 * DEAD_AFTER_S) == 1, c.log("server0")
+    exited = time.time()
+    log0 = c.log("server0")
+    assert re.search(r"coordinator: this process was stalled for (9|1\d)\.\d s", log0), log0
+    assert exited - resumed > DEAD_AFTER_S, log0  # no one declared dead on the first tick back
+
+
+@pytest.mark.slow
+def test_stalled_worker_fails_the_others_naming_it_and_itself_on_resume(cluster):
+    c = cluster(servers=1, workers=2)
+    stopped, resumed = c.stall("worker1", 2 * DEAD_AFTER_S)
+    failed_at, message = _failure(c, "worker0")
+    took = failed_at - stopped
+    print(f"worker1 stalled: worker0 failed {took:.2f} s after the SIGSTOP")
+    assert took < DEAD_AFTER_S + HEARTBEAT_S + 1.0, message
+    assert "worker1 is dead: no heartbeat for" in message, message
+    assert c.exit_code("server0", 10) == 1, c.log("server0")
+    assert c.exit_code("worker1", 3 * DEAD_AFTER_S) == 1, c.log("worker1")
+    assert time.time() - resumed < DEAD_AFTER_S + HEARTBEAT_S + 5.0
+
+
+# ---------------------------------------------------------------------------------- in-process
+
+
+def test_a_peer_declared_dead_is_told_so_on_its_next_heartbeat():
+    with Coordinator(num_servers=1, num_workers=1, token=TOKEN, dead_after_s=0.5, heartbeat_s=0.1) as coord:
+        server = CoordinatorClient(coord.endpoint, TOKEN)
+        server.register("server", 0, "tcp://127.0.0.1:7000")
+        worker = CoordinatorClient(coord.endpoint, TOKEN)
+        worker.register("worker", 0, heartbeats=False)  # silent: a stalled process
+        heard = []
+        worker.on_failure(lambda names, error: heard.append((names, str(error))))
+        deadline = time.monotonic() + 5.0
+        while server.failure is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert server.failed_peers == ("worker0",) and "worker0 is dead: no heartbeat" in str(server.failure)
+        worker.start_heartbeats()  # it resumes
+        deadline = time.monotonic() + 5.0
+        while not heard and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert heard and heard[0][0] == ("worker0",)
+        assert heard[0][1].startswith("worker0 was declared dead by the coordinator (no heartbeat for")
+        with pytest.raises(PSError, match="worker0 was declared dead"):  # and its coordinator calls fail at once
+            worker.barrier("late", timeout_s=30.0)
+        for link in (server, worker):
+            link.close()
+
+
+def test_fail_server_fails_a_request_in_flight_at_once_and_every_later_one():
+    ctx = zmq.Context()
+    silent = ctx.socket(zmq.ROUTER)  # receives, never replies: a stalled server
+    silent.linger = 0
+    security.secure_server_socket(silent, curve_keys(TOKEN))
+    port = silent.bind_to_random_port("tcp://127.0.0.1")
+    client = TransportClient([f"tcp://127.0.0.1:{port}"], token=TOKEN, timeout_s=REQUEST_TIMEOUT_S)
+    try:
+        handle = client.request(0, "pull", "emb", [torch.arange(8)])
+        error = PSError("server0 at tcp://127.0.0.1:1 is dead: no heartbeat for 5.1 s")
+        threading.Timer(0.3, client.fail_server, (0, error)).start()
+        start = time.monotonic()
+        with pytest.raises(PSError) as info:
+            handle.wait()
+        assert info.value is error
+        assert 0.25 < time.monotonic() - start < 0.6
+        with pytest.raises(PSError, match="server0 at tcp://127.0.0.1:1 is dead"):
+            client.request(0, "pull", "emb", [torch.arange(8)])
+        assert client.failed(0) is error
+    finally:
+        client.close()
+        silent.close()
+        ctx.term()

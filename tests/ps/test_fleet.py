@@ -147,7 +147,7 @@ def test_worker_fails_naming_the_server_when_it_is_killed():
         os.kill(server.pid, signal.SIGKILL)
         server.wait(10)
         start = time.monotonic()
-        with pytest.raises(PSTimeoutError, match=r"server tcp://127\.0\.0\.1:\d+.*pull"):
+        with pytest.raises(PSTimeoutError, match=r"server0 at tcp://127\.0\.0\.1:\d+.*pull"):
             ebc(kjt)
         assert time.monotonic() - start < 10
         f._close_on_error()

@@ -20,7 +20,7 @@ def test_a_small_stream_bench_runs_and_summarises(tmp_path, capsys):
     assert stream["kind"] == "stream" and batch["kind"] == "batch"
     assert stream["passes"] == 2 and stream["examples"] == batch["examples"] == 4000
     assert stream["examples_per_sec"] > 0 and batch["examples_per_sec"] > 0
-    assert 0 < stream["delta_share_max"] < 1 and stream["base_rows"] > 0 and stream["batch_model_rows"] > 0
+    assert 0 < stream["delta_share_median"] <= stream["delta_share_max"] and stream["base_rows"] > 0 and stream["batch_model_rows"] > 0
     assert stream["rss_first_mib"] > 0 and stream["restart_s"] > 0
     table = capsys.readouterr().out.split("\n| fs |", 1)[1]
     assert "| file | 2 x 2000 |" in table

@@ -24,8 +24,9 @@ before `on_multirun_end` (the sweep exits 1, as it should), so the summary is al
 interpreter exit when `on_multirun_end` was never reached. `python -m recps.sweep DIR`
 makes it again from a sweep folder (a killed sweep, another machine).
 
-Order: jobs whose objective is a number, highest first (`objective` is maximised, see
-conf/config.yaml); then completed jobs without it (NaN, or not a metric of the run); then
+Order: jobs whose objective is a number, best first: highest, or lowest for an error or loss
+(`minimised`: logloss, mse, rmse, mae, loss, also as the last part of a name such as
+ctr/logloss); then completed jobs without it (NaN, or not a metric of the run); then
 failed jobs; ties by job number. Columns: rank, job, status, one column per override that
 differs between jobs (the shared ones are listed once above the table), objective, the main
 metrics (those `recps.train` prints: auc, logloss, accuracy, the task's metrics,
@@ -50,7 +51,7 @@ from typing import Any, Iterable, Sequence
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-__all__ = ["JOB_RECORD", "SweepJob", "SweepSummary", "collect_jobs", "summary_table", "write_summary", "main_metrics"]
+__all__ = ["JOB_RECORD", "MINIMISED", "minimised", "SweepJob", "SweepSummary", "collect_jobs", "summary_table", "write_summary", "main_metrics"]
 
 #: The record each job of a sweep writes into its folder.
 JOB_RECORD = "sweep_job.json"
@@ -87,7 +88,21 @@ class SweepJob:
         if self.status != "COMPLETED":
             return (2, 0.0, self.job)
         value = self.objective_value
-        return (1, 0.0, self.job) if math.isnan(value) else (0, -value, self.job)
+        if math.isnan(value):
+            return (1, 0.0, self.job)
+        return (0, value if minimised(self.objective) else -value, self.job)
+
+
+MINIMISED = ("logloss", "mse", "rmse", "mae", "loss")
+
+
+def minimised(metric: str) -> bool:
+    """Whether lower is better for `metric` (an error or a loss; `ctr/logloss` too).
+
+    >>> minimised("logloss"), minimised("click/rmse"), minimised("auc"), minimised("recall@20")
+    (True, True, False, False)
+    """
+    return metric.rsplit("/", 1)[-1] in MINIMISED
 
 
 def _error_line(exc: BaseException | None) -> str:
@@ -229,7 +244,8 @@ def _markdown(sweep_dir: Path, jobs: Sequence[SweepJob], columns: list[str], row
     lines = [
         f"# Sweep summary: {sweep_dir}",
         "",
-        f"objective: {objectives} (maximised); {len(jobs)} jobs: {len(jobs) - failed} completed, {failed} failed",
+        f"objective: {objectives} ({'minimised' if jobs and minimised(jobs[0].objective) else 'maximised'}); "
+        f"{len(jobs)} jobs: {len(jobs) - failed} completed, {failed} failed",
         f"every job: {' '.join(shared) if shared else '(none)'}",
         "",
         "| " + " | ".join(columns) + " |",

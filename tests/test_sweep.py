@@ -97,3 +97,18 @@ def test_a_sweep_into_a_used_folder_summarises_its_own_jobs_only(tmp_path):
     assert [(r["job"], r["status"], r["rank"]) for r in rows] == [("0", "COMPLETED", "1")]
     assert "seed=3" in rows[0]["overrides"].split()
     assert "| 1 | 0 | COMPLETED |" in second.stdout
+
+
+def test_a_loss_objective_ranks_the_lowest_first(tmp_path):
+    from recps.sweep import SweepJob, summary_table, write_summary
+
+    def job(n: int, value: float, objective: str) -> SweepJob:
+        return SweepJob(job=n, status="COMPLETED", overrides=[f"optimizer.lr={n}"], objective=objective,
+                        shown=["logloss", "auc"], folder=tmp_path / str(n), metrics={"logloss": value, "auc": 1 - value})
+
+    jobs = [job(0, 0.52, "logloss"), job(1, 0.47, "logloss"), job(2, 0.61, "logloss")]
+    assert [j.job for j in sorted(jobs, key=SweepJob.sort_key)] == [1, 0, 2]
+    columns, rows, _ = summary_table(sorted(jobs, key=SweepJob.sort_key))
+    assert [r[columns.index("job")] for r in rows] == [1, 0, 2]
+    assert "objective: logloss (minimised)" in write_summary(tmp_path, jobs)
+    assert [j.job for j in sorted([job(0, 0.52, "auc"), job(1, 0.47, "auc")], key=SweepJob.sort_key)] == [1, 0]

@@ -10,12 +10,15 @@
   dead_after_s + heartbeat_s, naming server0; server0, on resume, does not declare anyone dead on
   its first tick back (its own stall is not their silence), and exits non-zero;
 - a worker stalled: the others fail naming it, and the worker itself exits non-zero on resume.
+Under recps.launch (`python -m recps.train`): server0 stalled for 2 x dead_after_s fails the run
+within dead_after_s + 5 s of the stall's end, naming server0.
 Plus the pieces in-process: a peer declared dead is told so on its next heartbeat, and
 TransportClient.fail_server fails a request in flight at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -268,3 +271,56 @@ def test_fail_server_fails_a_request_in_flight_at_once_and_every_later_one():
         client.close()
         silent.close()
         ctx.term()
+
+
+# ------------------------------------------------------------------------- under recps.launch
+
+
+@pytest.mark.slow
+def test_launched_run_fails_naming_the_stalled_server0_soon_after_the_stall(tmp_path):
+    """`python -m recps.train` (its recps.launch cluster), cluster.restarts left at none: server0 (the
+    coordinator) SIGSTOPped for 2 x dead_after_s; the run fails within dead_after_s + 5 s of the
+    stall's end, its error naming server0."""
+    from recps.config import PROJECT_ROOT
+
+    cmd = [sys.executable, "-m", "recps.train", "model=ctr_dnn", "model.hidden=[16,8]", "ps=async", "cluster.workers=2",
+           "trainer.epochs=100000", "trainer.batch_size=16", f"cluster.dead_after_s={DEAD_AFTER_S}",
+           f"dataset.dir={tmp_path / 'data'}", "dataset.generate.train_rows=2000", "dataset.generate.test_rows=500",
+           "dataset.generate.vocab=1000", f"hydra.run.dir={tmp_path / 'run'}"]
+    proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    pids: dict[str, int] = {}
+    lines: list[str] = []
+    try:
+        joined: set[str] = set()
+        deadline = time.monotonic() + 120
+        while len(joined) < 2 and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if m := re.search(r"started (\w+) \(pid (\d+)\)", line):
+                pids[m.group(1)] = int(m.group(2))
+            if m := re.search(r"\[(worker\d)\].*async mode", line):
+                joined.add(m.group(1))
+        assert joined == {"worker0", "worker1"}, "".join(lines[-40:])
+        time.sleep(2 * HEARTBEAT_S)
+        os.kill(pids["server0"], signal.SIGSTOP)
+        time.sleep(2 * DEAD_AFTER_S)
+        with contextlib.suppress(ProcessLookupError):  # the launcher may have killed it already
+            os.kill(pids["server0"], signal.SIGCONT)
+        resumed = time.monotonic()
+        rest, _ = proc.communicate(timeout=60)
+        took = time.monotonic() - resumed
+        lines.append(rest)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    out = "".join(lines)
+    print(f"server0 stalled under recps.launch: the run ended {took:.1f} s after the stall's end")
+    assert proc.returncode != 0
+    assert took < DEAD_AFTER_S + 5.0, out[-3000:]
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("recps.train: LaunchError: worker"), out[-3000:]
+    assert re.search(r"server0 at tcp://127\.0\.0\.1:\d+ \(its coordinator at tcp://[\d.:]+\) is dead or stalled", last), last

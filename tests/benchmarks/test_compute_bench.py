@@ -30,13 +30,14 @@ def test_ctr_dnn_flop_count_is_counted_from_its_layers():
 def _train(config, precision, rate, auc, rnd=1, flop=1_000_000):
     mode, topology = CONFIGS[config]
     return {"kind": "train", "config": config, "precision": precision, "round": rnd, "mode": mode,
-            "topology": topology, "examples_per_sec": rate, "auc": auc, "flop_per_example": flop,
-            "gflops": rate * flop / 1e9}
+            "topology": topology, "examples_per_sec": rate, "examples_per_cpu_second": rate // 2, "auc": auc,
+            "flop_per_example": flop, "gflops": rate * flop / 1e9}
 
 
 def test_summary_medians_fractions_and_targets():
-    records = [{"kind": "peak", "dtype": "fp32", "gflops": 90.0}, {"kind": "peak", "dtype": "fp32", "gflops": 100.0},
-               {"kind": "peak", "dtype": "bf16", "gflops": 200.0}]
+    records = [{"kind": "peak", "dtype": "fp32", "gflops": 90.0, "threads": 2},
+               {"kind": "peak", "dtype": "fp32", "gflops": 100.0, "threads": 2},
+               {"kind": "peak", "dtype": "bf16", "gflops": 200.0, "threads": 2}]
     for rnd, (f, b) in enumerate([(80_000, 120_000), (70_000, 140_000), (75_000, 130_000)], start=1):
         records += [_train("local-1T", "fp32", f, 0.7000, rnd), _train("local-1T", "bf16", b, 0.7015, rnd)]
     records += [_train("geo-1S+2Wx1T", "fp32", 60_000, 0.70), _train("async-1S+2Wx1T", "fp32", 54_000, 0.69)]
@@ -46,6 +47,9 @@ def test_summary_medians_fractions_and_targets():
     assert local["fp32"]["examples_per_sec"] == 75_000 and local["bf16"]["examples_per_sec"] == 130_000  # medians
     assert local["fp32"]["roofline_fraction"] == 0.75 and local["bf16"]["roofline_fraction"] == 0.65
     assert records[3]["roofline_fraction"] == 0.8  # each run: 80,000 x 1 MFLOP / 100 GFLOP/s
+    # per CPU-second against one core (100 GFLOP/s over 2 cores): 40,000 x 1 MFLOP / 50 GFLOP/s
+    assert records[3]["cpu_roofline_fraction"] == 0.8 and local["fp32"]["cpu_roofline_fraction"] == 0.75
+    assert local["fp32"]["examples_per_cpu_second"] == 37_500
     got = {t["target"]: (t["value"], t["met"]) for t in targets}
     assert got["local-1T fp32 >= 75% of the fp32 roofline"] == (0.75, True)
     assert got["geo-1S+2Wx1T fp32 >= 75% of the fp32 roofline"] == (0.6, False)
@@ -54,6 +58,8 @@ def test_summary_medians_fractions_and_targets():
     assert speedup[1] is (True if compute_bench.cpu_info()["bf16_units"] else None)
     assert got["local-1T bf16 AUC within 0.002 of fp32"] == (0.0015, True)
     assert got["async fp32 >= 85% of GEO examples/s"] == (0.9, True)
+    assert got["async fp32 >= 85% of GEO examples/s (per CPU-s)"] == (0.9, True)
+    assert got["local-1T fp32 >= 75% of the fp32 roofline (per CPU-s)"] == (0.75, True)
 
 
 @pytest.mark.slow
@@ -82,6 +88,7 @@ def test_tiny_run_end_to_end(tmp_path):
         assert r["gflops"] == pytest.approx(r["examples_per_sec"] * 1_766_592 / 1e9, abs=0.01)
         peak = max(p["gflops"] for p in peaks if p["dtype"] == r["precision"])  # a tiny probe is no peak: arithmetic only
         assert r["roofline_fraction"] == round(r["gflops"] / peak, 4) > 0, r
+        assert r["cpu_roofline_fraction"] == round(r["examples_per_cpu_second"] * 1_766_592 / 1e9 / (peak / peaks[0]["threads"]), 4)
     assert {t["target"].split(" ")[0] for t in result["targets"]} >= {"local-1T", "geo-1S+2Wx1T", "async"}
     assert "| local-1T | fp32 |" in proc.stdout and "| target | value | met |" in proc.stdout
     assert (mine.stat().st_mtime_ns if mine.exists() else None) == before

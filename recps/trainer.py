@@ -377,6 +377,10 @@ class Trainer:
         for a checkpoint (see `Pauses`); the thread that completes a pause's last step runs it."""
         if skip is not None and len(skip) != self.threads:
             raise ConfigError(f"Trainer.fit: skip has {len(skip)} entries for {self.threads} threads")
+        if self.precision.scaler is not None and not isinstance(self.updater, LocalDenseUpdater):
+            # fp16 skips a step whose gradients overflowed; a sync server would wait for it forever.
+            raise ConfigError(f"trainer.precision=fp16 with {type(self.updater).__name__}: a skipped step cannot "
+                              "reach the servers' dense update; use trainer.precision=bf16, or ps=local / ps=geo")
         lock = threading.Condition()
         # reserved: steps a thread has claimed before training them, so that max_steps and a pause's
         # step count are exact over all threads (a thread finishing step max_steps cannot stop the

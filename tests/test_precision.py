@@ -196,6 +196,17 @@ def test_fp16_rows_get_unscaled_gradients(tmp_path):
         assert torch.allclose(fp16, fp32, rtol=0.05, atol=0.05 * float(fp32.abs().max())), (fp16 - fp32).abs().max()
 
 
+def test_fp16_is_refused_where_a_skipped_step_would_stall_the_servers(tmp_path):
+    """sync / async push every step's dense gradient (PSDenseUpdater): fp16 could not skip one."""
+    from recps.ps.modes.dense import PSDenseUpdater
+
+    job = _job(tmp_path)
+    trainer = Trainer(job.model, job.collection, job.task, PSDenseUpdater([], None, "dense"),
+                      precision=Precision("fp16", "cpu"))
+    with pytest.raises(ConfigError, match="trainer.precision=fp16 with PSDenseUpdater: .* use trainer.precision=bf16"):
+        trainer.fit(job.data.train, 64, max_steps=1, progress=False)
+
+
 def test_fp16_overflowing_steps_are_skipped_and_the_scale_backs_off(tmp_path):
     """At scale 2^40 the fp16 backward overflows: the step changes neither rows nor dense parameters,
     the scale halves until the gradients fit (~25 skipped steps), and the run then learns about as the

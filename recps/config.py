@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from recps.errors import ConfigError
 
-__all__ = ["PROJECT_ROOT", "register_resolvers", "check_target_args", "compose_config", "validate_config",
+__all__ = ["PROJECT_ROOT", "PRECISIONS", "check_precision", "register_resolvers", "check_target_args", "compose_config", "validate_config",
            "composition_error_message", "did_you_mean", "PLAIN_KEYS", "MODEL_ENGINE_KEYS", "MODEL_INJECTED",
            "TASK_ENGINE_KEYS", "PS_MODES", "ps_mode", "check_cluster_config"]
 
@@ -221,6 +221,30 @@ def _int_at_least(cfg: DictConfig, path: str, low: int, fix: str, allowed: tuple
         raise ConfigError(f"{path}={value!r}: {fix}")
 
 
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+def check_precision(precision, device: str = "cpu", where: str = "trainer.precision") -> str:
+    """`precision` if it is one of PRECISIONS and `device` can run it, else a ConfigError naming
+    `where` and the fix. fp16 needs CUDA (half-precision units and a loss scale); bf16 runs on
+    every CPU (fast where it has bf16 units: AVX-512-BF16, AMX; converted otherwise).
+
+    >>> check_precision("bf16")
+    'bf16'
+    >>> check_precision("fp8")
+    Traceback (most recent call last):
+    ...
+    recps.errors.ConfigError: trainer.precision='fp8' is not one of fp32, bf16, fp16; set trainer.precision=fp32 (the default) or bf16 (fp16 on CUDA only)
+    """
+    if not isinstance(precision, str) or precision not in PRECISIONS:
+        raise ConfigError(f"{where}={precision!r} is not one of {', '.join(PRECISIONS)}; set {where}=fp32 "
+                          "(the default) or bf16 (fp16 on CUDA only)")
+    if precision == "fp16" and not str(device).startswith("cuda"):
+        raise ConfigError(f"{where}=fp16 with device={device!r}: fp16 training needs CUDA (its half-precision "
+                          f"units and a loss scale); on CPU set {where}=bf16 (or fp32)")
+    return precision
+
+
 def _check_values(cfg: DictConfig) -> None:
     """The plain nodes' values (the constructors check their own)."""
     _int_at_least(cfg, "trainer.epochs", 0, "give the number of passes over the training data, 0 or more")
@@ -244,6 +268,7 @@ def _check_values(cfg: DictConfig) -> None:
                           "objective=auc (the task's metrics are in task.metrics)")
     if cfg.ps.get("_target_") is None and cfg.ps.name == "local":
         _int_at_least(cfg, "ps.num_embeddings", 1, "give the rows per table, 1 or more")
+    check_precision(cfg.trainer.get("precision", "fp32"), device)
 
 
 def ps_mode(cfg: DictConfig):

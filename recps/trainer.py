@@ -36,6 +36,7 @@ from typing import Callable, Iterator, Protocol, Sequence
 import torch
 from torch import nn
 
+from recps.config import PRECISIONS, check_precision  # re-exported: recps.trainer.check_precision
 from recps.data.batch import Batch
 from recps.data.dataset import ExamplesSource
 from recps.data.sharding import WorkerShards
@@ -109,30 +110,6 @@ def click_labels(task, batch: Batch) -> torch.Tensor | None:
     if column is None or batch.labels.dim() != 2 or not 0 <= int(column) < batch.labels.shape[1]:
         return None
     return batch.labels[:, int(column)]  # (B,)
-
-
-PRECISIONS = ("fp32", "bf16", "fp16")
-
-
-def check_precision(precision, device: str = "cpu", where: str = "trainer.precision") -> str:
-    """`precision` if it is one of PRECISIONS and `device` can run it, else a ConfigError naming
-    `where` and the fix. fp16 needs CUDA (half-precision units and a loss scale); bf16 runs on
-    every CPU (fast where it has bf16 units: AVX-512-BF16, AMX; converted otherwise).
-
-    >>> check_precision("bf16")
-    'bf16'
-    >>> check_precision("fp8")
-    Traceback (most recent call last):
-    ...
-    recps.errors.ConfigError: trainer.precision='fp8' is not one of fp32, bf16, fp16; set trainer.precision=fp32 (the default) or bf16 (fp16 on CUDA only)
-    """
-    if not isinstance(precision, str) or precision not in PRECISIONS:
-        raise ConfigError(f"{where}={precision!r} is not one of {', '.join(PRECISIONS)}; set {where}=fp32 "
-                          "(the default) or bf16 (fp16 on CUDA only)")
-    if precision == "fp16" and not str(device).startswith("cuda"):
-        raise ConfigError(f"{where}=fp16 with device={device!r}: fp16 training needs CUDA (its half-precision "
-                          f"units and a loss scale); on CPU set {where}=bf16 (or fp32)")
-    return precision
 
 
 class LossScaler:

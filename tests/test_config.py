@@ -96,6 +96,7 @@ def test_unknown_model_argument_is_named():
     ("cluster.servers=two", "cluster.servers='two'; it must be an integer >= 1"),
     ("cluster.dead_after_s=0", "cluster.dead_after_s=0; give a number of seconds > 0"),
     ("cluster.server_threads=-1", "cluster.server_threads=-1; give null (chosen from the cores here) or an integer"),
+    ("trainer.precision=fp8", "trainer.precision='fp8'"),
     ("cluster.encryption=tls", "cluster.encryption='tls'; use curve (authenticated, encrypted), off"),
     ("device=gpu", "device='gpu': use cpu or cuda"),
     ("checkpoint.save=maybe", "checkpoint.save='maybe': use true or false"),

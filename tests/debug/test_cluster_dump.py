@@ -178,11 +178,17 @@ def test_tensorboard_and_checkpoint_of_a_cluster_run(run_c):
     metrics = json.loads((run_c / "metrics.json").read_text())
     last = metrics["train_metrics"][-1]
     events = list((run_c / "tensorboard").glob("events.out.tfevents.*"))
-    assert len(events) == 1  # worker 0's only
+    # worker 0's training reports, and the launcher's held-out metrics (test/) after the run
+    assert len(events) == 2
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(str(events[0]))
-    acc.Reload()
+    accs = [EventAccumulator(str(e)) for e in events]
+    for a in accs:
+        a.Reload()
+    acc, final = sorted(accs, key=lambda a: "pass/auc" not in a.Tags()["scalars"])
+    assert [t for t in acc.Tags()["scalars"] if t.startswith("test/")] == []
+    (test_auc,) = final.Scalars("test/auc")
+    assert (test_auc.step, test_auc.value) == (STEPS, pytest.approx(metrics["auc"], abs=1e-6))
     (auc,) = acc.Scalars("pass/auc")
     assert (auc.step, auc.value) == (0, pytest.approx(last["auc"], abs=1e-6))
     assert [e.step for e in acc.Scalars("train/logloss")] == list(range(EVERY, STEPS + 1, EVERY))

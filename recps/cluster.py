@@ -137,7 +137,6 @@ def run_role(cfg: DictConfig, role, out_dir: Path, *, data=None, observers: Sequ
     PreparedData of cfg.dataset) spares reading the data set again, `observers`
     (recps.trainer.TrainObserver) join the worker's training threads; `work`: as run_distributed's."""
     check_cluster_config(cfg)
-    _transport_encryption(cfg)
     if role.is_server:
         _serve(cfg, role, Path(out_dir))
         return None
@@ -259,7 +258,8 @@ def _launch_local(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
 # -------------------------------------------------------------------------------------- servers
 
 
-def fleet_for(cfg: DictConfig, role):
+def fleet_for(cfg: DictConfig, role, storage_roots: Sequence[str] | None = None):
+    """The Fleet of `role` with the cluster's settings; `storage_roots`: a server's save/load folders."""
     from recps.ps.fleet import Fleet
 
     c = cfg.cluster
@@ -270,7 +270,7 @@ def fleet_for(cfg: DictConfig, role):
     if server_threads is None:
         server_threads = 0 if role.is_server and _crowded(cfg, role) else 2
     return Fleet(role, connect_timeout_s=float(c.connect_timeout_s), dead_after_s=float(c.dead_after_s),
-                 server_threads=int(server_threads))
+                 server_threads=int(server_threads), storage_roots=storage_roots)
 
 
 def _crowded(cfg: DictConfig, role) -> bool:
@@ -293,10 +293,7 @@ def _serve(cfg: DictConfig, role, out_dir: Path) -> None:
         threads = 1
     if threads is not None:
         torch.set_num_threads(int(threads))
-    from recps.ps.fleet import STORAGE_ROOTS_ENV
-
-    os.environ[STORAGE_ROOTS_ENV] = ",".join(storage_roots(cfg, out_dir))  # read as the server starts
-    with fleet_for(cfg, role) as fleet:
+    with fleet_for(cfg, role, storage_roots=storage_roots(cfg, out_dir)) as fleet:
         fleet.init_server()  # start-up work (loads the tables' compiled loops), like the imports:
         cpu = time.process_time()  # before the CPU clock starts
         fleet.run_server()

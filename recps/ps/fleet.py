@@ -46,6 +46,7 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -143,12 +144,14 @@ class Fleet:
     """
 
     def __init__(self, role_maker=None, *, connect_timeout_s: float = 120.0,
-                 dead_after_s: float = DEFAULT_DEAD_AFTER_S, server_threads: int = 2) -> None:
+                 dead_after_s: float = DEFAULT_DEAD_AFTER_S, server_threads: int = 2,
+                 storage_roots: Sequence[str] | None = None) -> None:
         maker = role_maker if role_maker is not None else detect_role_maker()
         self.role: Role = maker.role() if hasattr(maker, "role") else maker
         self.connect_timeout_s = connect_timeout_s
         self.dead_after_s = dead_after_s
         self.server_threads = server_threads
+        self.storage_roots = storage_roots  # a server's save/load folders (None: $RECPS_STORAGE_ROOTS)
         self.strategy: DistributedStrategy | None = None
         self.client = None
         self.communicator = None  # the strategy mode's (the dense table's)
@@ -184,7 +187,8 @@ class Fleet:
         """Start this process's server (and, on server 0, the coordinator)."""
         self._require("server", "init_server")
         self._node = ServerNode(self.role, num_threads=self.server_threads, dead_after_s=self.dead_after_s,
-                                timeout_s=self.connect_timeout_s, halves=server_halves()).start()
+                                timeout_s=self.connect_timeout_s, halves=server_halves(),
+                                storage_roots=self.storage_roots).start()
         log.info("%s serving on %s", self.role.name, self._node.endpoint)
 
     def run_server(self) -> None:

@@ -5,6 +5,7 @@ process the job starts."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -40,3 +41,16 @@ def test_a_ps_run_confines_its_servers_and_passes_encryption_off(tmp_path):
     assert "is not confined" not in log  # the servers knew the job's folders
     assert "in clear" in log  # encryption off reached the server processes
     assert (tmp_path / "ckpt" / "manifest.json").is_file()
+
+
+def test_an_in_process_cluster_leaves_the_environment_as_it_was(tmp_path, in_process_cluster, monkeypatch):
+    """The roots go to the server object, not into os.environ, where every later server of the
+    process (other tests' in-process ones) would have read a stale run's folders."""
+    monkeypatch.delenv("RECPS_STORAGE_ROOTS", raising=False)
+    cfg = compose_config(["ps=async", "trainer.max_steps=4", "metrics=off", "progress=false", "model=ctr_dnn",
+                          "model.hidden=[8]", f"dataset.dir={tmp_path / 'data'}", "dataset.generate.train_rows=2000",
+                          "dataset.generate.test_rows=200", f"checkpoint.dir={tmp_path / 'ckpt'}"])
+    (tmp_path / "run").mkdir()
+    in_process_cluster(cfg, tmp_path / "run", token="roots")
+    assert "RECPS_STORAGE_ROOTS" not in os.environ
+    assert (tmp_path / "ckpt" / "manifest.json").is_file()  # the server saved inside its roots

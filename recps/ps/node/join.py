@@ -29,7 +29,7 @@ once), and so does the dead peer if it comes back; a peer that loses the coordin
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from recps.errors import ConfigError
 from recps.ps.node.client import PSClient
@@ -51,10 +51,11 @@ class ServerNode:
         dead_after_s: heartbeat silence after which the coordinator declares a peer dead (server 0 only).
         timeout_s: how long registering may wait for the coordinator to come up.
         halves: the modes' server halves (PSServer's `halves`; recps.ps.modes.server_halves()).
+        storage_roots: the folders save and load may use (PSServer's; None: $RECPS_STORAGE_ROOTS).
     """
 
     def __init__(self, role: Role, num_threads: int = 2, dead_after_s: float = DEFAULT_DEAD_AFTER_S, timeout_s: float = 60.0,
-                 halves: Mapping[str, ServerHalfFactory] | None = None) -> None:
+                 halves: Mapping[str, ServerHalfFactory] | None = None, storage_roots: Sequence[str] | None = None) -> None:
         if not role.is_server:
             raise ConfigError(f"ServerNode: role {role.name} is not a server; workers call connect(role)")
         self.role = role
@@ -65,7 +66,7 @@ class ServerNode:
                                            dead_after_s=dead_after_s)
         port = split_host_port(role.server_endpoints[role.index])[1] if role.server_endpoints else 0
         self.server = PSServer(role.index, role.num_servers, token=role.token, bind=role.host, port=port, num_threads=num_threads,
-                               halves=halves)
+                               halves=halves, storage_roots=storage_roots)
         self.link = CoordinatorClient(role.coordinator, token=role.token, timeout_s=timeout_s)
         self._timeout_s = timeout_s
         self._stopped = False

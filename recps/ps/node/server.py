@@ -39,6 +39,8 @@ load logs a warning saying so.
 Concurrency: requests are served by `num_threads` handler threads; each table is thread-safe on
 its own (see recps.ps.table), so pulls and pushes of different threads and workers interleave.
 A server half may defer its reply (return a Future): the handler thread is free meanwhile.
+Save, load and shrink run one at a time on a background thread; a save writes its tables at once
+on the server's SAVE_THREADS save threads, the same threads for every save.
 
 >>> import torch
 >>> from recps.ps.modes import server_halves
@@ -59,7 +61,7 @@ import os
 import posixpath
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Protocol
 
 import torch
@@ -86,6 +88,7 @@ logger = logging.getLogger(__name__)
 
 # SPEC_FILE (recps.ps.table.checkpoint): spec.json, written next to a table's shard folders by server 0
 SAVE_RETRIES = 3  # more attempts of a table's save that failed transiently (recps.fs.retry_transient)
+SAVE_THREADS = 16  # tables a save writes at once (on HDFS each table's commit is a fixed wait)
 STORAGE_ROOTS_ENV = "RECPS_STORAGE_ROOTS"
 
 
@@ -232,6 +235,11 @@ class PSServer:
         # Long verbs (save, load, shrink) run here, one at a time, so that they never hold a
         # handler thread (or, with num_threads=0, the network thread) while pulls wait.
         self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"recps-ps{index}-background")
+        # A save's tables are written by these threads, the same ones every save. A fresh thread per
+        # table per save (rfs.concurrently) let glibc's malloc hand each one whichever of its up to
+        # 8 x cores arenas was free, so every save left its row copies' freed memory resident in other
+        # arenas: RSS rose with each save (see tests/ps/node/test_save_memory.py).
+        self._save_pool = ThreadPoolExecutor(max_workers=SAVE_THREADS, thread_name_prefix=f"recps-ps{index}-save")
         self._verbs = {
             "create_sparse": self._create_sparse,
             "create_dense": self._create_dense,
@@ -277,6 +285,7 @@ class PSServer:
             half.close()
         clean = self._transport.stop(timeout)
         self._background.shutdown(wait=False, cancel_futures=True)
+        self._save_pool.shutdown(wait=False, cancel_futures=True)
         return clean
 
     def _in_background(self, verb):
@@ -445,14 +454,20 @@ class PSServer:
 
                 calls.append(dense)
                 names.append(table.name)
-        # Tables are written at once: on HDFS each file's close is a fixed wait (rfs.concurrently).
-        # A save that failed transiently (HDFS: NotReplicatedYet, a DataNode slow to report a
-        # block) left nothing behind and changed nothing (SparseTable.save resets delta scores and
-        # counts unseen days only after its commit): it is done again, a bounded number of times,
-        # and writes the same rows.
+        # Tables are written at once, on the server's save threads: on HDFS each file's close is a
+        # fixed wait. A save that failed transiently (HDFS: NotReplicatedYet, a DataNode slow to
+        # report a block) left nothing behind and changed nothing (SparseTable.save resets delta
+        # scores and counts unseen days only after its commit): it is done again, a bounded number
+        # of times, and writes the same rows. Every table's write ends (each request of a file
+        # system from rfs.resolve is bounded by its timeout) before the first error, in table
+        # order, is raised: no write is left running behind a failed save.
         what = f"server {self.index}: save to {path}"
-        result = {n: r for n, r in zip(names, rfs.concurrently(
-            [lambda c=c: rfs.retry_transient(c, what, SAVE_RETRIES) for c in calls])) if n is not None}
+        futures = [self._save_pool.submit(rfs.retry_transient, c, what, SAVE_RETRIES) for c in calls]
+        wait(futures)
+        for future in futures:
+            if (error := future.exception()) is not None:
+                raise error
+        result = {n: f.result() for n, f in zip(names, futures) if n is not None}
         logger.info("server %d: saved %s (%s) to %s", self.index, sorted(result), mode, path)
         return [], {"result": json.dumps(result)}
 

@@ -1,0 +1,45 @@
+"""A stream worker hands the memory a pass freed back to the OS after the pass.
+
+glibc's malloc keeps what a thread frees in that thread's arena when live allocations sit above it;
+the pass's reader and training threads are new every pass, so each pass could leave its freed data
+resident in another arena. recps.stream.worker._release_freed_memory (malloc_trim) runs after
+every pass."""
+
+from __future__ import annotations
+
+import platform
+import sys
+import threading
+
+import pytest
+import torch
+
+from recps.stream.worker import _release_freed_memory, _rss_mib
+
+BLOCKS = 100  # 1 MiB each
+
+
+@pytest.mark.skipif(sys.platform != "linux" or platform.libc_ver()[0] != "glibc",
+                    reason="glibc's malloc_trim and Linux's VmRSS")
+def test_memory_a_pass_thread_freed_leaves_the_process_after_release():
+    kept: list[torch.Tensor] = []
+
+    def a_pass() -> None:  # on a new thread, as a pass's reader and training threads
+        first = torch.ones(1 << 20)  # 4 MiB, mmapped; its free raises glibc's mmap threshold above 1 MiB
+        del first
+        blocks = []
+        for _ in range(BLOCKS):
+            blocks.append(torch.ones(1 << 18))  # 1 MiB, from the thread's arena, every page touched
+            kept.append(torch.ones(16))  # a small live tensor after each: the freed blocks cannot merge into the top
+        blocks.clear()
+
+    before = _rss_mib()
+    thread = threading.Thread(target=a_pass)
+    thread.start()
+    thread.join()
+    held = _rss_mib()
+    _release_freed_memory()
+    after = _rss_mib()
+    assert held - before > 0.8 * BLOCKS, (f"glibc returned the freed blocks by itself (RSS {before} -> {held} MiB): "
+                                          "this test no longer shows what the release is for")
+    assert held - after > 0.8 * BLOCKS, f"RSS {before} MiB before the pass, {held} after it, {after} after the release"

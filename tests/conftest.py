@@ -163,3 +163,28 @@ def _run_in_process(cfg, out_dir: Path, token: str = "in-process", **worker_kwar
 def in_process_cluster() -> Callable[..., dict]:
     """`run(cfg, out_dir, token=..., data=..., observers=[...]) -> metrics` (see _run_in_process)."""
     return _run_in_process
+
+
+@contextlib.contextmanager
+def _ps_cluster(num_servers: int, token: str):
+    """`num_servers` PSServers on threads of this process (every mode's server half) and a
+    PSClient to them: yields (servers, client); every server stopped at the end."""
+    from recps.ps.modes import server_halves
+    from recps.ps.node.client import PSClient
+    from recps.ps.node.server import PSServer
+
+    servers = [PSServer(index=i, num_servers=num_servers, token=token, halves=server_halves()).start()
+               for i in range(num_servers)]
+    try:
+        with PSClient([s.endpoint for s in servers], token=token) as client:
+            yield servers, client
+    finally:
+        for s in servers:
+            s.stop()
+
+
+@pytest.fixture
+def ps_cluster() -> Callable[..., contextlib.AbstractContextManager]:
+    """`with ps_cluster(num_servers, token) as (servers, client):` servers in this process."""
+    return _ps_cluster
+

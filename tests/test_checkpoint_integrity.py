@@ -31,8 +31,7 @@ from omegaconf import OmegaConf
 from recps.checkpoint import commit_ps_checkpoint, load_checkpoint, save_checkpoint, verify_ps_checkpoint
 from recps.config import PROJECT_ROOT, register_resolvers
 from recps.errors import ConfigError, PSError
-from recps.ps.modes import server_halves
-from recps.ps.node import PSClient, PSServer
+from recps.ps.node import PSClient
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -246,18 +245,6 @@ TOKEN = "integrity"
 KEYS = torch.arange(0, 60_000, dtype=torch.int64) * 7919
 
 
-@contextlib.contextmanager
-def ps(num_servers: int = 1):
-    servers = [PSServer(index=i, num_servers=num_servers, token=TOKEN, halves=server_halves()).start()
-               for i in range(num_servers)]
-    try:
-        with PSClient([s.endpoint for s in servers], token=TOKEN) as client:
-            yield servers, client
-    finally:
-        for s in servers:
-            s.stop()
-
-
 def trained(client: PSClient) -> None:
     client.create_sparse_table("emb", dim=8, optimizer={"name": "adagrad", "lr": 0.1},
                                initializer={"kind": "normal", "std": 0.1}, seed=3)
@@ -273,10 +260,10 @@ def rows(client: PSClient) -> torch.Tensor:
 
 
 @pytest.fixture
-def saved(tmp_path):
+def saved(tmp_path, ps_cluster):
     """A PS checkpoint of tables emb (sparse) and dense, committed like a run's; its emb rows."""
     folder = tmp_path / "ps-ckpt"
-    with ps(2) as (_, client):
+    with ps_cluster(2, TOKEN) as (_, client):
         trained(client)
         before = rows(client)
         client.save(str(folder))
@@ -285,17 +272,17 @@ def saved(tmp_path):
     return folder, before
 
 
-def test_a_fresh_cluster_restores_every_table_of_a_ps_checkpoint(saved):
+def test_a_fresh_cluster_restores_every_table_of_a_ps_checkpoint(saved, ps_cluster):
     folder, before = saved
-    with ps(1) as (servers, client):
+    with ps_cluster(1, TOKEN) as (servers, client):
         assert client.load(str(folder)) == {"emb": KEYS.numel(), "dense": 1}
         assert torch.equal(rows(client), before)
 
 
-def test_a_load_without_a_tables_spec_fails_naming_the_table(saved):
+def test_a_load_without_a_tables_spec_fails_naming_the_table(saved, ps_cluster):
     folder, _ = saved
     (folder / "emb" / "spec.json").unlink()
-    with ps(1) as (_, client):
+    with ps_cluster(1, TOKEN) as (_, client):
         with pytest.raises(PSError, match=rf"table 'emb' of {folder} .*has no spec.json \({folder / 'emb' / 'spec.json'} "
                                           r"is missing\)"):
             client.load(str(folder))
@@ -305,31 +292,31 @@ def test_a_load_without_a_tables_spec_fails_naming_the_table(saved):
         verify_ps_checkpoint(str(folder))
 
 
-def test_a_load_that_misses_a_listed_table_fails_naming_it(saved):
+def test_a_load_that_misses_a_listed_table_fails_naming_it(saved, ps_cluster):
     folder, _ = saved
     shutil.rmtree(folder / "emb")
-    with ps(1) as (_, client):
+    with ps_cluster(1, TOKEN) as (_, client):
         with pytest.raises(PSError, match=rf"table 'emb' of {folder} \(listed in its manifest.json\) has no folder"):
             client.load(str(folder))
     with pytest.raises(ConfigError, match=rf"{folder / 'emb'}/\S+ is missing from the committed checkpoint"):
         verify_ps_checkpoint(str(folder))
 
 
-def test_a_manifest_less_folder_missing_a_spec_also_fails(tmp_path):
+def test_a_manifest_less_folder_missing_a_spec_also_fails(tmp_path, ps_cluster):
     folder = tmp_path / "bare"
-    with ps(1) as (_, client):
+    with ps_cluster(1, TOKEN) as (_, client):
         trained(client)
         client.save(str(folder))
     (folder / "dense" / "spec.json").unlink()
-    with ps(1) as (_, client):
+    with ps_cluster(1, TOKEN) as (_, client):
         with pytest.raises(PSError, match=rf"table 'dense' of {folder} has no spec.json"):
             client.load(str(folder))
         with pytest.raises(PSError, match=rf"checkpoint folder {tmp_path / 'nowhere'} does not exist"):
             client.load(str(tmp_path / "nowhere"))
 
 
-def test_a_ps_save_onto_a_full_file_system_names_the_shard_and_keeps_the_earlier_save(tmp_path):
-    with ps(1) as (servers, client):
+def test_a_ps_save_onto_a_full_file_system_names_the_shard_and_keeps_the_earlier_save(tmp_path, ps_cluster):
+    with ps_cluster(1, TOKEN) as (servers, client):
         trained(client)
         before = rows(client)
         with tmpfs(tmp_path / "small", 8 * MiB) as mount:  # emb's shard is ~5 MiB: a second copy does not fit
@@ -341,7 +328,7 @@ def test_a_ps_save_onto_a_full_file_system_names_the_shard_and_keeps_the_earlier
                                               r"temporary folder was removed"):
                 client.save(str(mount / "ckpt"))
             assert temporaries(mount) == []
-            with ps(1) as (_, reader):
+            with ps_cluster(1, TOKEN) as (_, reader):
                 reader.load(str(mount / "ckpt"))
                 assert torch.equal(rows(reader), before)
 

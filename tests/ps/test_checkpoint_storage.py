@@ -4,32 +4,16 @@ on the local disk and on the real HDFS (tests/conftest.py's `hdfs` fixture), thr
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 
 import pytest
 import torch
 
-from recps.ps.modes import server_halves
 from recps.ps.node.client import PSClient
 from recps.ps.table.checkpoint import CheckpointError
 
 TOKEN = "storage-test"
 KEYS = torch.arange(-3000, 3000, 7, dtype=torch.int64) * 1_000_003  # spread over every partition
-
-
-@contextlib.contextmanager
-def cluster(num_servers: int):
-    from recps.ps.node.server import PSServer
-
-    servers = [PSServer(index=i, num_servers=num_servers, token=TOKEN, halves=server_halves()).start()
-               for i in range(num_servers)]
-    try:
-        with PSClient([s.endpoint for s in servers], token=TOKEN) as client:
-            yield servers, client
-    finally:
-        for s in servers:
-            s.stop()
 
 
 def trained(client: PSClient) -> None:
@@ -67,14 +51,14 @@ def dense_state(client: PSClient) -> torch.Tensor:
     return client.pull_dense("dense").wait()
 
 
-def roundtrip(url: str, readers: int) -> None:
-    with cluster(2) as (servers, client):
+def roundtrip(url: str, readers: int, ps_cluster) -> None:
+    with ps_cluster(2, TOKEN) as (servers, client):
         trained(client)
         before, dense_before = snapshot(servers), dense_state(client)
         client.save(url, tables=["emb", "dense"])
         dense_opt = [s.dense("dense") for s in servers if s.dense("dense") is not None]
         state_before = {n: st.clone() for d in dense_opt for n, st in d._state.items()}
-    with cluster(readers) as (servers, client):
+    with ps_cluster(readers, TOKEN) as (servers, client):
         client.load(url)  # a fresh cluster restores every saved table from its spec
         after = snapshot(servers)
         assert sorted(after) == sorted(before) and len(after) == len(set(KEYS.tolist()))
@@ -88,22 +72,22 @@ def roundtrip(url: str, readers: int) -> None:
 
 
 @pytest.mark.parametrize("readers", [1, 3])
-def test_two_servers_write_one_and_three_read_on_file(tmp_path, readers):
-    roundtrip(str(tmp_path / "ckpt"), readers)
+def test_two_servers_write_one_and_three_read_on_file(tmp_path, readers, ps_cluster):
+    roundtrip(str(tmp_path / "ckpt"), readers, ps_cluster)
 
 
 @pytest.mark.parametrize("readers", [1, 3])
 @pytest.mark.parametrize("scheme", ["hdfs", "webhdfs"])
-def test_two_servers_write_one_and_three_read_on_real_hdfs(hdfs, scheme, readers):
+def test_two_servers_write_one_and_three_read_on_real_hdfs(hdfs, scheme, readers, ps_cluster):
     base = hdfs.url if scheme == "hdfs" else hdfs.webhdfs_url
-    roundtrip(f"{base}/recps-tests/{uuid.uuid4().hex}/ckpt", readers)
+    roundtrip(f"{base}/recps-tests/{uuid.uuid4().hex}/ckpt", readers, ps_cluster)
 
 
-def test_a_corrupt_shard_on_hdfs_is_refused_naming_the_file(hdfs):
+def test_a_corrupt_shard_on_hdfs_is_refused_naming_the_file(hdfs, ps_cluster):
     from recps import fs as rfs
 
     url = f"{hdfs.url}/recps-tests/{uuid.uuid4().hex}/ckpt"
-    with cluster(2) as (_, client):
+    with ps_cluster(2, TOKEN) as (_, client):
         trained(client)
         client.save(url, tables=["emb"])
     fs, path = rfs.resolve(rfs.join(url, "emb", "shard-00001-of-00002", "values.bin"))
@@ -111,7 +95,7 @@ def test_a_corrupt_shard_on_hdfs_is_refused_naming_the_file(hdfs):
     data[100] ^= 0xFF
     fs.rm_file(path)
     fs.pipe_file(path, bytes(data))
-    with cluster(1) as (_, client):
+    with ps_cluster(1, TOKEN) as (_, client):
         with pytest.raises(Exception, match="checksum mismatch in .*shard-00001-of-00002/values.bin"):
             client.load(url)
 
@@ -121,7 +105,7 @@ def _leftovers(fs, path: str) -> list[str]:
     return [p for p in fs.find(path, withdirs=True) if ".tmp-" in p.rsplit("/", 1)[-1]]
 
 
-def test_a_full_hdfs_fails_the_save_naming_the_quota_and_keeps_the_saved_checkpoint(hdfs):
+def test_a_full_hdfs_fails_the_save_naming_the_quota_and_keeps_the_saved_checkpoint(hdfs, ps_cluster):
     """A space quota stands in for a full cluster: the save fails with the NameNode's reason (which
     names the folder and the quota), leaves no temporary, and the checkpoint saved before still loads."""
     from recps import fs as rfs
@@ -129,7 +113,7 @@ def test_a_full_hdfs_fails_the_save_naming_the_quota_and_keeps_the_saved_checkpo
     root = f"/recps-tests/{uuid.uuid4().hex}"
     fs, _ = rfs.resolve(hdfs.url + root)
     fs.makedirs(root, exist_ok=True)
-    with cluster(2) as (servers, client):
+    with ps_cluster(2, TOKEN) as (servers, client):
         trained(client)
         before = snapshot(servers)
         client.save(f"{hdfs.url}{root}/first", tables=["emb", "dense"])
@@ -140,16 +124,16 @@ def test_a_full_hdfs_fails_the_save_naming_the_quota_and_keeps_the_saved_checkpo
         finally:
             hdfs.admin("-clrSpaceQuota", root)
     assert _leftovers(fs, root) == []
-    with cluster(1) as (servers, client):
+    with ps_cluster(1, TOKEN) as (servers, client):
         client.load(f"{hdfs.url}{root}/first")
         assert snapshot(servers).keys() == before.keys()
 
 
-def test_hdfs_in_safe_mode_fails_the_save_after_its_retries_naming_it(hdfs):
+def test_hdfs_in_safe_mode_fails_the_save_after_its_retries_naming_it(hdfs, ps_cluster):
     """A NameNode refusing writes (safe mode): transient, so each table's save is tried again
     (recps.ps.node.server.SAVE_RETRIES), then the save fails with the NameNode's reason."""
     url = f"{hdfs.url}/recps-tests/{uuid.uuid4().hex}/ckpt"
-    with cluster(2) as (_, client):
+    with ps_cluster(2, TOKEN) as (_, client):
         trained(client)
         hdfs.admin("-safemode", "enter")
         try:

@@ -188,3 +188,33 @@ def ps_cluster() -> Callable[..., contextlib.AbstractContextManager]:
     """`with ps_cluster(num_servers, token) as (servers, client):` servers in this process."""
     return _ps_cluster
 
+
+def follow_launch(proc: subprocess.Popen, pattern: str, lines: list[str], pids: dict[str, int], deadline: float,
+                  count: int = 1) -> set[str]:
+    """Read a launched job's output (recps.launch's) line by line into `lines` until `count`
+    distinct matches of `pattern` (its first group, else the whole match) were seen, noting each
+    'started NAME (pid N)' in `pids`; returns the matches. The test fails naming the pattern when
+    the output ends or `deadline` (time.monotonic()) passes first."""
+    import re
+    import time
+
+    seen: set[str] = set()
+    while len(seen) < count and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if m := re.search(r"started (\w+) \(pid (\d+)\)", line):
+            pids[m.group(1)] = int(m.group(2))
+        if m := re.search(pattern, line):
+            seen.add(m.group(1) if m.groups() else m.group(0))
+    if len(seen) < count:
+        pytest.fail(f"never saw {pattern!r} {count} time(s) (saw {sorted(seen)}):\n" + "".join(lines[-60:]))
+    return seen
+
+
+@pytest.fixture
+def launch_output() -> Callable[..., set[str]]:
+    """follow_launch, for tests that read a launched job's output as it runs."""
+    return follow_launch
+

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -196,21 +195,8 @@ def check_shrink(before: dict, after: dict, max_unseen: float = 0.0) -> None:
     assert torch.allclose(after["show"], show[kept], rtol=1e-6)
 
 
-def _wait_for(pattern: str, proc: subprocess.Popen, lines: list[str], pids: dict[str, int], deadline: float) -> None:
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if m := re.search(r"started (\w+) \(pid (\d+)\)", line):
-            pids[m.group(1)] = int(m.group(2))
-        if re.search(pattern, line):
-            return
-    pytest.fail(f"never saw {pattern!r}:\n" + "".join(lines[-60:]))
-
-
 @pytest.mark.parametrize("victim, where", [("worker1", "hdfs"), ("server0", "file")])
-def test_killed_mid_pass_3_the_same_command_resumes_exactly_once(request, tmp_path, victim, where):
+def test_killed_mid_pass_3_the_same_command_resumes_exactly_once(request, tmp_path, victim, where, launch_output):
     if where == "hdfs":
         url = request.getfixturevalue("hdfs").url
         root, out = f"{url}/restart-{victim}/clicks", f"{url}/restart-{victim}/model"
@@ -227,7 +213,7 @@ def test_killed_mid_pass_3_the_same_command_resumes_exactly_once(request, tmp_pa
     lines: list[str] = []
     pids: dict[str, int] = {}
     try:
-        _wait_for(r"waiting for .*0200/_SUCCESS", proc, lines, pids, time.monotonic() + RUN_TIMEOUT_S)
+        launch_output(proc, r"waiting for .*0200/_SUCCESS", lines, pids, time.monotonic() + RUN_TIMEOUT_S)
         os.kill(pids[victim], signal.SIGKILL)
         proc.communicate(timeout=120)
     finally:
@@ -298,7 +284,7 @@ def test_a_malformed_pass_stops_the_stream_naming_the_file_and_keeps_what_was_co
     assert [p["pass"] for p in metrics["stream"]["passes"] if "pass" in p] == [2, 3]
 
 
-def test_a_stalled_namenode_mid_stream_is_waited_out_and_the_stream_goes_on(private_hdfs, tmp_path):
+def test_a_stalled_namenode_mid_stream_is_waited_out_and_the_stream_goes_on(private_hdfs, tmp_path, launch_output):
     """HDFS stops answering while the job waits for pass 3 (its NameNode SIGSTOPped, as a GC pause
     or a failover would): the wait rides it out within stream.wait_timeout_s and, the NameNode
     back, the stream trains pass 3 and ends the day, each record once."""
@@ -318,14 +304,14 @@ def test_a_stalled_namenode_mid_stream_is_waited_out_and_the_stream_goes_on(priv
     lines: list[str] = []
     try:
         deadline = time.monotonic() + RUN_TIMEOUT_S
-        _wait_for(r"waiting for .*0200/_SUCCESS", proc, lines, {}, deadline)
+        launch_output(proc, r"waiting for .*0200/_SUCCESS", lines, {}, deadline)
         os.kill(namenode, signal.SIGSTOP)
         try:
-            _wait_for(r"0200/_SUCCESS cannot be looked at", proc, lines, {}, deadline)
+            launch_output(proc, r"0200/_SUCCESS cannot be looked at", lines, {}, deadline)
             time.sleep(5)  # more than one request timeout of stalled NameNode
         finally:
             os.kill(namenode, signal.SIGCONT)
-        _wait_for(r"0200/_SUCCESS answers again", proc, lines, {}, deadline)
+        launch_output(proc, r"0200/_SUCCESS answers again", lines, {}, deadline)
         rfs.write_atomic(held, b"")
         rest, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
         lines.append(rest)

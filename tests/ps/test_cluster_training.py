@@ -173,7 +173,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_server_killed_mid_run_fails_the_run_naming_it_and_leaves_nothing(tmp_path_factory):
+def test_server_killed_mid_run_fails_the_run_naming_it_and_leaves_nothing(tmp_path_factory, launch_output):
     run_dir = tmp_path_factory.mktemp("killed")
     data = data_overrides(tmp_path_factory.getbasetemp() / "data-small", 2000, 500, 1000)
     cmd = [sys.executable, "-m", "recps.train", "model=ctr_dnn", "model.hidden=[16,8]", "ps=async",
@@ -185,16 +185,7 @@ def test_server_killed_mid_run_fails_the_run_naming_it_and_leaves_nothing(tmp_pa
     deadline = time.monotonic() + RUN_TIMEOUT_S
     try:
         # Wait until both workers train (each logs its mode once it joined), then kill the server.
-        joined = set()
-        while len(joined) < 2 and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            if m := re.search(r"started (\w+) \(pid (\d+)\)", line):
-                pids[m.group(1)] = int(m.group(2))
-            if m := re.search(r"\[(worker\d)\].*async mode", line):
-                joined.add(m.group(1))
+        joined = launch_output(proc, r"\[(worker\d)\].*async mode", lines, pids, deadline, count=2)
         assert joined == {"worker0", "worker1"}, "".join(lines[-40:])
         time.sleep(1.0)
         killed_at = time.monotonic()

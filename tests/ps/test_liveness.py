@@ -277,7 +277,7 @@ def test_fail_server_fails_a_request_in_flight_at_once_and_every_later_one():
 
 
 @pytest.mark.slow
-def test_launched_run_fails_naming_the_stalled_server0_soon_after_the_stall(tmp_path):
+def test_launched_run_fails_naming_the_stalled_server0_soon_after_the_stall(tmp_path, launch_output):
     """`python -m recps.train` (its recps.launch cluster), cluster.restarts left at none: server0 (the
     coordinator) SIGSTOPped for 2 x dead_after_s; the run fails within dead_after_s + 5 s of the
     stall's end, its error naming server0."""
@@ -292,17 +292,7 @@ def test_launched_run_fails_naming_the_stalled_server0_soon_after_the_stall(tmp_
     pids: dict[str, int] = {}
     lines: list[str] = []
     try:
-        joined: set[str] = set()
-        deadline = time.monotonic() + 120
-        while len(joined) < 2 and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            if m := re.search(r"started (\w+) \(pid (\d+)\)", line):
-                pids[m.group(1)] = int(m.group(2))
-            if m := re.search(r"\[(worker\d)\].*async mode", line):
-                joined.add(m.group(1))
+        joined = launch_output(proc, r"\[(worker\d)\].*async mode", lines, pids, time.monotonic() + 120, count=2)
         assert joined == {"worker0", "worker1"}, "".join(lines[-40:])
         time.sleep(2 * HEARTBEAT_S)
         os.kill(pids["server0"], signal.SIGSTOP)

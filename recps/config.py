@@ -27,7 +27,8 @@ from recps.errors import ConfigError
 
 __all__ = ["PROJECT_ROOT", "PRECISIONS", "check_precision", "register_resolvers", "check_target_args", "compose_config", "validate_config",
            "composition_error_message", "did_you_mean", "PLAIN_KEYS", "MODEL_ENGINE_KEYS", "MODEL_INJECTED",
-           "TASK_ENGINE_KEYS", "PS_MODES", "ps_mode", "check_cluster_config"]
+           "TASK_ENGINE_KEYS", "PS_MODES", "ps_mode", "check_cluster_config",
+           "cluster_checkpoint_every"]
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -140,7 +141,7 @@ PLAIN_KEYS: dict[str, tuple[str, ...]] = {
          "seed", "device", "progress", "checkpoint", "objective"),
     "trainer": ("epochs", "max_steps", "batch_size", "threads", "eval_batch_size", "resume", "observers", "precision"),
     "cluster": ("name", "servers", "workers", "host", "timeout_s", "connect_timeout_s", "dead_after_s",
-                "server_threads", "server_torch_threads", "encryption"),
+                "server_threads", "server_torch_threads", "encryption", "restarts", "checkpoint_every"),
     "checkpoint": ("save", "dir"),
 }
 # ps=local (conf/ps/local.yaml) has no constructor either.
@@ -291,6 +292,35 @@ def ps_mode(cfg: DictConfig):
         raise ConfigError(f"ps={cfg.ps.name}: {e}") from e
 
 
+def cluster_checkpoint_every(cfg: DictConfig) -> tuple[int | None, float | None]:
+    """cluster.checkpoint_every as (steps, seconds), one of them set, or (None, None) when it is null:
+    an integer is steps, "<number>s" seconds ("90s"), "<number>m" minutes. It stands for
+    ps.checkpoint_every_steps / ps.checkpoint_every_seconds (recps.cluster sets those from it); a
+    different value there too is refused.
+
+    >>> from omegaconf import OmegaConf
+    >>> cluster_checkpoint_every(OmegaConf.create({"cluster": {"checkpoint_every": "2m"}, "ps": {}}))
+    (None, 120.0)
+    """
+    value = cfg.cluster.get("checkpoint_every")
+    if value is None:
+        return None, None
+    steps = seconds = None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        steps = value
+    elif isinstance(value, str) and re.fullmatch(r"\d+(\.\d*)?[sm]", value.strip()) and float(value.strip()[:-1]) > 0:
+        seconds = float(value.strip()[:-1]) * (60.0 if value.strip().endswith("m") else 1.0)
+    else:
+        raise ConfigError(f"cluster.checkpoint_every={value!r}; give steps (an integer >= 1, e.g. 500), seconds or "
+                          "minutes (\"90s\", \"10m\"), or null (none during training)")
+    for key, mine in (("checkpoint_every_steps", steps), ("checkpoint_every_seconds", seconds)):
+        theirs = cfg.ps.get(key)
+        if theirs is not None and (mine is None or float(theirs) != float(mine)):
+            raise ConfigError(f"cluster.checkpoint_every={value!r} and ps.{key}={theirs!r} both set when checkpoints "
+                              "are taken; set one of them")
+    return steps, seconds
+
+
 def check_cluster_config(cfg: DictConfig) -> None:
     """What a parameter-server run needs of `ps`, `device`, `cluster` and `metrics` (recps.config.validate_config
     calls it before anything starts)."""
@@ -323,6 +353,11 @@ def check_cluster_config(cfg: DictConfig) -> None:
         raise ConfigError(f"trainer.max_steps={max_steps} with ps=sync and trainer.threads={threads}: every thread takes "
                           f"the same steps (each step waits for all), so give a multiple of {threads}, e.g. "
                           f"trainer.max_steps={lower or threads} or {lower + threads}")
+    restarts = cfg.cluster.get("restarts", 0)
+    if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
+        raise ConfigError(f"cluster.restarts={restarts!r}; give how many times a failed cluster is restarted from its "
+                          "last committed checkpoint, an integer >= 0 (0: a failure ends the run)")
+    cluster_checkpoint_every(cfg)
     encryption = cfg.cluster.get("encryption")
     if encryption is not None and str(encryption) not in ("curve", "off"):
         raise ConfigError(f"cluster.encryption={encryption!r}; use curve (authenticated, encrypted), off (a trusted "

@@ -205,7 +205,7 @@ class Fleet:
         if threading.current_thread() is threading.main_thread():
             def on_signal(signum, frame) -> None:
                 log.info("%s: signal %d, stopping", self.role.name, signum)
-                node.request_stop()
+                node.request_stop(f"it got {signal.Signals(signum).name}")
 
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, on_signal)

@@ -117,6 +117,7 @@ class _Peer:
     last_seen: float
     state: str = "alive"  # alive | dead | left
     why: str = ""
+    quit: bool = False  # dead because it said it was leaving before the job finished (a SIGTERM), not silent
 
 
 @dataclass
@@ -164,6 +165,7 @@ class Coordinator:
         self._server_waiters: list[_Waiter] = []
         self._barriers: dict[str, _Barrier] = {}
         self._stop = threading.Event()
+        self._quit_at: float | None = None  # when a peer last said it was leaving before the job finished
         self._monitor: threading.Thread | None = None
         self.stalls: list[float] = []  # seconds of each stall of this process the monitor noticed
 
@@ -214,7 +216,7 @@ class Coordinator:
         if verb == "register":
             return self._register(str(meta["kind"]), int(meta["index"]), str(meta.get("endpoint", "")))
         if verb == "deregister":
-            return self._deregister(str(meta.get("name", "")))
+            return self._deregister(str(meta.get("name", "")), str(meta.get("why", "")))
         if verb == "wait_servers":
             return self._wait_servers(float(meta.get("timeout_s", 60.0)))
         if verb == "barrier":
@@ -249,17 +251,22 @@ class Coordinator:
             "num_workers": self.num_workers,
         }
 
-    def _deregister(self, name: str):
+    def _deregister(self, name: str, why: str = ""):
+        """A peer leaves. With `why` (a server stopped by a signal before the job finished) it is
+        dead for the job, told to every peer as a dead one is, at once (see `quit`)."""
         with self._lock:
             peer = self._peers.get(name)
-            if peer is not None and peer.state == "alive":
+            if peer is not None and peer.state == "alive" and why:
+                failed = self._quit(name, peer, why)
+            elif peer is not None and peer.state == "alive":
                 peer.state, peer.why = "left", "it deregistered"
                 failed = self._fail_for(peer, name) if peer.kind == "worker" else []
             else:
                 failed = []
-        logger.info("coordinator: %s left", name)
+        if not why:
+            logger.info("coordinator: %s left", name)
         for w, message in failed:
-            _answer(w.future, "left", message)
+            _answer(w.future, "dead" if why else "left", message)
         return []
 
     def _heartbeat(self, name: str):
@@ -267,7 +274,7 @@ class Coordinator:
             peer = self._peers.get(name)
             if peer is not None and peer.state == "alive":
                 peer.last_seen = time.monotonic()
-            dead = {n: _who(n, p) + f" is dead: {p.why}" for n, p in self._peers.items() if p.state == "dead"}
+            dead = {n: _fate(n, p) for n, p in self._peers.items() if p.state == "dead"}
             gone = self.workers_gone()
             servers = self._servers_ready()
         meta = {"dead": ",".join(dead), "dead_why": json.dumps(dead), "known": peer is not None, "workers_gone": gone,
@@ -296,7 +303,7 @@ class Coordinator:
         """(error kind, message) if a peer of `kinds` is dead (any kind) or left (lock held)."""
         for n, p in self._peers.items():
             if p.state == "dead":
-                return "dead", f"{_who(n, p)} is dead: {p.why}"
+                return "dead", _fate(n, p)
         for n, p in self._peers.items():
             if p.state == "left" and p.kind in kinds:
                 return "left", f"{n} left the cluster ({p.why})"
@@ -339,11 +346,37 @@ class Coordinator:
             _resolve(w.future, {})
         return future
 
+    def _quit(self, name: str, peer: _Peer, why: str) -> list[tuple[_Waiter, str]]:
+        """(lock held) `name` leaves before the job finished: dead for everyone; the waits to fail."""
+        peer.state, peer.why, peer.quit = "dead", why, True
+        self._quit_at = time.monotonic()
+        logger.error("coordinator: %s", _fate(name, peer))
+        return self._fail_for(peer, name)
+
+    def quit(self, name: str, why: str) -> None:
+        """In-process twin of a peer's deregister with a reason (server 0 leaving on a signal)."""
+        self._deregister(name, why)
+
+    def wait_told(self, timeout: float) -> bool:
+        """Block until every live peer heartbeat since the last `quit` (so it heard who left), at most
+        `timeout` seconds; True if all did. Server 0 calls it before its coordinator stops."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                since = self._quit_at
+                waiting = [n for n, p in self._peers.items() if p.state == "alive" and since is not None and p.last_seen < since]
+            if not waiting:
+                return True
+            if time.monotonic() >= deadline:
+                logger.warning("coordinator: %s did not heartbeat within %.1f s of the departure", ", ".join(waiting), timeout)
+                return False
+            time.sleep(0.05)
+
     # -- monitor --------------------------------------------------------------------------------
 
     def _fail_for(self, peer: _Peer, name: str) -> list[tuple[_Waiter, str]]:
         """Every pending wait that can no longer succeed because `name` died or left (lock held)."""
-        why = f"{_who(name, peer)} is dead: {peer.why}" if peer.state == "dead" else f"{name} left the cluster"
+        why = _fate(name, peer) if peer.state == "dead" else f"{name} left the cluster"
         failed = [(w, f"{w.what}: {why}") for w in self._server_waiters]
         self._server_waiters = []
         for b in self._barriers.values():
@@ -390,6 +423,12 @@ class Coordinator:
                         del self._barriers[bname]
             for w, kind, message in failed:
                 _answer(w.future, kind, message)
+
+
+def _fate(name: str, peer: _Peer) -> str:
+    """What the peers are told of a dead peer: "server1 at tcp://... is dead: no heartbeat for ...", or,
+    for one that said it was leaving, "server1 at tcp://... left before the job finished: it got SIGTERM"."""
+    return f"{_who(name, peer)} {'left before the job finished' if peer.quit else 'is dead'}: {peer.why}"
 
 
 def _who(name: str, peer: _Peer) -> str:
@@ -579,16 +618,18 @@ class CoordinatorClient:
                     f"{why.get(dead[0], dead[0] + ' is dead')}; the job cannot finish without it "
                     "(no automatic restarts)"))
 
-    def deregister(self, timeout_s: float = 2.0) -> None:
-        """Leave the cluster cleanly (stops heartbeats); errors are logged, not raised. Skipped
-        when the last heartbeat failed (the coordinator is gone: nobody to tell)."""
+    def deregister(self, timeout_s: float = 2.0, why: str = "") -> None:
+        """Leave the cluster (stops heartbeats); errors are logged, not raised. Skipped when the
+        last heartbeat failed (the coordinator is gone: nobody to tell). With `why` ("it got
+        SIGTERM") this peer leaves before the job finished: the coordinator tells every peer, as
+        it tells a dead one, and their calls fail at once naming this peer."""
         self._stop.set()
         if self._heartbeat_failing:
             logger.info("%s: not deregistering, the coordinator did not answer the last heartbeat", self.name)
             return
         if self.name:
             try:
-                self._call("deregister", meta={"name": self.name}, timeout_s=timeout_s)
+                self._call("deregister", meta={"name": self.name, **({"why": why} if why else {})}, timeout_s=timeout_s)
             except PSError as e:
                 logger.warning("%s: deregister failed: %s", self.name, e)
 

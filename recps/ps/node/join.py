@@ -70,6 +70,7 @@ class ServerNode:
         self.link = CoordinatorClient(role.coordinator, token=role.token, timeout_s=timeout_s)
         self._timeout_s = timeout_s
         self._stopped = False
+        self._stop_reason = ""  # request_stop's: why this server stops before a client said so
 
     @property
     def endpoint(self) -> str:
@@ -86,8 +87,11 @@ class ServerNode:
             raise
         return self
 
-    def request_stop(self) -> None:
-        """Make `wait` return (a signal handler's way to stop the serving loop)."""
+    def request_stop(self, reason: str = "it was stopped by a signal") -> None:
+        """Make `wait` return (a signal handler's way to stop the serving loop). Unless a client
+        sent `stop` or every worker is gone, `stop()` then tells the coordinator this server leaves
+        before the job finished, for `reason` ("it got SIGTERM"): every peer fails at once naming it."""
+        self._stop_reason = reason
         self.server._stop_requested.set()
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -115,7 +119,14 @@ class ServerNode:
         if self._stopped:
             return
         self._stopped = True
-        self.link.deregister(timeout_s=2.0)
+        why = ""
+        if self._stop_reason and not self.server.stop_verb_received and not self.link.workers_gone and self.link.failure is None:
+            why = f"{self._stop_reason} before the job finished (no worker sent stop)"
+        self.link.deregister(timeout_s=2.0, why=why)
+        if why and self.coordinator is not None:
+            # This process hosts the coordinator: serve until every live peer heard who left (its
+            # next heartbeat), two heartbeat periods at most, else they would wait out a lease.
+            self.coordinator.wait_told(2 * self.heartbeat_s + 0.5)
         self.link.close()
         self.server.stop()
         if self.coordinator is not None:

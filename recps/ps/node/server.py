@@ -232,6 +232,7 @@ class PSServer:
         self._halves: dict[str, ServerHalf] = {}  # made on the first table of each mode
         self.stopped = threading.Event()  # set by stop()
         self._stop_requested = threading.Event()
+        self.stop_verb_received = False  # a client sent `stop` (the job's normal end)
         # Long verbs (save, load, shrink) run here, one at a time, so that they never hold a
         # handler thread (or, with num_threads=0, the network thread) while pulls wait.
         self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"recps-ps{index}-background")
@@ -520,5 +521,6 @@ class PSServer:
 
     def _stop_verb(self, name, fields, meta):
         logger.info("server %d: stop requested by a client", self.index)
+        self.stop_verb_received = True
         self._stop_requested.set()
         return []

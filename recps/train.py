@@ -78,6 +78,10 @@ def _run(cfg: DictConfig) -> float:
     hydra_cfg = HydraConfig.get()
     validate_config(cfg, overrides=list(hydra_cfg.overrides.task))  # before any data, process or heavy import
     out_dir = Path(hydra_cfg.runtime.output_dir)
+    if cfg.get("pipeline") is not None and str(cfg.pipeline.get("name", "none")) != "none":
+        from recps.pipeline import run_pipeline
+
+        return run_pipeline(cfg, out_dir)  # checks its stages first; prints and writes metrics.json itself
     if cfg.get("stream") is not None and cfg.stream.get("enabled"):
         from recps.stream import run_stream
 

@@ -1,1 +1,23 @@
-"""The recommendation funnel (issue 16): recall -> coarse rank -> fine rank -> fusion on one PS layer, a mode per stage."""
+"""The recommendation funnel (issue 16): recall -> coarse rank -> fine rank -> fusion on one PS layer, a mode per stage.
+
+    python -m recps.train pipeline=video_funnel            # trains and evaluates every stage (recps.pipeline.runner)
+    python -m recps.pipeline.recommend RUN_DIR --users 1,2  # serves the trained funnel (recps.pipeline.recommend)
+
+Modules: config (the stages, checked before any process starts), data (users, items, exposures,
+held-out requests), funnel (stage exports, the cascade), evaluate (end-to-end metrics), runner (the
+cluster job), recommend (serving), ann (the recall stage's item index).
+"""
+
+__all__ = ["enabled", "run_pipeline"]
+
+
+def enabled(cfg) -> bool:
+    from recps.pipeline.config import enabled as _enabled
+
+    return _enabled(cfg)
+
+
+def run_pipeline(cfg, out_dir):
+    from recps.pipeline.runner import run_pipeline as _run
+
+    return _run(cfg, out_dir)

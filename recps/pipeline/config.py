@@ -1,0 +1,234 @@
+"""A pipeline config (conf/pipeline/*.yaml) read into `StageSpec`s and checked before any process starts.
+
+`pipeline_specs(cfg)` binds every stage's model, task and optimizer to their constructors, builds its
+PS mode (the stage's `ps` node, a conf/ps group), and checks the stages against each other: an
+upstream that is not an earlier stage, a `keep` larger than what the stage receives, features a model
+reads that the stage's inputs lack, a mode the stage cannot train in. `check_data(specs, data)` checks
+them against the data once it is loaded (features it lacks, recall's keep against the catalogue), still
+in the launcher. Every message names the stage, the key and the fix.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from recps.config import MODEL_ENGINE_KEYS, MODEL_INJECTED, PS_MODES, TASK_ENGINE_KEYS, check_target_args
+from recps.errors import ConfigError
+
+__all__ = ["StageSpec", "enabled", "pipeline_specs", "check_data", "STAGE_KEYS", "INPUT_KEYS"]
+
+STAGE_KEYS = ("model", "task", "optimizer", "trainer", "ps", "keep", "inputs", "score_weights")
+INPUT_KEYS = ("features", "upstream", "train_on", "candidates_per_user", "scores")
+TRAINER_KEYS = ("epochs", "batch_size", "threads", "max_steps")
+PIPELINE_KEYS = ("name", "world", "top_n", "eval_users", "eval_batch_users", "index", "stages", "objective")
+TRAIN_ON = ("positives", "exposures", "candidates")
+# The features a model reads, by constructor argument (zoo models name them so).
+_FEATURE_ARGS = ("query_features", "candidate_features", "user_features", "item_features", "features")
+
+
+@dataclass
+class StageSpec:
+    """One stage of the funnel, as its config says (see conf/pipeline/video_funnel.yaml)."""
+
+    name: str
+    index: int
+    model: DictConfig
+    task: DictConfig
+    optimizer: DictConfig
+    ps: DictConfig
+    mode: Any  # the recps.ps.modes object its `ps` node builds
+    keep: int
+    features: list[str]
+    upstream: str | None
+    train_on: list[str]
+    candidates_per_user: int = 0
+    scores: list[str] = field(default_factory=list)
+    score_weights: list[float] | None = None
+    epochs: int = 1
+    batch_size: int = 256
+    threads: int = 1
+    max_steps: int = -1
+
+    @property
+    def where(self) -> str:
+        return f"pipeline.stages.{self.name}"
+
+    @property
+    def is_retrieval(self) -> bool:
+        return self.upstream is None
+
+
+def enabled(cfg: DictConfig) -> bool:
+    node = cfg.get("pipeline")
+    return node is not None and str(node.get("name", "none")) != "none"
+
+
+def _plain(node) -> Any:
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, (DictConfig, ListConfig)) else node
+
+
+def _mode(stage: str, ps: DictConfig):
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    where = f"pipeline.stages.{stage}.ps"
+    name = str(ps.get("name", ""))
+    if name not in PS_MODES:
+        raise ConfigError(f"{where}.name={name!r}: the funnel's stages train on the parameter server; choose "
+                          f"ps@{where}={'|'.join(PS_MODES)}")
+    check_target_args(ps, where, engine_keys=("name",))
+    if ps.get("table") is not None:
+        check_target_args(ps.table, f"{where}.table")
+    node = _plain(ps)
+    node.pop("name", None)
+    try:
+        return instantiate(node, _convert_="all")
+    except InstantiationException as e:
+        raise ConfigError(f"{where} ({name}): {e.__cause__ or e}; fix that knob") from e
+
+
+def _int(node, key: str, where: str, minimum: int) -> int:
+    value = node.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{where}.{key}={value!r}: give an integer >= {minimum}")
+    return int(value)
+
+
+def pipeline_specs(cfg: DictConfig) -> list[StageSpec]:
+    """The stages of `cfg.pipeline`, in order, checked (see the module docstring); ConfigError otherwise."""
+    from hydra.utils import get_object
+
+    p = cfg.pipeline
+    for key in p.keys():
+        if key not in PIPELINE_KEYS:
+            raise ConfigError(f"pipeline.{key} is read by nothing; the pipeline's keys are {', '.join(PIPELINE_KEYS)}")
+    stages = p.get("stages")
+    if not isinstance(stages, DictConfig) or not len(stages):
+        raise ConfigError(f"pipeline={p.get('name')} has no stages; give pipeline.stages.<name>: {{model, task, ps, "
+                          "keep, inputs}} in order (recall first)")
+    if p.get("world") is None or not p.world.get("_target_"):
+        raise ConfigError("pipeline.world has no _target_; give the data builder, e.g. recps.pipeline.data.movielens")
+    top_n = _int(p, "top_n", "pipeline", 1)
+    specs: list[StageSpec] = []
+    for index, (name, node) in enumerate(stages.items()):
+        name = str(name)
+        where = f"pipeline.stages.{name}"
+        if not isinstance(node, DictConfig):
+            raise ConfigError(f"{where}={node!r}: a stage is a mapping of {', '.join(STAGE_KEYS)}")
+        for key in node.keys():
+            if key not in STAGE_KEYS:
+                raise ConfigError(f"{where}.{key} is read by nothing; a stage's keys are {', '.join(STAGE_KEYS)}")
+        for key in ("model", "task", "optimizer", "ps", "keep", "inputs"):
+            if node.get(key) is None:
+                raise ConfigError(f"{where}.{key} is not set; every stage gives {key} (see conf/pipeline/video_funnel.yaml)")
+        # The model: a zoo `_target_` that imports and takes these arguments.
+        check_target_args(node.model, f"{where}.model", injected=MODEL_INJECTED, engine_keys=MODEL_ENGINE_KEYS)
+        check_target_args(node.task, f"{where}.task", engine_keys=TASK_ENGINE_KEYS)
+        check_target_args(node.optimizer, f"{where}.optimizer", injected=("params",))
+        if node.model.get("embedding_dim") is None:
+            raise ConfigError(f"{where}.model.embedding_dim is not set; give the width of the stage's embedding rows")
+        inputs = node.inputs
+        for key in inputs.keys():
+            if key not in INPUT_KEYS:
+                raise ConfigError(f"{where}.inputs.{key} is read by nothing; a stage's inputs are {', '.join(INPUT_KEYS)}")
+        features = [str(f) for f in (inputs.get("features") or ())]
+        if not features:
+            raise ConfigError(f"{where}.inputs.features is empty; list the data's features the model reads")
+        upstream = inputs.get("upstream")
+        earlier = [s.name for s in specs]
+        if index == 0 and upstream is not None:
+            raise ConfigError(f"{where}.inputs.upstream={upstream!r}: the first stage retrieves from the whole "
+                              "catalogue; set it to null (or put the stage after its upstream)")
+        if index > 0 and upstream not in earlier:
+            raise ConfigError(f"{where}.inputs.upstream={upstream!r} is not an earlier stage ({', '.join(earlier)}); "
+                              "name the stage whose candidates it scores")
+        scores = [str(s) for s in (inputs.get("scores") or ())]
+        for s in scores:
+            if s not in earlier:
+                raise ConfigError(f"{where}.inputs.scores: {s!r} is not an earlier stage ({', '.join(earlier)}); "
+                                  "name stages above it")
+        model_cls = get_object(str(node.model._target_))
+        takes = inspect.signature(model_cls).parameters
+        if scores and "dense_in_features" not in takes:
+            raise ConfigError(f"{where}.inputs.scores={scores}: {node.model._target_} takes no dense inputs; "
+                              "use a model with dense_in_features (models.CTRDNN, models.DeepFM) or drop scores")
+        if "embedding_bag_collection" not in takes:
+            raise ConfigError(f"{where}.model._target_={node.model._target_} does not take an embedding_bag_collection; "
+                              "a funnel stage builds its model over a PS-backed bag collection: use a pooled zoo "
+                              "model (two_tower, youtube_dnn, deepfm, dcn_v2, mmoe, ctr_dnn)")
+        for arg in _FEATURE_ARGS:
+            wanted = node.model.get(arg)
+            if wanted is not None:
+                lacking = [str(f) for f in wanted if str(f) not in features]
+                if lacking:
+                    raise ConfigError(f"{where}.model.{arg}: {lacking} are not among the stage's inputs.features "
+                                      f"{features}; add them there or drop them from the model")
+        if index == 0:
+            for method in ("encode", "score"):
+                if not callable(getattr(model_cls, method, None)):
+                    raise ConfigError(f"{where}.model._target_={node.model._target_} has no {method}(): the first "
+                                      "stage exports an item tower into the index; use a two-tower model "
+                                      "(models.TwoTower, models.YoutubeDNN)")
+        train_on = [str(t) for t in (inputs.get("train_on") or ())]
+        if not train_on or any(t not in TRAIN_ON for t in train_on):
+            raise ConfigError(f"{where}.inputs.train_on={train_on}: give some of {list(TRAIN_ON)}")
+        if index == 0 and train_on != ["positives"]:
+            raise ConfigError(f"{where}.inputs.train_on={train_on}: the recall stage trains on [positives] (its "
+                              "softmax takes the other rows' items as negatives)")
+        if index > 0 and "positives" in train_on:
+            raise ConfigError(f"{where}.inputs.train_on={train_on}: a ranker trains on exposures (labelled) and/or "
+                              "candidates; use [exposures, candidates]")
+        keep = _int(node, "keep", where, 1)
+        if index > 0:
+            upstream_keep = next(s.keep for s in specs if s.name == upstream)
+            if keep > upstream_keep:
+                raise ConfigError(f"{where}.keep={keep} is larger than its input: {upstream}.keep={upstream_keep} "
+                                  f"candidates reach it; lower {where}.keep or raise pipeline.stages.{upstream}.keep")
+        trainer = node.get("trainer") or OmegaConf.create({})
+        for key in trainer.keys():
+            if key not in TRAINER_KEYS:
+                raise ConfigError(f"{where}.trainer.{key} is read by nothing; a stage's trainer keys are "
+                                  f"{', '.join(TRAINER_KEYS)}")
+        mode = _mode(name, node.ps)
+        threads = int(trainer.get("threads", 1))
+        max_steps = int(trainer.get("max_steps", -1))
+        if mode.name == "sync" and max_steps > 0 and max_steps % threads:
+            raise ConfigError(f"{where}.trainer.max_steps={max_steps} with ps sync and {threads} threads: every thread "
+                              f"takes the same steps; give a multiple of {threads}")
+        weights = node.get("score_weights")
+        if weights is not None:
+            weights = [float(w) for w in weights]
+            tasks = node.model.get("num_tasks")
+            if tasks is not None and len(weights) != int(tasks):
+                raise ConfigError(f"{where}.score_weights={weights}: {len(weights)} weights for model.num_tasks={tasks} "
+                                  "objectives; give one weight per objective")
+        specs.append(StageSpec(
+            name=name, index=index, model=node.model, task=node.task, optimizer=node.optimizer, ps=node.ps, mode=mode,
+            keep=keep, features=features, upstream=None if upstream is None else str(upstream), train_on=train_on,
+            candidates_per_user=int(inputs.get("candidates_per_user") or 0), scores=scores, score_weights=weights,
+            epochs=_int(trainer, "epochs", f"{where}.trainer", 1) if "epochs" in trainer else 1,
+            batch_size=_int(trainer, "batch_size", f"{where}.trainer", 1) if "batch_size" in trainer else 256,
+            threads=threads, max_steps=max_steps,
+        ))
+    last = specs[-1]
+    if last.keep != top_n:
+        raise ConfigError(f"pipeline.stages.{last.name}.keep={last.keep} but pipeline.top_n={top_n}: the last stage "
+                          "keeps the final list; make them equal")
+    if len({s.threads for s in specs}) != 1:
+        raise ConfigError("pipeline.stages.*.trainer.threads differ "
+                          f"({', '.join(f'{s.name}={s.threads}' for s in specs)}): one worker's threads train every "
+                          "stage in turn; give every stage the same threads")
+    return specs
+
+
+def check_data(specs: list[StageSpec], data) -> None:
+    """The stages against the loaded data (launcher, before any process starts)."""
+    for s in specs:
+        data.check_features(s.name, s.features)
+        if s.is_retrieval and s.keep > data.num_items:
+            raise ConfigError(f"{s.where}.keep={s.keep} is larger than its input: the catalogue holds "
+                              f"{data.num_items} items; lower {s.where}.keep")

@@ -1,0 +1,210 @@
+"""What a funnel trains and is evaluated on: users and items with their features, exposures with labels,
+held-out requests with their positives, and what each user has already seen.
+
+A `FunnelData` is built by the `_target_` of `pipeline.world` (conf/pipeline/*.yaml):
+
+- `movielens(ratings, movies, ...)`: MovieLens latest-small as real data. Each user's ratings in time
+  order; the last `test_fraction` are held out. Every training rating is an exposure (label click =
+  rating >= `click_rating`, long_view = rating >= `long_view_rating`); a held-out rating >= click_rating
+  is a positive of the user's request. Items: item_id and category (the first genre).
+- `video_world(...)`: the generated video world (recps.data.video_world), whose click and long-view
+  labels come from a known model (its ideal ranking is known).
+
+Shapes: U users, I items, N exposures, R held-out requests (one per test user).
+Pairs of (user, item) become `Examples` with one key per feature (`pair_examples`): the stage's
+features, user side then item side, as its model names them.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from recps.data.reader import Examples
+from recps.errors import ConfigError, DataError
+
+__all__ = ["FunnelData", "Csr", "movielens", "video_world", "pair_examples", "csr_from_pairs"]
+
+log = logging.getLogger("recps.pipeline")
+
+
+@dataclass(frozen=True)
+class Csr:
+    """Rows of item indices: row r holds items[offsets[r]:offsets[r + 1]] (offsets (R + 1,), items (V,))."""
+
+    offsets: torch.Tensor
+    items: torch.Tensor
+
+    def rows(self, rows: torch.Tensor) -> "Csr":
+        """The CSR of rows `rows` (K,), in that order (vectorized gather)."""
+        rows = rows.to(torch.int64)
+        starts, stops = self.offsets[rows], self.offsets[rows + 1]  # (K,)
+        lengths = stops - starts  # (K,)
+        out = torch.zeros(rows.numel() + 1, dtype=torch.int64)
+        torch.cumsum(lengths, 0, out=out[1:])
+        take = torch.repeat_interleave(starts - out[:-1], lengths) + torch.arange(int(out[-1]))  # (V',)
+        return Csr(out, self.items[take])
+
+    def row_ids(self) -> torch.Tensor:
+        """(V,) the row of each entry."""
+        return torch.repeat_interleave(torch.arange(self.offsets.numel() - 1), self.offsets.diff())
+
+    def padded(self, fill: int = -1) -> torch.Tensor:
+        """(R, max length) items, `fill` after each row's end."""
+        lengths = self.offsets.diff()
+        width = int(lengths.max()) if lengths.numel() else 0
+        out = torch.full((lengths.numel(), max(width, 1)), fill, dtype=torch.int64)
+        rows = self.row_ids()
+        cols = torch.arange(self.items.numel()) - self.offsets[rows]
+        out[rows, cols] = self.items
+        return out
+
+
+def csr_from_pairs(rows: torch.Tensor, items: torch.Tensor, num_rows: int) -> Csr:
+    """The Csr of (row, item) pairs, unique items per row, sorted."""
+    key = torch.unique(rows.to(torch.int64) * (int(items.max()) + 1 if items.numel() else 1) + items.to(torch.int64))
+    width = int(items.max()) + 1 if items.numel() else 1
+    r, i = key // width, key % width
+    offsets = torch.zeros(num_rows + 1, dtype=torch.int64)
+    torch.cumsum(torch.bincount(r, minlength=num_rows), 0, out=offsets[1:])
+    return Csr(offsets, i)
+
+
+@dataclass
+class FunnelData:
+    """Users, items, exposures and held-out requests of a funnel.
+
+    Attributes:
+        name: for messages.
+        user_features: feature -> (U,) int64 key of each user.
+        item_features: feature -> (I,) int64 key of each item.
+        train_user, train_item: (N,) int64 exposures.
+        train_labels: (N, T) float32, columns `label_names` (click, long_view).
+        seen: Csr over users: the items each user was exposed to in training (never recommended again).
+        test_users: (R,) int64 users of the held-out requests.
+        test_positives: Csr over requests: the held-out items the user liked.
+        ideal: (users (B,), n, exclude Csr) -> (B, n) item ids of the best list the world's model knows
+            (None: real data, unknown).
+    """
+
+    name: str
+    user_features: dict[str, torch.Tensor]
+    item_features: dict[str, torch.Tensor]
+    train_user: torch.Tensor
+    train_item: torch.Tensor
+    train_labels: torch.Tensor
+    seen: Csr
+    test_users: torch.Tensor
+    test_positives: Csr
+    label_names: tuple[str, ...] = ("click", "long_view")
+    ideal: Callable[[torch.Tensor, int, Csr], torch.Tensor] | None = field(default=None, repr=False)
+
+    @property
+    def num_users(self) -> int:
+        return int(next(iter(self.user_features.values())).numel())
+
+    @property
+    def num_items(self) -> int:
+        return int(next(iter(self.item_features.values())).numel())
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        return (*self.user_features, *self.item_features)
+
+    def popularity(self) -> torch.Tensor:
+        """(I,) training clicks per item (label column 0)."""
+        clicked = self.train_labels[:, 0] > 0
+        return torch.bincount(self.train_item[clicked], minlength=self.num_items)
+
+    def check_features(self, stage: str, features: Sequence[str]) -> None:
+        missing = [f for f in features if f not in self.user_features and f not in self.item_features]
+        if missing:
+            raise ConfigError(f"pipeline.stages.{stage}.inputs.features: {missing} are not features of the data "
+                              f"{self.name!r} (it has {list(self.feature_names)}); name some of those")
+
+
+def pair_examples(data: FunnelData, features: Sequence[str], users: torch.Tensor, items: torch.Tensor,
+                  labels: torch.Tensor | None = None, dense: torch.Tensor | None = None) -> Examples:
+    """Examples (N rows) of (user, item) pairs: one key per feature (user side from `users`, item side
+    from `items`), `labels` (N, T) (zeros when None), `dense` (N, I) (none when None)."""
+    n = int(users.numel())
+    cols = []
+    for f in features:
+        table, index = (data.user_features[f], users) if f in data.user_features else (data.item_features[f], items)
+        cols.append(table[index])  # (N,)
+    keys = torch.stack(cols, 1) if cols else torch.zeros(n, 0, dtype=torch.int64)  # (N, S)
+    return Examples(feature_names=tuple(features), dense=dense if dense is not None else torch.zeros(n, 0),
+                    keys=keys.contiguous(),
+                    labels=labels if labels is not None else torch.zeros(n, len(data.label_names)))
+
+
+# --------------------------------------------------------------------------------------- MovieLens
+
+
+def movielens(ratings: str, movies: str, test_fraction: float = 0.2, click_rating: float = 4.0,
+              long_view_rating: float = 4.5, max_users: int = 0, seed: int = 0) -> FunnelData:
+    """MovieLens latest-small (or any ratings/movies pair in its layout) as funnel data; see the module doc.
+    `max_users` > 0 keeps the first that many users (tests)."""
+    from recps.data.interactions import read_movies, read_ratings
+
+    if not 0.0 < float(test_fraction) < 1.0:
+        raise ConfigError(f"pipeline.world.test_fraction={test_fraction}; use a value in (0, 1)")
+    frame = read_ratings(ratings)
+    genres = read_movies(movies)
+    raw_user = frame["userId"].to_numpy(np.int64)
+    if max_users:
+        keep = raw_user <= np.unique(raw_user)[: int(max_users)].max()
+        frame = frame[keep]
+        raw_user = raw_user[keep]
+    user_ids, user = np.unique(raw_user, return_inverse=True)
+    item_ids, item = np.unique(frame["movieId"].to_numpy(np.int64), return_inverse=True)
+    rating = frame["rating"].to_numpy(np.float64)
+    order = np.lexsort((frame["timestamp"].to_numpy(np.int64), user))
+    user, item, rating = user[order], item[order], rating[order]
+    counts = np.bincount(user, minlength=user_ids.size)  # (U,)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    position = np.arange(user.size) - starts[user]  # (N,) rank in the user's time order
+    held = np.maximum(1, np.floor(counts * float(test_fraction)).astype(np.int64))  # (U,)
+    is_test = position >= (counts - held)[user]
+    # Category: the first genre (in name order) of each item; items without one: category 0.
+    first = genres.sort_values(["movieId", "genre"]).drop_duplicates("movieId")
+    names, genre_index = np.unique(first["genre"].to_numpy(str), return_inverse=True)
+    cat = np.zeros(item_ids.size, np.int64)
+    pos = np.searchsorted(item_ids, first["movieId"].to_numpy(np.int64))
+    ok = (pos < item_ids.size) & (item_ids[np.minimum(pos, item_ids.size - 1)] == first["movieId"].to_numpy(np.int64))
+    cat[pos[ok]] = genre_index[ok] + 1
+    t = torch.from_numpy
+    train = ~is_test
+    labels = np.stack([rating[train] >= click_rating, rating[train] >= long_view_rating], 1).astype(np.float32)
+    num_users = int(user_ids.size)
+    seen = csr_from_pairs(t(user[train]), t(item[train]), num_users)
+    liked = is_test & (rating >= click_rating)
+    test_users = np.unique(user[liked])
+    request = np.searchsorted(test_users, user[liked])
+    positives = csr_from_pairs(t(request), t(item[liked]), int(test_users.size))
+    log.info("funnel data movielens: %d users, %d items, %d exposures, %d held-out requests (%d positives)",
+             num_users, item_ids.size, int(train.sum()), test_users.size, int(liked.sum()))
+    return FunnelData(
+        name="movielens",
+        user_features={"user_id": torch.arange(num_users)},
+        item_features={"item_id": torch.arange(item_ids.size), "category": t(cat)},
+        train_user=t(user[train]).contiguous(), train_item=t(item[train]).contiguous(), train_labels=t(labels),
+        seen=seen, test_users=t(test_users), test_positives=positives,
+    )
+
+
+def video_world(**config) -> FunnelData:
+    """The generated video world (recps.data.video_world) as funnel data: its train impressions
+    (labels click, long_view), held-out requests (positives: long-viewed), seen items and ideal lists."""
+    raise DataError("pipeline.world: the video world generator (recps.data.video_world) is not available "
+                    "in this checkout yet; use pipeline.world=movielens")
+
+
+def check_world_target(node: Mapping) -> None:
+    if not isinstance(node, Mapping) or not node.get("_target_"):
+        raise ConfigError("pipeline.world has no _target_; give the data builder, e.g. "
+                          "_target_: recps.pipeline.data.movielens")

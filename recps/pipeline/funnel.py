@@ -1,0 +1,310 @@
+"""The trained funnel as one object: stage models over their exported rows, the recall index, the cascade.
+
+A stage's export (`export_stage`, written by worker 0 after the stage trained) holds what the servers
+held for it: every row of its tables that the data's keys reach (pulled through a read-only view of the
+servers) and its dense parameters. `load_stage` rebuilds the stage's zoo model over a PS-backed collection
+bound to those rows (`Snapshot`: a pull from memory, no server), so the evaluation path, the next stage's
+training data and `recps.pipeline.recommend` all score with the same code:
+
+    recall   user vectors (B, E) -> index.search(k=keep, exclude=seen)       -> (B, K0) items
+    coarse   score (B, K0) pairs -> top keep                                  -> (B, K1)
+    fine     score (B, K1) pairs (its objectives, weighted) -> top keep       -> (B, K2)
+    fusion   score (B, K2) pairs, dense inputs = the `scores` stages' outputs -> top top_n
+
+Shapes: B users, K candidates per user, E vector width, T a stage's objectives.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+
+from recps import fs as rfs
+from recps.config import MODEL_ENGINE_KEYS
+from recps.errors import DataError
+from recps.pipeline.config import StageSpec
+from recps.pipeline.data import Csr, FunnelData, pair_examples
+
+__all__ = ["Snapshot", "StageModel", "Funnel", "FunnelResult", "build_stage_model", "export_stage", "load_stage",
+           "stage_collection", "pair_keys"]
+
+log = logging.getLogger("recps.pipeline")
+
+EXPORT_DIR = "funnel"  # <run dir>/funnel/<stage>.pt, <run dir>/funnel/items.ann
+
+
+def stage_collection(spec: StageSpec):
+    """The stage's PS-backed bag collection: one table per input feature, namespaced by the stage's name."""
+    from recps.ps.embedding import PSEmbeddingBagCollection
+
+    return PSEmbeddingBagCollection.from_features(spec.features, int(spec.model.embedding_dim), prefix=spec.name)
+
+
+def dense_width(spec: StageSpec, specs: Sequence[StageSpec]) -> int:
+    """I: the stage's dense inputs, one column per output of each stage in its `scores`."""
+    by_name = {s.name: s for s in specs}
+    return sum(outputs_of(by_name[s]) for s in spec.scores)
+
+
+def outputs_of(spec: StageSpec) -> int:
+    """T: the probabilities a stage outputs per pair (its model's num_tasks, else 1)."""
+    return int(spec.model.get("num_tasks") or 1)
+
+
+def build_stage_model(spec: StageSpec, collection, num_dense: int) -> torch.nn.Module:
+    """The stage's zoo model (its `_target_`) over `collection`."""
+    import inspect
+
+    from hydra.utils import get_object, instantiate
+
+    node = OmegaConf.to_container(spec.model, resolve=True)
+    for key in MODEL_ENGINE_KEYS:
+        node.pop(key, None)
+    injected: dict[str, Any] = {"embedding_bag_collection": collection}
+    if "dense_in_features" in inspect.signature(get_object(node["_target_"])).parameters:
+        injected["dense_in_features"] = num_dense
+    return instantiate(node, **injected, _convert_="all")
+
+
+class Snapshot:
+    """A pull-only communicator over exported rows: table -> (sorted salted keys (K,), rows (K, D)).
+    A key that was never trained reads as zeros, as from the servers' read-only view."""
+
+    mode = "read"
+
+    def __init__(self, tables: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.tables = tables
+
+    def pull(self, table: str, keys: torch.Tensor) -> torch.Tensor:
+        sorted_keys, rows = self.tables[table]
+        pos = torch.searchsorted(sorted_keys, keys).clamp(max=max(0, sorted_keys.numel() - 1))  # (K,)
+        found = sorted_keys[pos] == keys if sorted_keys.numel() else torch.zeros_like(keys, dtype=torch.bool)
+        out = rows[pos] if sorted_keys.numel() else torch.zeros(keys.numel(), rows.shape[1])
+        return torch.where(found.unsqueeze(1), out, torch.zeros_like(out))  # (K, D)
+
+    def push(self, table: str, keys: torch.Tensor, grads: torch.Tensor) -> None:
+        raise DataError(f"an exported stage is read-only: a push to {table!r} came from a model in training mode")
+
+
+class _Recorder:
+    """Wraps a read-only communicator and keeps every (table, keys, rows) it answered."""
+
+    mode = "read"
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.seen: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+
+    def pull(self, table: str, keys: torch.Tensor) -> torch.Tensor:
+        rows = self.inner.pull(table, keys)
+        self.seen.setdefault(table, []).append((keys.clone(), rows.clone()))
+        return rows
+
+    def push(self, table: str, keys: torch.Tensor, grads: torch.Tensor) -> None:
+        raise DataError(f"export: a push to {table!r} while exporting")
+
+    def tables(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        out = {}
+        for table, parts in self.seen.items():
+            keys = torch.cat([k for k, _ in parts])
+            rows = torch.cat([r for _, r in parts])
+            uniq, order = np.unique(keys.numpy(), return_index=True)
+            out[table] = (torch.from_numpy(uniq), rows[torch.from_numpy(order)])
+        return out
+
+
+def _all_keys(data: FunnelData, features: Sequence[str]):
+    """A KJT holding every key of every feature (feature f's rows 0..n_f-1; empty rows after)."""
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    tables = [data.user_features[f] if f in data.user_features else data.item_features[f] for f in features]
+    width = max(int(t.numel()) for t in tables)
+    lengths = torch.cat([(torch.arange(width) < t.numel()).to(torch.int64) for t in tables])  # (F * width,)
+    return KeyedJaggedTensor(keys=list(features), values=torch.cat(tables), lengths=lengths, stride=width)
+
+
+def export_stage(spec: StageSpec, model: torch.nn.Module, collection, data: FunnelData, num_dense: int) -> bytes:
+    """The stage as the servers hold it (call with `collection` bound to a read-only view of the servers and
+    the model's dense parameters holding the servers' values): its rows for every key of the data and its
+    dense state, as the bytes of a torch file."""
+    reader = collection.communicator
+    recorder = _Recorder(reader)
+    collection.bind(recorder)
+    try:
+        with torch.no_grad():
+            collection(_all_keys(data, spec.features))
+    finally:
+        collection.bind(reader)
+    state = {k: v for k, v in model.state_dict().items()}
+    buffer = io.BytesIO()
+    torch.save({"stage": spec.name, "features": list(spec.features), "num_dense": num_dense,
+                "tables": recorder.tables(), "state": state}, buffer)
+    return buffer.getvalue()
+
+
+def load_stage(spec: StageSpec, blob: bytes | str) -> "StageModel":
+    """A StageModel from `export_stage`'s bytes (or a path / URL to them)."""
+    raw = rfs.read_bytes(blob) if isinstance(blob, str) else blob
+    saved = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+    if list(saved["features"]) != list(spec.features):
+        raise DataError(f"{spec.where}: the export was trained on features {saved['features']}, the config names "
+                        f"{list(spec.features)}; recommend with the run's own config")
+    collection = stage_collection(spec)
+    collection.bind(Snapshot(saved["tables"]))
+    model = build_stage_model(spec, collection, int(saved["num_dense"]))
+    model.load_state_dict(saved["state"])
+    model.eval()
+    return StageModel(spec, model)
+
+
+def pair_keys(spec: StageSpec, data: FunnelData, users: torch.Tensor, items: torch.Tensor,
+              dense: torch.Tensor | None = None):
+    """The Batch of (user, item) pairs (N,) for the stage's model."""
+    return pair_examples(data, spec.features, users, items, dense=dense).to_batch()
+
+
+@dataclass
+class StageModel:
+    """A trained stage, scoring (user, item) pairs."""
+
+    spec: StageSpec
+    model: torch.nn.Module
+
+    @torch.no_grad()
+    def outputs(self, data: FunnelData, users: torch.Tensor, items: torch.Tensor,
+                dense: torch.Tensor | None = None) -> torch.Tensor:
+        """(N, T) probabilities of pairs (users (N,), items (N,))."""
+        if users.numel() == 0:
+            return torch.zeros(0, outputs_of(self.spec))
+        batch = pair_keys(self.spec, data, users, items, dense)
+        logits = self.model(batch.dense, batch.sparse)  # (N,) or (N, T)
+        return torch.sigmoid(logits.reshape(users.numel(), -1).float())  # (N, T)
+
+    def rank_score(self, probs: torch.Tensor) -> torch.Tensor:
+        """(N,) the score the stage ranks by: its objectives' probabilities weighted (score_weights)."""
+        weights = self.spec.score_weights
+        if weights is None:
+            return probs[:, 0]
+        return probs @ torch.tensor(weights, dtype=probs.dtype)  # (N,)
+
+    @torch.no_grad()
+    def vectors(self, data: FunnelData, users: torch.Tensor | None = None, items: torch.Tensor | None = None):
+        """Retrieval stages: query vectors of `users` (B, E) or candidate vectors of `items` (C, E)."""
+        if users is not None:
+            batch = pair_keys(self.spec, data, users, torch.zeros_like(users))
+            return self.model.encode(batch.dense, batch.sparse)[0]
+        batch = pair_keys(self.spec, data, torch.zeros_like(items), items)
+        return self.model.encode(batch.dense, batch.sparse)[1]
+
+
+@dataclass
+class FunnelResult:
+    """What the cascade did for B users: per stage its kept items (B, K_s) (-1 pads), their rank scores,
+    and its seconds."""
+
+    users: torch.Tensor
+    kept: dict[str, torch.Tensor] = field(default_factory=dict)
+    scores: dict[str, torch.Tensor] = field(default_factory=dict)
+    outputs: dict[str, torch.Tensor] = field(default_factory=dict)  # (B, K_s, T) probabilities of kept items
+    seconds: dict[str, float] = field(default_factory=dict)
+    inputs: dict[str, torch.Tensor] = field(default_factory=dict)  # (B, K_in) what each ranker received
+    input_scores: dict[str, torch.Tensor] = field(default_factory=dict)  # (B, K_in) its scores of them
+
+
+class Funnel:
+    """The stages in order over one data set: `run(users)` sends users through them (see the module doc).
+
+    `stages`: StageModel by name (a prefix of `specs` may be given: `run` stops at the last one present);
+    `index`: the recall stage's ItemIndex over the item vectors."""
+
+    def __init__(self, specs: Sequence[StageSpec], stages: dict[str, StageModel], index, data: FunnelData) -> None:
+        self.specs = [s for s in specs if s.name in stages]
+        self.stages, self.index, self.data = stages, index, data
+
+    def seen_of(self, users: torch.Tensor):
+        from recps.pipeline.ann import Seen
+
+        part = self.data.seen.rows(users)
+        return Seen(part.offsets.numpy(), part.items.numpy())
+
+    def score_pairs(self, spec: StageSpec, users: torch.Tensor, items: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(probs (N, T), rank scores (N,)) of the stage for pairs; a stage with `scores` gets the upstream
+        stages' probabilities of the same pairs as its dense inputs."""
+        dense = None
+        if spec.scores:
+            dense = torch.cat([self.stages[s].outputs(self.data, users, items) for s in spec.scores], 1)  # (N, I)
+        stage = self.stages[spec.name]
+        probs = stage.outputs(self.data, users, items, dense)
+        return probs, stage.rank_score(probs)
+
+    def rank(self, spec: StageSpec, users: torch.Tensor, candidates: torch.Tensor, keep: int | None = None):
+        """Score candidates (B, K) (-1 pads) with the stage; keep its best `keep` (default spec.keep).
+        Returns (kept (B, k), kept scores (B, k), kept probs (B, k, T), scores of all candidates (B, K))."""
+        b, k = candidates.shape
+        keep = min(spec.keep if keep is None else keep, k)
+        valid = candidates >= 0
+        flat_users = users.repeat_interleave(k)[valid.flatten()]
+        probs_v, score_v = self.score_pairs(spec, flat_users, candidates[valid])
+        scores = torch.full((b, k), -torch.inf)
+        scores[valid] = score_v
+        probs = torch.zeros(b, k, probs_v.shape[1])
+        probs[valid] = probs_v
+        top = torch.topk(scores, keep, dim=1)  # (B, keep)
+        kept = candidates.gather(1, top.indices)
+        kept = torch.where(torch.isfinite(top.values), kept, torch.full_like(kept, -1))
+        return kept, top.values, probs.gather(1, top.indices.unsqueeze(2).expand(-1, -1, probs.shape[2])), scores
+
+    def retrieve(self, users: torch.Tensor, keep: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Recall: (B, keep) unseen items and their scores from the index."""
+        first = self.specs[0]
+        queries = self.stages[first.name].vectors(self.data, users=users)  # (B, E)
+        ids, scores = self.index.search(queries.numpy().astype(np.float32), keep, exclude=self.seen_of(users))
+        return torch.from_numpy(ids), torch.from_numpy(scores.astype(np.float32))
+
+    def run(self, users: torch.Tensor, until: str | None = None, record_inputs: bool = False,
+            skip: set[str] | frozenset = frozenset()) -> FunnelResult:
+        """Users (B,) through the stages (up to `until`, included); a stage in `skip` passes on what it
+        received (the baseline without coarse)."""
+        out = FunnelResult(users=users)
+        for spec in self.specs:
+            start = time.perf_counter()
+            if spec.name in skip:
+                kept, scores = out.kept[spec.upstream], out.scores[spec.upstream]
+            elif spec.upstream is None:
+                kept, scores = self.retrieve(users, spec.keep)
+                out.outputs[spec.name] = scores.unsqueeze(2)
+            else:
+                candidates = out.kept[spec.upstream]
+                kept, scores, probs, all_scores = self.rank(spec, users, candidates)
+                out.outputs[spec.name] = probs
+                if record_inputs:
+                    out.inputs[spec.name], out.input_scores[spec.name] = candidates, all_scores
+            out.kept[spec.name], out.scores[spec.name] = kept, scores
+            out.seconds[spec.name] = time.perf_counter() - start
+            if spec.name == until:
+                break
+        return out
+
+    @property
+    def final(self) -> str:
+        return self.specs[-1].name
+
+
+def build_index(vectors: torch.Tensor, config: dict | None):
+    """The recall stage's ItemIndex over item vectors (I, E) (ids 0..I-1)."""
+    from recps.pipeline.ann import AnnConfig, ItemIndex
+
+    cfg = AnnConfig(**(config or {}))
+    return ItemIndex.build(vectors.numpy().astype(np.float32), np.arange(vectors.shape[0], dtype=np.int64), cfg)
+
+
+def csr_positives(positives: Csr, rows: torch.Tensor) -> torch.Tensor:
+    """(B, P) held-out positives of requests `rows`, -1 padded."""
+    return positives.rows(rows).padded(-1)

@@ -1,0 +1,255 @@
+"""`python -m recps.train pipeline=video_funnel`: every stage of the funnel on one set of parameter servers.
+
+The launcher (recps.cluster.run_distributed) checks the pipeline config and the data before any process
+starts, then starts `cluster.servers` servers and `cluster.workers` workers; each worker runs
+`funnel_work`:
+
+    one Fleet; every stage's collection registered with its own mode (tables `<stage>_d<D>`, tagged with
+    the mode on the servers), the first stage's mode the strategy's
+    for each stage, in order:
+        its training data: recall, the clicked exposures; a ranker, the exposures with their labels plus
+            `candidates_per_user` unexposed candidates of its upstream (label 0), as production funnels
+            train; `scores` stages' probabilities of each pair as dense inputs
+        its dense table `<stage>_dense` (created by every worker, the first one's values win), a trainer
+            whose updater is the stage mode's; this worker's shard of the data; sync: equal steps
+        close the stage's communicator (geo: the last deltas), barrier
+        export what the servers hold for it (read-only view): worker 0 writes <run dir>/funnel/<stage>.pt;
+            every worker loads the same export (the next stage's candidates come from it)
+        recall: item vectors -> the item index (worker 0 writes <run dir>/funnel/items.ann)
+    worker 0 evaluates the funnel on the held-out requests (recps.pipeline.evaluate) and writes
+    <run dir>/metrics.json; the launcher prints each stage's metrics and the funnel's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from recps import fs as rfs
+from recps.errors import ConfigError
+from recps.pipeline.config import StageSpec, check_data, pipeline_specs
+from recps.pipeline.data import FunnelData, pair_examples
+from recps.pipeline.funnel import (EXPORT_DIR, Funnel, build_index, build_stage_model, dense_width, export_stage,
+                                   load_stage, outputs_of, stage_collection)
+
+__all__ = ["run_pipeline", "funnel_work", "load_world", "training_examples", "summary_lines"]
+
+log = logging.getLogger("recps.pipeline")
+
+
+def load_world(cfg: DictConfig) -> FunnelData:
+    from hydra.utils import instantiate
+
+    from recps.config import check_target_args
+
+    check_target_args(cfg.pipeline.world, "pipeline.world")
+    return instantiate(OmegaConf.to_container(cfg.pipeline.world, resolve=True), _convert_="all")
+
+
+def run_pipeline(cfg: DictConfig, out_dir: Path) -> float:
+    """recps.train's entry with pipeline != none: launch the cluster (or be one of its processes), then
+    print and write the funnel's metrics; returns pipeline.objective (NaN in the cluster's processes)."""
+    from recps.cluster import run_distributed
+
+    if cfg.ps.name not in ("sync", "async", "geo"):
+        raise ConfigError(f"pipeline={cfg.pipeline.name} trains on the parameter server; ps={cfg.ps.name!r}: "
+                          "drop ps=local (each stage's mode is pipeline.stages.<stage>.ps)")
+    specs = pipeline_specs(cfg)  # a bad stage fails here, in the launcher, before any process starts
+
+    def before_launch(c, mode, d) -> None:
+        data = load_world(c)
+        check_data(specs, data)
+
+    metrics = run_distributed(cfg, out_dir, work=funnel_work, before_launch=before_launch)
+    if metrics is None:
+        return float("nan")
+    rfs.write_atomic(str(Path(out_dir) / "metrics.json"), json.dumps(metrics, indent=2, sort_keys=True, default=str)
+                     + "\n", overwrite=True)
+    for line in summary_lines(metrics):
+        print(f"[recps] {line}")  # entry point: the lines a user reads
+    print(f"[recps] metrics: {Path(out_dir) / 'metrics.json'}")
+    objective = str(cfg.pipeline.get("objective") or "ndcg@10")
+    value = metrics.get("funnel", {}).get(objective)
+    return float(value) if isinstance(value, (int, float)) else float("nan")
+
+
+# ------------------------------------------------------------------------------------- the worker
+
+
+def _assign_flat(params, flat: torch.Tensor) -> None:
+    with torch.no_grad():
+        pos = 0
+        for p in params:
+            n = p.numel()
+            p.copy_(flat[pos:pos + n].view_as(p))
+            pos += n
+
+
+def training_examples(spec: StageSpec, specs, data: FunnelData, funnel: Funnel | None, seed: int):
+    """The stage's training Examples (see the module docstring)."""
+    if spec.is_retrieval:
+        clicked = data.train_labels[:, 0] > 0
+        users, items = data.train_user[clicked], data.train_item[clicked]
+        counts = torch.bincount(items, minlength=data.num_items).to(torch.float64)  # (I,)
+        log_q = torch.log((counts + 1.0) / (counts.sum() + data.num_items)).to(torch.float32)  # (I,)
+        labels = torch.stack([torch.ones(users.numel()), log_q[items]], 1)  # (N, 2): label, log Q(item)
+        return pair_examples(data, spec.features, users, items, labels=labels)
+    users, items, labels = [], [], []
+    if "exposures" in spec.train_on:
+        users.append(data.train_user)
+        items.append(data.train_item)
+        labels.append(data.train_labels)
+    if "candidates" in spec.train_on and spec.candidates_per_user > 0:
+        train_users = torch.unique(data.train_user)
+        kept = []
+        for part in train_users.split(1024):
+            kept.append(funnel.run(part, until=spec.upstream).kept[spec.upstream])  # (B, K) unseen candidates
+        kept = torch.cat(kept)  # (U', K)
+        g = torch.Generator().manual_seed(seed)
+        pick = torch.rand(kept.shape, generator=g).argsort(1)[:, : spec.candidates_per_user]  # (U', c)
+        cand = kept.gather(1, pick)
+        owner = train_users.unsqueeze(1).expand_as(cand)
+        valid = cand >= 0
+        users.append(owner[valid])
+        items.append(cand[valid])
+        labels.append(torch.zeros(int(valid.sum()), data.train_labels.shape[1]))
+    users, items, labels = torch.cat(users), torch.cat(items), torch.cat(labels)
+    dense = None
+    if spec.scores:
+        dense = torch.cat([torch.cat([funnel.stages[s].outputs(data, u, i) for u, i in
+                                      zip(users.split(65536), items.split(65536))]) for s in spec.scores], 1)  # (N, I)
+    return pair_examples(data, spec.features, users, items, labels=labels, dense=dense)
+
+
+def _train_stage(fleet, spec: StageSpec, model, collection, examples, role, timeout_s: float) -> dict[str, Any]:
+    from hydra.utils import instantiate
+
+    from recps.data.dataset import ExamplesSource
+    from recps.data.sharding import WorkerShards
+    from recps.trainer import Trainer, dense_parameters
+
+    task_cfg = OmegaConf.to_container(spec.task, resolve=True)
+    task_cfg.pop("objective", None)
+    task = instantiate(task_cfg, _convert_="all")
+    dense = [p for _, p in dense_parameters(model, collection)]
+    optimizer = instantiate(spec.optimizer)(dense)
+    named = {f"param{i}": p for i, p in enumerate(dense)}
+    table = f"{spec.name}_dense"
+    mode = spec.mode
+    fleet.client.create_dense_table(table, {n: p.detach() for n, p in named.items()},
+                                    optimizer=mode.dense_rule(optimizer), mode=mode.name)
+    fleet.client.barrier(f"pipeline.{spec.name}.tables", timeout=timeout_s)
+    _assign_flat(dense, fleet.client.pull_dense(table).wait(timeout_s))  # every worker starts equal
+    communicator = collection.communicator
+    updater = mode.dense_updater(named, optimizer, communicator, table)
+    trainer = Trainer(model, collection, task, updater, threads=spec.threads, prefetch=mode.prefetches)
+    source = WorkerShards(ExamplesSource(examples, shuffle=True, seed=spec.index), role.index, role.num_workers)
+    per_thread = -1
+    if mode.name == "sync":  # every thread of every worker takes the same steps
+        per_thread = min(source.shard_batches(spec.batch_size, spec.threads))
+    start = time.perf_counter()
+    stats = trainer.fit(source, spec.batch_size, epochs=spec.epochs, max_steps=spec.max_steps, progress=False,
+                        thread_steps_per_epoch=per_thread)
+    communicator.close()  # what is queued goes out (geo: the last deltas); the stage trains no more
+    fleet.client.barrier(f"pipeline.{spec.name}.trained", timeout=timeout_s)
+    _assign_flat(dense, fleet.client.pull_dense(table).wait(timeout_s))  # the servers' values
+    seconds = time.perf_counter() - start
+    log.info("%s: stage %s trained in %s mode: %d steps, %d examples, %.0f examples/s, loss %.4f", role.name,
+             spec.name, mode.name, stats.steps, stats.examples, stats.examples_per_sec, stats.last_loss)
+    return {"mode": mode.name, "steps": stats.steps, "examples": stats.examples, "train_rows": len(examples),
+            "examples_per_sec": stats.examples_per_sec, "seconds": seconds, "loss": stats.last_loss}
+
+
+def funnel_work(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -> dict[str, Any] | None:
+    """A worker of the funnel job; see the module docstring. Worker 0 returns the metrics."""
+    from recps.cluster import fleet_for, on_this_machine
+    from recps.ps.fleet import DistributedStrategy
+    from recps.run import seed_everything
+
+    specs = pipeline_specs(cfg)
+    world = data if isinstance(data, FunnelData) else load_world(cfg)
+    seed = int(cfg.seed)
+    seed_everything(seed)
+    if on_this_machine(role):
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // role.num_workers))
+    threads = specs[0].threads
+    timeout_s = max(float(s.mode.timeout_s) for s in specs) * 10
+    collections = {s.name: stage_collection(s) for s in specs}
+    models = {s.name: build_stage_model(s, collections[s.name], dense_width(s, specs)) for s in specs}
+    export_dir = rfs.join(str(Path(out_dir).resolve()), EXPORT_DIR)
+    trained: dict[str, Any] = {}
+    with fleet_for(cfg, role) as fleet:
+        for s in specs:
+            fleet.add_collection(collections[s.name], mode=s.mode)
+        fleet.init_worker(DistributedStrategy(mode=specs[0].mode, threads=threads))
+        stages: dict = {}
+        index = None
+        for s in specs:
+            funnel = Funnel(specs, stages, index, world) if stages else None
+            t = time.perf_counter()
+            examples = training_examples(s, specs, world, funnel, seed + s.index)
+            prepare_s = time.perf_counter() - t
+            trained[s.name] = _train_stage(fleet, s, models[s.name], collections[s.name], examples, role, timeout_s)
+            trained[s.name]["prepare_seconds"] = prepare_s
+            with fleet.reading_servers():
+                blob = export_stage(s, models[s.name], collections[s.name], world, dense_width(s, specs))
+            if role.index == 0:
+                rfs.write_atomic(rfs.join(export_dir, f"{s.name}.pt"), blob, overwrite=True)
+            stages[s.name] = load_stage(s, blob)
+            if s.is_retrieval:
+                t = time.perf_counter()
+                vectors = stages[s.name].vectors(world, items=torch.arange(world.num_items))  # (I, E)
+                index = build_index(vectors, OmegaConf.to_container(cfg.pipeline.index, resolve=True))
+                trained[s.name]["index_seconds"] = time.perf_counter() - t
+                if role.index == 0:
+                    index.save(rfs.join(export_dir, "items.ann"), overwrite=True)
+        tables = {s.name: {t: fleet.client.table_spec(t)["mode"] for t in [*collections[s.name].table_dims(),
+                                                                          f"{s.name}_dense"]} for s in specs}
+        fleet.barrier("pipeline.trained", timeout=timeout_s)
+        if role.index != 0:
+            return None
+        from recps.pipeline.evaluate import evaluate_funnel
+
+        funnel = Funnel(specs, stages, index, world)
+        metrics = evaluate_funnel(funnel, cfg)
+        metrics["stages_trained"] = trained
+        metrics["server_tables"] = tables  # the mode each table is tagged with on the servers
+        metrics["pipeline"] = str(cfg.pipeline.name)
+        metrics["workers"], metrics["servers"] = role.num_workers, role.num_servers
+        rfs.write_atomic(str(Path(out_dir) / "metrics.json"),
+                         json.dumps(metrics, indent=2, sort_keys=True, default=str) + "\n", overwrite=True)
+        return metrics
+
+
+# ------------------------------------------------------------------------------------ the report
+
+
+def _fmt(value) -> str:
+    return f"{value:.4f}" if isinstance(value, float) and math.isfinite(value) else str(value)
+
+
+def summary_lines(metrics: dict[str, Any]) -> list[str]:
+    """Each stage's metrics, the funnel's, the baselines' (see recps.pipeline.evaluate)."""
+    lines = []
+    trained = metrics.get("stages_trained", {})
+    for name, stage in (metrics.get("stages") or {}).items():
+        t = trained.get(name, {})
+        head = f"stage {name} ({t.get('mode', '?')}, keep {stage.get('keep')}):"
+        shown = " ".join(f"{k}={_fmt(v)}" for k, v in stage.items() if k != "keep")
+        train = (f" | trained {t.get('steps')} steps, {t.get('examples')} examples, "
+                 f"{_fmt(float(t.get('examples_per_sec', 0.0)))} ex/s" if t else "")
+        lines.append(f"{head} {shown}{train}")
+    funnel = metrics.get("funnel") or {}
+    lines.append(f"funnel ({int(metrics.get('requests', 0))} held-out requests): "
+                 + " ".join(f"{k}={_fmt(v)}" for k, v in funnel.items()))
+    for name, values in (metrics.get("baselines") or {}).items():
+        lines.append(f"baseline {name}: " + " ".join(f"{k}={_fmt(v)}" for k, v in values.items()))
+    return lines

@@ -137,7 +137,7 @@ TASK_ENGINE_KEYS = ("objective",)
 # `data_root: /x` used as `${data_root}`). Nodes with a `_target_` are bound to their constructor
 # instead (check_target_args); `stream`, `metrics` and `debug` are checked by their own code.
 PLAIN_KEYS: dict[str, tuple[str, ...]] = {
-    "": ("dataset", "ps", "cluster", "trainer", "optimizer", "task", "metrics", "model", "debug", "stream",
+    "": ("dataset", "ps", "cluster", "trainer", "optimizer", "task", "metrics", "model", "debug", "stream", "pipeline",
          "seed", "device", "progress", "checkpoint", "objective"),
     "trainer": ("epochs", "max_steps", "batch_size", "threads", "eval_batch_size", "resume", "observers", "precision"),
     "cluster": ("name", "servers", "workers", "host", "timeout_s", "connect_timeout_s", "dead_after_s",

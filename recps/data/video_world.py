@@ -91,7 +91,7 @@ Shape letters: U users, I items, d factors, B users in a chunk, M candidates per
 
 Example:
     >>> import tempfile
-    >>> cfg = VideoWorldConfig(users=200, items=3000, seed=1, metric_users=50)
+    >>> cfg = VideoWorldConfig(users=200, items=3000, creators=300, seed=1, metric_users=50)
     >>> world = generate(cfg)
     >>> world.train.shape[0] == 200 * cfg.impressions_per_user
     True
@@ -120,6 +120,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import torch
 
@@ -214,7 +215,7 @@ class VideoWorldConfig:
     popularity_quality: float = 0.5
     exposure_relevance: float = 1.0
     candidate_factor: int = 8
-    metric_users: int = 1000
+    metric_users: int = 300
 
     def __post_init__(self) -> None:
         ints = ("users", "items", "dim", "categories", "creators", "regions", "durations", "impressions_per_user",
@@ -700,12 +701,18 @@ def _npy_bytes(array: np.ndarray) -> bytes:
 def _recall_files(world: VideoWorld) -> dict[str, bytes]:
     both = pd.concat([world.train, world.test], ignore_index=True)
     pos = both[both["click"] == 1].sort_values(["user_id", "time"], kind="stable")
-    ratings = pd.DataFrame({"userId": pos["user_id"].to_numpy(), "itemId": pos["item_id"].to_numpy(),
-                            "rating": 1 + pos["long_view"].to_numpy(), "timestamp": pos["time"].to_numpy()})
-    items = pd.DataFrame({"itemId": world.items["item_id"].to_numpy(),
-                          "genres": "c" + world.items["category"].astype(str)})
-    return {"recall/ratings.csv": ratings.to_csv(index=False).encode(),
-            "recall/items.csv": items.to_csv(index=False).encode()}
+    ratings = pa.table({"userId": pos["user_id"].to_numpy(), "itemId": pos["item_id"].to_numpy(),
+                        "rating": 1 + pos["long_view"].to_numpy(), "timestamp": pos["time"].to_numpy()})
+    names = pa.array([f"c{c}" for c in range(world.config.categories)])  # (C,) genre names
+    items = pa.table({"itemId": world.items["item_id"].to_numpy(),
+                      "genres": names.take(pa.array(world.items["category"].to_numpy()))})
+    return {"recall/ratings.csv": _csv_bytes(ratings), "recall/items.csv": _csv_bytes(items)}
+
+
+def _csv_bytes(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    pcsv.write_csv(table, sink, pcsv.WriteOptions(quoting_style="none"))
+    return sink.getvalue().to_pybytes()
 
 
 def write(world: VideoWorld, out: str | os.PathLike) -> str:

@@ -1,0 +1,270 @@
+"""recps.data.video_world: the generated video world, its label model, ideal lists and files."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+from recps import fs
+from recps.data import video_world as vw
+from recps.data.interactions import read_movies, read_ratings
+from recps.data.reader import load_tensors
+from recps.data.schema import Schema
+from recps.data.synthetic import _exact_auc
+from recps.errors import ConfigError, DataError
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = vw.VideoWorldConfig(users=300, items=4000, creators=400, seed=3, metric_users=100)
+
+
+@pytest.fixture(scope="module")
+def world() -> vw.VideoWorld:
+    return vw.generate(SMALL)
+
+
+@pytest.fixture(scope="module")
+def written(world, tmp_path_factory) -> str:
+    return vw.write(world, tmp_path_factory.mktemp("world"))
+
+
+def test_same_seed_same_world_other_seed_other_world(world):
+    again = vw.generate(SMALL)
+    for name in ("user_factors", "item_factors", "seen_offsets", "seen_items"):
+        np.testing.assert_array_equal(getattr(again, name), getattr(world, name))
+    assert again.train.equals(world.train) and again.test.equals(world.test) and again.items.equals(world.items)
+    other = vw.generate(vw.VideoWorldConfig(**{**SMALL.to_dict(), "seed": 4}))
+    assert not np.array_equal(other.item_factors, world.item_factors)
+    assert (other.train["item_id"].to_numpy() != world.train["item_id"].to_numpy()).mean() > 0.9
+
+
+def test_sizes_requests_and_test_period(world):
+    c = SMALL
+    assert len(world.train) == c.users * c.impressions_per_user
+    assert len(world.test) == c.users * c.test_requests_per_user * c.request_size
+    both = world.train.groupby("user_id")["time"].max().to_numpy()
+    first_test = world.test.groupby("user_id")["time"].min().to_numpy()
+    assert (first_test >= both).all()  # the test requests are each user's last in time
+    assert world.train.groupby("request_id").size().eq(c.request_size).all()
+    # a user never sees an item twice (train and test together)
+    pairs = np.concatenate([world.train[["user_id", "item_id"]].to_numpy(), world.test[["user_id", "item_id"]].to_numpy()])
+    assert np.unique(pairs, axis=0).shape[0] == pairs.shape[0]
+
+
+def test_feature_columns_follow_the_tables(world):
+    t = world.train
+    for name in ("category", "creator", "duration", "log_popularity"):
+        np.testing.assert_array_equal(t[name].to_numpy(), world.items[name].to_numpy()[t["item_id"].to_numpy()])
+    for name in ("age", "region", "activity"):
+        np.testing.assert_array_equal(t[name].to_numpy(), world.users[name].to_numpy()[t["user_id"].to_numpy()])
+    # creators keep to one category
+    per_creator = world.items.groupby("creator")["category"].nunique()
+    assert per_creator.max() == 1
+
+
+def test_exposure_is_biased_by_popularity(world):
+    """The most popular 1% of items get over 5% of impressions (the logging policy's bias)."""
+    pop = world.items["popularity"].to_numpy()
+    top = np.argsort(-pop)[: SMALL.items // 100]
+    share = np.isin(world.train["item_id"].to_numpy(), top).mean()
+    assert share > 0.05, share  # 5x a uniform policy's 1%
+
+
+def test_labels_follow_the_label_model(world):
+    t = world.train
+    u, i = t["user_id"].to_numpy(), t["item_id"].to_numpy()
+    p_click = world.click_prob(u, i)
+    np.testing.assert_allclose(t["p_click"].to_numpy(), p_click, rtol=1e-5)
+    np.testing.assert_allclose(t["p_long_view"].to_numpy(), world.long_view_prob(u, i), rtol=1e-5)
+    np.testing.assert_allclose(world.utility(u, i), p_click + SMALL.long_view_weight * world.long_view_prob(u, i))
+    click = t["click"].to_numpy()
+    edges = np.quantile(p_click, np.linspace(0, 1, 11))
+    bucket = np.clip(np.searchsorted(edges, p_click, side="right") - 1, 0, 9)
+    for b in range(10):
+        m = bucket == b
+        p = p_click[m].mean()
+        se = np.sqrt(p * (1 - p) / m.sum())
+        assert abs(click[m].mean() - p) < 4 * se + 1e-3, (b, click[m].mean(), p)
+    # a long view needs a click; given a click its rate is the post-click σ(z_lv)
+    lv = t["long_view"].to_numpy()
+    assert (lv <= click).all()
+    after = (world.long_view_prob(u, i) / p_click)[click == 1]
+    observed = lv[click == 1].mean()
+    assert abs(observed - after.mean()) < 4 * np.sqrt(after.mean() * (1 - after.mean()) / after.size)
+
+
+def test_best_aucs_are_the_truths_on_the_test_impressions(world):
+    t = world.test
+    assert world.metrics["auc"]["click"] == pytest.approx(_exact_auc(t["p_click"].to_numpy(), t["click"].to_numpy()))
+    assert 0.6 < world.metrics["auc"]["click"] < 1.0
+    assert 0.6 < world.metrics["auc"]["long_view"] < 1.0
+
+
+def _brute_force(world, users, n, exclude):
+    util = world.utility(users[:, None], np.arange(SMALL.items)[None, :])  # (B, I) float64
+    if exclude:
+        rows, items = vw._csr_pairs(world.seen, users)
+        util[rows, items] = -np.inf
+    return util, np.argsort(-util, axis=1, kind="stable")[:, :n]
+
+
+@pytest.mark.parametrize("exclude", [False, True])
+def test_ideal_topn_is_the_true_argmax(world, exclude):
+    users = np.arange(0, SMALL.users, 7)
+    n = 20
+    got, scores = world.ideal_topn(users, n, world.seen if exclude else None, item_chunk=1000, user_chunk=16,
+                                   return_scores=True)
+    util, want = _brute_force(world, users, n, exclude)
+    # same utilities in the same order (float32 vs float64: ids may swap only between near-ties)
+    np.testing.assert_allclose(np.take_along_axis(util, got, 1), np.take_along_axis(util, want, 1), rtol=1e-5)
+    np.testing.assert_allclose(scores, np.take_along_axis(util, want, 1), rtol=1e-5)
+    assert (got == want).mean() > 0.99
+    # chunking does not change the answer
+    np.testing.assert_array_equal(world.ideal_topn(users, n, world.seen if exclude else None), got)
+
+
+def test_exclusion_removes_exactly_the_excluded_items(world):
+    users = np.arange(SMALL.users)
+    free = world.ideal_topn(users, 10)
+    excluded = world.ideal_topn(users, 10, world.seen)
+    rows, items = vw._csr_pairs(world.seen, users)
+    seen_keys = rows * SMALL.items + items
+    assert not np.isin(np.arange(len(users))[:, None] * SMALL.items + excluded, seen_keys).any()
+    assert np.isin(np.arange(len(users))[:, None] * SMALL.items + free, seen_keys).any()  # it had something to do
+    # excluding each user's first ideal item shifts its list by one
+    offsets = np.arange(len(users) + 1, dtype=np.int64)
+    shifted = world.ideal_topn(users, 9, (offsets, free[:, 0].copy()))
+    np.testing.assert_array_equal(shifted, free[:, 1:])
+    assert world.utility_ndcg(users[:5], excluded[:5], world.seen) == pytest.approx(np.ones(5), rel=1e-5)
+
+
+def test_topn_metrics_by_hand(world):
+    import pandas as pd
+
+    test = pd.DataFrame({"user_id": [0, 0, 1, 2], "item_id": [5, 9, 7, 1], "click": [1, 1, 1, 0]})
+    lists = np.array([[9, 1, 2], [3, 4, 7]])
+    got = vw.topn_metrics(lists, np.array([0, 1]), test, k=3)
+    ndcg0 = 1.0 / (1 + 1 / np.log2(3))  # a hit at rank 1 of 2 positives
+    ndcg1 = (1 / np.log2(4)) / 1.0
+    assert got["ndcg@3"] == pytest.approx((ndcg0 + ndcg1) / 2)
+    assert got["hr@3"] == 1.0
+    with pytest.raises(DataError, match="user 2 has no held-out positive"):
+        vw.topn_metrics(lists, np.array([0, 2]), test, k=3)
+
+
+def test_ideal_metrics_match_their_definition(world):
+    m = world.metrics["ideal"]
+    with_pos = np.unique(world.test.loc[world.test["click"] == 1, "user_id"])[: SMALL.metric_users]
+    lists = world.ideal_topn(with_pos, 10, world.seen)
+    assert m == {**vw.topn_metrics(lists, with_pos, world.test), "utility@10": pytest.approx(m["utility@10"]),
+                 "users": len(with_pos)}
+    assert m["utility@10"] == pytest.approx(world.utility(with_pos[:, None], lists).mean(), rel=1e-5)
+
+
+def test_write_load_round_trip(world, written):
+    back = vw.load(written)
+    assert back.config == SMALL
+    for name in ("user_factors", "item_factors", "seen_offsets", "seen_items"):
+        np.testing.assert_array_equal(getattr(back, name), getattr(world, name))
+    for name in ("users", "items"):
+        assert getattr(back, name).equals(getattr(world, name))
+    for name in vw.IMPRESSION_COLUMNS:
+        np.testing.assert_array_equal(back.train[name].to_numpy(), world.train[name].to_numpy())
+        np.testing.assert_array_equal(back.test[name].to_numpy(), world.test[name].to_numpy())
+    assert back.metrics == json.loads(json.dumps(world.metrics))
+    meta = vw.read_info(written)
+    assert meta["sizes"]["train_rows"] == len(world.train) and set(meta["files"]) >= {"train.parquet", "recall/ratings.csv"}
+    assert not [p for p in Path(written).rglob("*") if ".tmp-" in p.name]
+
+
+def test_files_read_back_through_the_reader_schema(world, written):
+    cfg = OmegaConf.load(ROOT / "conf" / "dataset" / "video_world.yaml")
+    yaml_schema = {k: v for k, v in OmegaConf.to_container(cfg.schema).items() if k != "label_range"}
+    assert yaml_schema == vw.schema()
+    schema = Schema.from_config(vw.schema())
+    ex = load_tensors([os.path.join(written, "test.parquet")], schema, error_budget=0.0)
+    assert len(ex) == len(world.test)
+    np.testing.assert_array_equal(ex.labels.numpy(), world.test[list(vw.LABELS)].to_numpy(np.float32))
+    np.testing.assert_array_equal(ex.keys.numpy(), world.test[list(vw.SPARSE)].to_numpy())  # ids are the keys
+    np.testing.assert_allclose(ex.dense[:, 0].numpy(), world.test["log_popularity"].to_numpy())
+
+
+def test_recall_files_read_back_through_the_interactions_layouts(world, written):
+    cfg = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "dataset" / "video_world_recall.yaml"))
+    ratings = read_ratings(os.path.join(written, "recall", "ratings.csv"), cfg["ratings_layout"])
+    both = np.concatenate([world.train["click"].to_numpy(), world.test["click"].to_numpy()])
+    assert len(ratings) == both.sum()
+    assert set(ratings["rating"].unique()) <= {1.0, 2.0}
+    movies = read_movies(os.path.join(written, "recall", "items.csv"), cfg["movies_layout"])
+    assert len(movies) == SMALL.items
+    np.testing.assert_array_equal(movies["genre"].to_numpy(), ("c" + world.items["category"].astype(str)).to_numpy())
+
+
+def test_a_failed_write_leaves_no_world_and_a_changed_file_is_refused(world, tmp_path, monkeypatch):
+    calls = []
+    real = fs.write_atomic
+
+    def failing(url, data, **kw):
+        calls.append(url)
+        if len(calls) == 4:
+            raise OSError("disk full (simulated)")
+        return real(url, data, **kw)
+
+    monkeypatch.setattr(vw.fs, "write_atomic", failing)
+    with pytest.raises(OSError, match="simulated"):
+        vw.write(world, tmp_path / "w")
+    monkeypatch.setattr(vw.fs, "write_atomic", real)
+    assert not (tmp_path / "w" / "world.json").exists()
+    with pytest.raises(DataError, match="world.json not found"):
+        vw.load(tmp_path / "w")
+    out = vw.write(world, tmp_path / "w")
+    train = Path(out) / "train.parquet"
+    train.write_bytes(train.read_bytes()[:-10])
+    with pytest.raises(DataError, match="train.parquet: SHA-256 differs"):
+        vw.load(out)
+
+
+def test_ensure_split_reuses_a_world_and_checks_sizes(tmp_path):
+    opts = dict(users=60, items=2000, creators=100, metric_users=10)
+    info, _ = vw.ensure_split(tmp_path, 0, 0, seed=1, **opts)
+    stamp = (tmp_path / "world.json").stat().st_mtime_ns
+    again, _ = vw.ensure_split(tmp_path, 60 * 50, 60 * 10, seed=1, **opts)
+    assert (tmp_path / "world.json").stat().st_mtime_ns == stamp and again.best_aucs == info.best_aucs
+    assert set(info.best_aucs) == {"click", "long_view"} and info.best_auc == info.best_aucs["click"]
+    with pytest.raises(ConfigError, match="train_rows=5 but the video world has 3000"):
+        vw.ensure_split(tmp_path, 5, 0, seed=1, **opts)
+    with pytest.raises(ConfigError, match=r"unknown keys \['colour'\]"):
+        vw.ensure_split(tmp_path, 0, 0, seed=1, colour=3, **opts)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(impressions_per_user=55), "impressions_per_user=55 is not a multiple of request_size=10"),
+    (dict(creators=5000), "creators=5000 > items=4000"),
+    (dict(items=100, creators=50), "items=100 < 4 x the 60 distinct items"),
+    (dict(users=0), "users=0; use a value >= 1"),
+    (dict(dim=2.5), "dim=2.5 is not an integer"),
+    (dict(click_scale=-1.0), "click_scale=-1.0; use a value >= 0"),
+    (dict(click_bias=float("nan")), "click_bias=nan; give a finite number"),
+])
+def test_bad_config_fails_naming_the_value(bad, match):
+    with pytest.raises(ConfigError, match=match):
+        vw.VideoWorldConfig(**{**SMALL.to_dict(), **bad})
+
+
+def test_bad_ids_fail_naming_them(world):
+    with pytest.raises(DataError, match=r"item id 4000 is outside \[0, 4000\)"):
+        world.click_prob([0], [4000])
+    with pytest.raises(DataError, match=r"user id -1 is outside"):
+        world.ideal_topn([-1], 5)
+
+
+def test_cli_writes_a_world(tmp_path, capsys):
+    assert vw.main(["--users", "40", "--items", "1000", "--creators", "100", "--metric-users", "5",
+                    "--out", str(tmp_path / "cli"), "--seed", "2"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["train_rows"] == 40 * 50
+    assert vw.load(tmp_path / "cli").config.seed == 2

@@ -45,12 +45,12 @@ from omegaconf import DictConfig, OmegaConf
 
 # The checks of a PS run's config live in recps.config (a layer below: validate_config runs them);
 # re-exported here, where the cluster uses them.
-from recps.config import PS_MODES, check_cluster_config, ps_mode
+from recps.config import PS_MODES, check_cluster_config, cluster_checkpoint_every, ps_mode
 from recps.errors import ConfigError, RecpsError
 
 __all__ = ["run_distributed", "run_role", "storage_roots", "environment_role", "ps_mode", "check_cluster_config", "child_command",
            "PS_MODES", "fleet_for",
-           "on_this_machine", "ProgressLog", "write_progress", "read_progress", "load_worker_state", "STATS_TABLE"]
+           "on_this_machine", "apply_checkpoint_every", "last_committed_checkpoint", "resume_after_restart", "ProgressLog", "write_progress", "read_progress", "load_worker_state", "STATS_TABLE"]
 
 log = logging.getLogger("recps.cluster")
 
@@ -83,6 +83,7 @@ def run_distributed(cfg: DictConfig, out_dir: Path, *, work=None, before_launch=
     checks and preparations the launcher makes before any process starts (default: the storage
     checks and the data set's generation)."""
     check_cluster_config(cfg)
+    apply_checkpoint_every(cfg)
     mode = ps_mode(cfg)  # a bad mode knob fails here, before any process starts
     _transport_encryption(cfg)
     role = environment_role(cfg)
@@ -90,8 +91,59 @@ def run_distributed(cfg: DictConfig, out_dir: Path, *, work=None, before_launch=
         (before_launch or _before_launch)(cfg, mode, Path(out_dir))
         return _launch_local(cfg, Path(out_dir))
     _role_logging(role)
+    resume_after_restart(cfg, role, Path(out_dir))
     run_role(cfg, role, Path(out_dir), work=work)
     return None
+
+
+def apply_checkpoint_every(cfg: DictConfig) -> None:
+    """cluster.checkpoint_every into the mode's ps.checkpoint_every_steps / _seconds (recps.config checks that
+    the two places do not disagree)."""
+    steps, seconds = cluster_checkpoint_every(cfg)
+    if steps is not None:
+        cfg.ps.checkpoint_every_steps = steps
+    if seconds is not None:
+        cfg.ps.checkpoint_every_seconds = seconds
+
+
+def last_committed_checkpoint(cfg: DictConfig, out_dir: Path) -> str | None:
+    """The committed checkpoint with the most steps under the run's checkpoint folder (its step-N/
+    folders, or the folder itself), or None."""
+    from recps.checkpoint import committed_checkpoints, find_checkpoint
+    from recps.run import checkpoint_dir
+
+    root = checkpoint_dir(cfg, out_dir)
+    if not committed_checkpoints(root):
+        return None
+    return find_checkpoint(root)[1]
+
+
+def resume_after_restart(cfg: DictConfig, role, out_dir: Path) -> None:
+    """On a restart of the cluster (recps.launch's RECPS_RESTART_COUNT or torchrun's
+    TORCHELASTIC_RESTART_COUNT > 0) every process resumes from the last committed checkpoint under
+    checkpoint.dir (trainer.resume is set to it), so that the updates after it are replayed exactly
+    once; with none committed yet, the job starts over as configured. Every process of the cluster
+    was stopped before the restart, so they all find the same one. A stream resumes from its own
+    records in stream.out instead (recps.stream), the same way as a rerun of its command."""
+    from recps.launch import restart_count
+
+    count = restart_count()
+    if count == 0 or (cfg.get("stream") is not None and bool(cfg.stream.get("enabled", False))):
+        return
+    found = last_committed_checkpoint(cfg, out_dir)
+    if found is None:
+        log.warning("%s: restart %d: no committed checkpoint under %s yet; starting over%s", role.name, count,
+                    _checkpoint_root(cfg, out_dir),
+                    f" from trainer.resume={cfg.trainer.resume}" if cfg.trainer.resume else "")
+        return
+    log.warning("%s: restart %d: resuming from %s", role.name, count, found)
+    cfg.trainer.resume = found
+
+
+def _checkpoint_root(cfg: DictConfig, out_dir: Path) -> str:
+    from recps.run import checkpoint_dir
+
+    return checkpoint_dir(cfg, out_dir)
 
 
 def _transport_encryption(cfg: DictConfig) -> None:
@@ -234,9 +286,25 @@ def _launch_local(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     log.info("ps=%s: starting %d server(s) and %d worker(s) x %d thread(s) on %s", cfg.ps.name, c.servers,
              c.workers, cfg.trainer.threads, c.host)
     tee = _Tee(out_dir / "cluster.log")
+    streaming = cfg.get("stream") is not None and bool(cfg.stream.get("enabled", False))
+
+    def on_restart(number: int, failed) -> str:
+        """The restart's log line: what the failed process said, and where the new start resumes."""
+        said = tee.last_error(failed.failed)
+        cause = f"{said}; " if said else ""
+        if streaming:
+            return f"{cause}the stream resumes from its records in {cfg.stream.out}"
+        found = last_committed_checkpoint(cfg, out_dir)
+        where = cause + (f"resuming from {found}" if found else
+                         f"no committed checkpoint under {_checkpoint_root(cfg, out_dir)} yet: starting over")
+        tee.file.write(f"[launch] restart {number}: {failed.message}; {where}\n")  # in cluster.log too
+        tee.tails.clear()  # what the next start's processes say
+        return where
+
     try:
         result = launch(command, servers=int(c.servers), workers=int(c.workers),
-                        timeout=None if c.timeout_s is None else float(c.timeout_s), host=str(c.host), output=tee)
+                        timeout=None if c.timeout_s is None else float(c.timeout_s), host=str(c.host), output=tee,
+                        restarts=int(c.get("restarts", 0) or 0), on_restart=on_restart)
     finally:
         tee.close()
     if not result.ok:
@@ -248,6 +316,8 @@ def _launch_local(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
         raise RecpsError(f"the cluster finished but worker 0 wrote no {metrics_file}; see {out_dir / 'cluster.log'}")
     metrics = json.loads(metrics_file.read_text())
     metrics["cluster_seconds"] = round(result.duration_s, 3)
+    if result.restarts:  # the failures the cluster recovered from
+        metrics["restarts"] = list(result.restarts)
     server_cpu = [json.loads(p.read_text())["cpu_seconds"] for p in sorted(out_dir.glob("server*.cpu.json"))]
     if len(server_cpu) == int(c.servers) and metrics.get("worker_cpu_seconds"):
         metrics["server_cpu_seconds"] = sum(server_cpu)

@@ -15,8 +15,17 @@ Supervision (a poll every 50 ms):
   or is killed by a signal    -> every other process is stopped the same way; the launcher exits with
                                  that process's code (128 + signal when killed) and names it.
 - --timeout seconds pass      -> everything is stopped; exit 124.
+- --restarts N                -> a failed cluster (a process exited non-zero or was killed) is stopped as
+                                 above and started again, at most N times, after a back-off of --backoff
+                                 seconds doubling per restart (at most 30 s); each start's processes get
+                                 RECPS_RESTART_COUNT=k (0 first), as torchrun's TORCHELASTIC_RESTART_COUNT,
+                                 and resume from their own checkpoints (recps.train: its last committed one).
+                                 A timeout or a signal to the launcher is never restarted.
 - the launcher gets SIGINT,
   SIGTERM or SIGHUP           -> everything is stopped; exit 128 + signal.
+
+Stopping sends SIGCONT right after SIGTERM, so that a stopped (SIGSTOPped, stalled) process takes
+its SIGTERM at once instead of sitting out the grace period.
 
 No orphans: each child leads its own process group (a signal reaches its own subprocesses too,
 and whatever is left of a group when its leader exits is killed). If the launcher itself dies,
@@ -34,6 +43,7 @@ The same from Python (e.g. `recps.train cluster=local`):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import secrets
@@ -45,7 +55,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import IO, Mapping, Sequence, TextIO
+from typing import IO, Callable, Mapping, Sequence, TextIO
 
 from recps.errors import ConfigError, RecpsError
 from recps.ps.roles import (
@@ -60,12 +70,16 @@ from recps.ps.roles import (
     Role,
 )
 
-__all__ = ["launch", "LaunchResult", "LaunchError", "free_port", "main", "DEFAULT_GRACE_S", "TIMEOUT_EXIT_CODE"]
+__all__ = ["launch", "LaunchResult", "LaunchError", "free_port", "main", "DEFAULT_GRACE_S", "TIMEOUT_EXIT_CODE",
+           "RESTART_ENV", "restart_count", "MAX_BACKOFF_S"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_GRACE_S = 5.0  # between SIGTERM and SIGKILL
 TIMEOUT_EXIT_CODE = 124  # as timeout(1)
+RESTART_ENV = "RECPS_RESTART_COUNT"  # which start of the cluster this is: 0, then 1.. after restarts
+_ELASTIC_RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"  # torchrun's (--max-restarts)
+MAX_BACKOFF_S = 30.0
 _POLL_S = 0.05
 _REAP_TIMEOUT_S = 5.0  # a SIGKILLed process is normally gone in milliseconds; D-state ones may take longer
 _READER_JOIN_S = 2.0
@@ -93,6 +107,8 @@ class LaunchResult:
         coordinator: the "host:port" handed to every process.
         duration_s: wall time from the first start to the last exit.
         log_dir: where per-process logs went, or None when output was forwarded.
+        restarts: the failures the cluster was restarted after, one message each ("worker1 (pid
+            4242) was killed by SIGKILL"), oldest first; the fields above describe the last start.
     """
 
     returncodes: dict[str, int | None]
@@ -104,6 +120,7 @@ class LaunchResult:
     coordinator: str = ""
     duration_s: float = 0.0
     log_dir: str | None = None
+    restarts: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -126,6 +143,26 @@ class LaunchResult:
         if not self.ok:
             raise LaunchError(self.message)
         return self
+
+
+def restart_count(environ: Mapping[str, str] | None = None) -> int:
+    """Which restart this process belongs to: $RECPS_RESTART_COUNT (recps.launch's restarts) or
+    $TORCHELASTIC_RESTART_COUNT (torchrun's), 0 on the first start. A value that is no integer >= 0
+    raises naming it.
+
+    >>> restart_count({"TORCHELASTIC_RESTART_COUNT": "1"})
+    1
+    """
+    env = os.environ if environ is None else environ
+    for name in (RESTART_ENV, _ELASTIC_RESTART_ENV):
+        value = env.get(name)
+        if value is None or value == "":
+            continue
+        if not value.isdigit():
+            raise ConfigError(f"${name}={value!r} is no restart count; the launcher sets an integer >= 0 (unset it)")
+        if int(value) > 0:
+            return int(value)
+    return 0
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -308,6 +345,7 @@ def _stop(children: Sequence[_Child], grace: float) -> None:
     for child in live:
         child.signalled = True
         _signal_group(child, signal.SIGTERM)
+        _signal_group(child, signal.SIGCONT)  # a stopped process takes its SIGTERM now, not after the grace
     deadline = time.monotonic() + grace
     while live and time.monotonic() < deadline:
         time.sleep(_POLL_S)
@@ -334,7 +372,8 @@ def _start(
 ) -> _Child:
     env = dict(base_env)
     env.update(role.to_env())
-    log = open(os.path.join(log_dir, f"{role.name}.log"), "wb") if log_dir else None
+    restarted = base_env.get(RESTART_ENV, "0") != "0"  # a restart appends to the first start's log
+    log = open(os.path.join(log_dir, f"{role.name}.log"), "ab" if restarted else "wb") if log_dir else None
     try:
         if shutil.which(command[0]) is None:
             raise FileNotFoundError(f"no such program: {command[0]!r}")
@@ -383,24 +422,34 @@ def launch(
     host: str = "127.0.0.1",
     grace: float = DEFAULT_GRACE_S,
     output: TextIO | None = None,
+    restarts: int = 0,
+    backoff: float = 1.0,
+    on_restart: Callable[[int, LaunchResult], str | None] | None = None,
 ) -> LaunchResult:
     """Run `servers` + `workers` copies of `command` with their roles; return when the cluster is done.
 
     Blocks until every worker has exited 0 (then stops the servers), or any process fails (then
-    stops the rest), or `timeout` seconds pass. Never returns with a child still running.
-    Call it from a thread that outlives the run (on Linux, children die when the thread that
-    started them exits). KeyboardInterrupt stops the children, then propagates.
+    stops the rest, and starts the cluster again if restarts are left), or `timeout` seconds pass.
+    Never returns with a child still running. Call it from a thread that outlives the run (on
+    Linux, children die when the thread that started them exits). KeyboardInterrupt stops the
+    children, then propagates.
 
     Args:
         command: argv of each process, e.g. [sys.executable, "-m", "my_job"].
         env: variables added to this process's environment for the children (the RECPS_* role
             variables are set by the launcher and win).
-        timeout: seconds before everything is stopped (None: no limit).
-        log_dir: write each process's stdout+stderr to log_dir/<name>.log instead of forwarding it.
+        timeout: seconds before everything is stopped (None: no limit); over all restarts.
+        log_dir: write each process's stdout+stderr to log_dir/<name>.log instead of forwarding it
+            (a restart appends to the same files).
         token: cluster token; default $RECPS_CLUSTER_TOKEN, else a random one.
         host: address the coordinator and the servers bind (loopback by default).
         grace: seconds between SIGTERM and SIGKILL when stopping a process.
         output: stream that receives forwarded output (default: sys.stdout at the time of writing).
+        restarts: how many times a failed cluster is started again (a new coordinator port, the
+            same token; each process gets RECPS_RESTART_COUNT); a timeout is not restarted.
+        backoff: seconds before the first restart, doubled for each next one (at most MAX_BACKOFF_S).
+        on_restart: called with (restart number from 1, the failed start's result) before each
+            restart; what it returns (e.g. "from checkpoint .../step-40") joins the restart's log line.
     """
     command = [os.fspath(part) for part in command]
     if not command:
@@ -410,18 +459,47 @@ def launch(
         raise ConfigError(f"launch: timeout={timeout!r}; give a positive number of seconds or None")
     if not grace >= 0:
         raise ConfigError(f"launch: grace={grace!r}; give a number of seconds >= 0")
+    if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
+        raise ConfigError(f"launch: restarts={restarts!r}; give an integer >= 0 (0: a failure ends the run)")
+    if not backoff >= 0:
+        raise ConfigError(f"launch: backoff={backoff!r}; give a number of seconds >= 0")
     token = token or os.environ.get(TOKEN_ENV) or secrets.token_hex(16)
-    coordinator = f"[{host}]:{free_port(host)}" if ":" in host else f"{host}:{free_port(host)}"
-    roles = [Role("server", i, servers, workers, coordinator, host, token) for i in range(servers)]
-    roles += [Role("worker", j, servers, workers, coordinator, host, token) for j in range(workers)]
-
     base_env = {k: v for k, v in os.environ.items() if k not in _ROLE_VARIABLES}
     base_env.update(env or {})
     base_env.setdefault("PYTHONUNBUFFERED", "1")  # children's lines show up as they are written
     log_dir = os.fspath(log_dir) if log_dir is not None else None
     if log_dir:
         os.makedirs(log_dir, exist_ok=True)
+    started = time.monotonic()
+    deadline = None if timeout is None else started + timeout
+    recovered: list[str] = []
+    for attempt in range(restarts + 1):
+        result = _launch_once(command, servers, workers, {**base_env, RESTART_ENV: str(attempt)}, deadline, timeout,
+                              log_dir, token, host, grace, output)
+        if result.ok or result.timed_out or attempt == restarts:
+            break
+        delay = min(backoff * 2**attempt, MAX_BACKOFF_S)
+        if deadline is not None and time.monotonic() + delay >= deadline:
+            break  # no time left for another start: the failure stands
+        recovered.append(result.message)
+        where = on_restart(attempt + 1, result) if on_restart is not None else None
+        logger.warning("restart %d of %d in %.0f s: %s%s", attempt + 1, restarts, delay, result.message,
+                       f"; {where}" if where else "")
+        time.sleep(delay)
+    if recovered:
+        message = result.message if result.ok else f"{result.message} (after {len(recovered)} restarts: {'; '.join(recovered)})"
+        result = dataclasses.replace(result, restarts=tuple(recovered), message=message,
+                                     duration_s=time.monotonic() - started)
+    return result
 
+
+def _launch_once(command: list[str], servers: int, workers: int, base_env: dict[str, str], deadline: float | None,
+                 timeout: float | None, log_dir: str | None, token: str, host: str, grace: float,
+                 output: TextIO | None) -> LaunchResult:
+    """One start of the cluster, supervised until it is done (launch's loop restarts it)."""
+    coordinator = f"[{host}]:{free_port(host)}" if ":" in host else f"{host}:{free_port(host)}"
+    roles = [Role("server", i, servers, workers, coordinator, host, token) for i in range(servers)]
+    roles += [Role("worker", j, servers, workers, coordinator, host, token) for j in range(workers)]
     lock = threading.Lock()
     children: list[_Child] = []
     failed: str | None = None
@@ -433,7 +511,6 @@ def launch(
     try:
         for role in roles:
             children.append(_start(role, command, base_env, log_dir, output, lock, guardian))
-        deadline = None if timeout is None else started + timeout
         while failed is None:
             for child in children:
                 if _has_exited(child) and child.returncode != 0 and failed is None:
@@ -502,6 +579,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--timeout", type=float, default=None, help="seconds before everything is stopped (exit 124)")
     parser.add_argument("--log-dir", default=None, help="write DIR/<name>.log per process instead of forwarding output")
+    parser.add_argument("--restarts", type=int, default=0,
+                        help="start a failed cluster again at most N times (default 0); processes see RECPS_RESTART_COUNT")
+    parser.add_argument("--backoff", type=float, default=1.0,
+                        help=f"seconds before the first restart, doubled for each next (at most {MAX_BACKOFF_S:g}; default 1)")
     parser.add_argument("--grace", type=float, default=DEFAULT_GRACE_S, help="seconds between SIGTERM and SIGKILL (default 5)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run in every process")
     return parser
@@ -530,6 +611,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             token=args.token,
             host=args.host,
             grace=args.grace,
+            restarts=args.restarts,
+            backoff=args.backoff,
         )
     except ConfigError as e:
         print(f"[launch] error: {e}", file=sys.stderr)

@@ -3,6 +3,7 @@
 import io
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -70,9 +71,21 @@ CHILD = textwrap.dedent(
             sys.exit(5)
         if mode == "server_exits_0":
             sys.exit(0)
+        if mode == "server_stops_itself":
+            os.kill(os.getpid(), signal.SIGSTOP)  # stalled: only SIGCONT (or SIGKILL) moves it on
         time.sleep(600)
     else:
         wait_for_everyone()
+        if mode == "server_stops_itself":  # fail once the server stands stopped
+            pid = json.load(open(os.path.join(out, "server0.json")))["pid"]
+            deadline = time.monotonic() + 30
+            while open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "T":
+                if time.monotonic() > deadline:
+                    sys.exit(97)
+                time.sleep(0.02)
+            sys.exit(3)
+        if mode == "worker1_fails_first_start" and index == 1:
+            sys.exit(3 if os.environ["RECPS_RESTART_COUNT"] == "0" else 0)
         if mode == "worker_fails" and index == 1:
             sys.exit(3)
         if mode == "server_exits_0":
@@ -258,6 +271,8 @@ def test_the_global_timeout_stops_everything(child):
         (dict(workers=True), r"workers=True"),
         (dict(timeout=0), r"timeout=0"),
         (dict(grace=-1), r"grace=-1"),
+        (dict(restarts=-1), r"restarts=-1; give an integer >= 0"),
+        (dict(backoff=-1), r"backoff=-1"),
         (dict(host="256.1.1.1"), r"cannot bind a port on host '256.1.1.1'"),
         (dict(command=["/nonexistent/program"]), r"cannot start server0: '/nonexistent/program'"),
     ],
@@ -347,3 +362,55 @@ def test_no_orphans_when_the_launcher_itself_is_killed(child, sig):
             launcher.kill()
             launcher.wait()
         launcher.stderr.close()
+
+
+# ------------------------------------------------------------------------------- stopped processes
+
+
+def test_a_stopped_process_is_continued_with_its_sigterm_not_left_for_the_grace_period(child):
+    """A SIGSTOPped server (a stalled process) takes its SIGTERM at once: SIGCONT goes with it."""
+    started = time.monotonic()
+    result = launch(child("server_stops_itself"), servers=1, workers=1, timeout=60, grace=10, output=io.StringIO())
+    elapsed = time.monotonic() - started
+    assert (result.failed, result.returncodes) == ("worker0", {"server0": -signal.SIGTERM, "worker0": 3})
+    assert elapsed < 8, f"{elapsed:.1f} s: the stopped server sat out the 10 s grace"
+
+
+# ----------------------------------------------------------------------------------------- restarts
+
+
+def test_a_failed_cluster_restarts_and_finishes_with_the_restart_count_in_its_environment(child):
+    seen = []
+    started = time.monotonic()
+    result = launch(child("worker1_fails_first_start"), servers=1, workers=2, timeout=120, grace=2, restarts=2,
+                    backoff=0.5, output=io.StringIO(), on_restart=lambda n, failed: seen.append((n, failed.failed)))
+    assert result.ok, result.message
+    assert seen == [(1, "worker1")]
+    assert len(result.restarts) == 1 and re.fullmatch(r"worker1 \(pid \d+\) exited with code 3", result.restarts[0])
+    assert {r["RECPS_RESTART_COUNT"] for r in records(child.out).values()} == {"1"}  # the second start's records
+    assert time.monotonic() - started >= 0.5  # the back-off
+    assert_all_gone(all_pids(child.out))
+
+
+def test_restarts_exhausted_fail_naming_the_last_cause_and_every_earlier_one(child):
+    result = launch(child("worker_fails"), servers=1, workers=2, timeout=120, grace=2, restarts=2, backoff=0.1,
+                    output=io.StringIO())
+    assert (result.failed, result.exit_code, len(result.restarts)) == ("worker1", 3, 2)
+    assert re.fullmatch(r"worker1 \(pid \d+\) exited with code 3 \(after 2 restarts: worker1 \(pid \d+\) exited "
+                        r"with code 3; worker1 \(pid \d+\) exited with code 3\)", result.message), result.message
+    assert_all_gone(list(result.pids.values()), within=0)
+
+
+def test_a_timeout_is_not_restarted(child):
+    result = launch(child("sleep"), servers=1, workers=1, timeout=2, grace=1, restarts=3, output=io.StringIO())
+    assert (result.failed, result.restarts) == ("timeout", ())
+
+
+def test_restart_count_comes_from_recps_launch_or_torchrun():
+    from recps.launch import restart_count
+
+    assert restart_count({}) == 0
+    assert restart_count({"RECPS_RESTART_COUNT": "2"}) == 2
+    assert restart_count({"RECPS_RESTART_COUNT": "0", "TORCHELASTIC_RESTART_COUNT": "1"}) == 1
+    with pytest.raises(ConfigError, match=r"\$RECPS_RESTART_COUNT='x' is no restart count"):
+        restart_count({"RECPS_RESTART_COUNT": "x"})

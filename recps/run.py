@@ -23,7 +23,7 @@ from recps.data.dataset import PreparedData, prepare_data
 from recps.debug.dump import build_dump, check_debug_config
 from recps.errors import ConfigError
 from recps.job import Job  # re-exported: recps.run.Job
-from recps.metrics import MetricCollection
+from recps.metrics.groups import evaluate_pointwise
 from recps.metrics.reporter import MetricsReporter, build_reporter, check_metrics_config
 from recps.nn import LocalEmbeddingBagCollection, LocalEmbeddingCollection
 from recps.trainer import LocalDenseUpdater, Trainer, check_precision, dense_parameters
@@ -139,9 +139,9 @@ def evaluate(job: Job) -> dict[str, float]:
     if hasattr(job.task, "evaluate"):
         return job.task.evaluate(job.model, job.data.test, int(job.cfg.trainer.eval_batch_size))
     probs, targets = job.trainer.predict(job.data.test, int(job.cfg.trainer.eval_batch_size))
-    metrics = MetricCollection(list(job.task.metrics))
-    metrics.update(probs, targets)
-    return {name: float(value) for name, value in metrics.compute().items()}
+    # gauc / pnr among task.metrics group by metrics.group_key (recps.metrics.groups)
+    return evaluate_pointwise(list(job.task.metrics), probs, targets, job.data.test, int(job.cfg.trainer.eval_batch_size),
+                              group_key=(job.cfg.get("metrics") or {}).get("group_key"))
 
 
 @contextmanager
@@ -155,7 +155,7 @@ def training_observers(job: Job, out_dir: Path, *, client: Any = None, rank: int
     cfg = job.cfg
     reporter = build_reporter(cfg.get("metrics"), task=job.task, threads=int(cfg.trainer.threads),
                               out_dir=out_dir if rank == 0 else None, client=client, step_base=job.steps_done,
-                              device=str(cfg.device))
+                              device=str(cfg.device), feature_names=getattr(getattr(job.data, "schema", None), "feature_names", None))
     dump = build_dump(cfg.get("debug"), out_dir, task=job.task, collection=job.collection, rank=rank,
                       step_base=job.steps_done)
     extra = list(job.trainer.observers)  # trainer.observers (build_job)

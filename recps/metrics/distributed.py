@@ -20,7 +20,7 @@ import torch.distributed as dist
 from recps.errors import ConfigError
 from recps.metrics.collection import MetricCollection
 
-__all__ = ["allreduce_metrics"]
+__all__ = ["allreduce_metrics", "column_layout", "pack_columns", "unpack_columns", "layout_fingerprint"]
 
 Columns = dict[str, dict[str, torch.Tensor]]  # metric name -> column name -> (N,) tensor
 
@@ -50,35 +50,55 @@ def allreduce_metrics(collection: MetricCollection, group: dist.ProcessGroup | N
 
 
 def _gather_columns(local: Columns, group: dist.ProcessGroup | None, on_cpu: bool) -> Columns:
-    """Every rank's columns, concatenated in rank order (each (sum of N over ranks,)), on every rank.
-
-    Wire layout of one rank (int64 words): the row count N_m of each of the M grouped metrics,
-    then each metric's columns in order, N_m words each (float64 values as their bit patterns)."""
-    names = list(local)
-    layout = [(n, k, local[n][k].dtype) for n in names for k in local[n]]
-    for n, k, dtype in layout:
-        if dtype not in (torch.int64, torch.float64):
-            raise ConfigError(f"allreduce_metrics: metric {n} column {k} is {dtype}; grouped columns travel as "
-                              "int64 or float64, convert it in the metric's state()")
-    device = torch.device("cpu") if on_cpu else next(iter(local[names[0]].values())).device
-    counts = torch.tensor([_rows(local[n], n) for n in names], dtype=torch.int64)  # (M,)
-    words = torch.cat([counts.to(device)] + [local[n][k].detach().to(device).contiguous().view(torch.int64)
-                                             for n, k, _ in layout])  # (M + sum_m N_m * C_m,)
+    """Every rank's columns, concatenated in rank order (each (sum of N over ranks,)), on every rank."""
+    layout = column_layout(local)
+    device = torch.device("cpu") if on_cpu else next(iter(next(iter(local.values())).values())).device
+    words = pack_columns(local, layout).to(device)  # (M + sum_m N_m * C_m,)
     world = dist.get_world_size(group)
-    header = torch.tensor([_fingerprint(layout), words.numel()], dtype=torch.int64, device=device)  # (2,)
+    header = torch.tensor([layout_fingerprint(layout), words.numel()], dtype=torch.int64, device=device)  # (2,)
     headers = [torch.empty_like(header) for _ in range(world)]
     dist.all_gather(headers, header, group=group)
     prints = [int(h[0]) for h in headers]
     if len(set(prints)) != 1:
         differ = [r for r, p in enumerate(prints) if p != prints[dist.get_rank(group)]]
         raise ConfigError(f"allreduce_metrics: ranks {differ} hold other grouped metrics than rank "
-                          f"{dist.get_rank(group)} ({[n for n in names]}: columns {[(n, k) for n, k, _ in layout]}); "
+                          f"{dist.get_rank(group)} (columns {[(n, k) for n, k, _ in layout]}); "
                           "build every rank's collection from the same metric names")
     longest = max(int(h[1]) for h in headers)
     padded = torch.zeros(longest, dtype=torch.int64, device=device)
     padded[: words.numel()] = words
     parts = [torch.empty_like(padded) for _ in range(world)]
     dist.all_gather(parts, padded, group=group)
+    return unpack_columns(parts, layout)
+
+
+Layout = list[tuple[str, str, torch.dtype]]  # (metric name, column name, dtype) in wire order
+
+
+def column_layout(local: Columns) -> Layout:
+    """The wire order of grouped columns: metrics in collection order, columns in state order."""
+    layout = [(n, k, local[n][k].dtype) for n in local for k in local[n]]
+    for n, k, dtype in layout:
+        if dtype not in (torch.int64, torch.float64):
+            raise ConfigError(f"grouped metric {n} column {k} is {dtype}; grouped columns travel as "
+                              "int64 or float64, convert it in the metric's state()")
+    return layout
+
+
+def pack_columns(local: Columns, layout: Layout) -> torch.Tensor:
+    """One rank's grouped columns as int64 words (float64 as their bit patterns, exact):
+    the row count N_m of each of the M metrics, then each metric's columns in ``layout`` order."""
+    names = list(dict.fromkeys(n for n, _, _ in layout))
+    counts = torch.tensor([_rows(local[n], n) for n in names], dtype=torch.int64)  # (M,)
+    device = counts.device
+    return torch.cat([counts] + [local[n][k].detach().to(device).contiguous().view(torch.int64)
+                                 for n, k, _ in layout])
+
+
+def unpack_columns(parts: list[torch.Tensor], layout: Layout) -> Columns:
+    """The inverse of ``pack_columns`` over ranks: ``parts`` (each rank's words, maybe padded
+    at the end) -> every column concatenated in rank order."""
+    names = list(dict.fromkeys(n for n, _, _ in layout))
     pieces: dict[tuple[str, str], list[torch.Tensor]] = {(n, k): [] for n, k, _ in layout}
     for part in parts:  # one rank's words
         rows = part[: len(names)].tolist()
@@ -87,7 +107,7 @@ def _gather_columns(local: Columns, group: dist.ProcessGroup | None, on_cpu: boo
             size = rows[names.index(n)]
             pieces[(n, k)].append(part[at: at + size].view(dtype))
             at += size
-    return {n: {k: torch.cat(pieces[(n, k)]) for k in local[n]} for n in names}
+    return {n: {k: torch.cat(pieces[(n, k)]) for m, k, _ in layout if m == n} for n in names}
 
 
 def _rows(columns: dict[str, torch.Tensor], name: str) -> int:
@@ -97,7 +117,7 @@ def _rows(columns: dict[str, torch.Tensor], name: str) -> int:
     return next(iter(sizes.values()))
 
 
-def _fingerprint(layout: list[tuple[str, str, torch.dtype]]) -> int:
+def layout_fingerprint(layout: list[tuple[str, str, torch.dtype]]) -> int:
     """A signed 64-bit digest of the grouped layout (names, columns, dtypes), equal on every rank
     that built the same collection (hashlib: Python's hash() differs between processes)."""
     text = ";".join(f"{n}.{k}:{dtype}" for n, k, dtype in layout).encode()

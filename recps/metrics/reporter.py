@@ -9,6 +9,12 @@
                       ─► rank 0: a log line, <out_dir>/train_metrics.jsonl, `reports`
                          (run_training puts them in metrics.json), TensorBoard scalars
 
+Grouped metrics (gauc, pnr) take each example's group from the batch's sparse feature
+``group_key`` (the user or query id; ``recps.metrics.groups``) and keep the pass's
+(group, pred, label) columns; a merge concatenates every worker's (through the servers:
+``recps.metrics.ps_merger``; over gloo: ``recps.metrics.distributed``), so the global value
+is exactly the one process's value on the union.
+
 What a report covers: the current pass so far ("pass-to-date", as Paddle's global AUC).
 A step report at global step s holds every example of the pass that the threads had
 finished when it ran (with threads=1: exactly the pass's steps up to s); a pass report holds
@@ -55,6 +61,7 @@ from torch import Tensor
 from recps.errors import ConfigError, DataError
 from recps.metrics.base import Metric, State, prepare_pointwise
 from recps.metrics.collection import MetricCollection, build_metric
+from recps.metrics.groups import batch_groups, check_group_key, feed_columns
 from recps.observer import TrainObserver
 
 __all__ = [
@@ -203,8 +210,12 @@ class MetricsReporter(TrainObserver):
 
     Args:
         metrics: pointwise metric names or a mapping name -> kwargs (as ``MetricCollection``),
-            e.g. ``[auc, logloss, accuracy, copc]``; grouped ones (gauc, pnr) need group ids
-            the trainer does not pass, so they are refused here.
+            e.g. ``[auc, logloss, accuracy, copc, gauc, pnr]``; the grouped ones (gauc, pnr)
+            need ``group_key``.
+        group_key: the sparse feature whose key is each example's group (user or query id)
+            for gauc / pnr, e.g. ``user`` (``C1`` on the synthetic data); it must hold one key
+            per example. Examples without a key there are left out of gauc / pnr (not of the
+            other metrics). None: no grouped metrics.
         task: converts logits to probs and gives the targets (``predict``, ``target``); a task
             with ``task_names`` (MultiTask: (B, T) probs and targets) gets every metric per
             task, reported as ``<metric>/<task>`` as evaluation names them.
@@ -236,6 +247,7 @@ class MetricsReporter(TrainObserver):
         step_base: int = 0,
         device: str | torch.device = "cpu",
         update_every: int = 32,
+        group_key: str | None = None,
     ) -> None:
         if int(every_steps) < 0:
             raise ConfigError(f"metrics.every_steps={every_steps}; use 0 (pass reports only) or a positive step count")
@@ -253,12 +265,15 @@ class MetricsReporter(TrainObserver):
             members = [build_metric(spec, **{**kw, "device": device}) for spec, kw in specs]
             self._columns = []
         template = MetricCollection(members, device=device)
-        if template.kind != "pointwise" or any(not template[n].additive for n in template):
+        if template.kind != "pointwise":
             raise ConfigError(
-                f"metrics.metrics={[spec for spec, _ in specs]}: training metrics are pointwise and additive "
-                f"(auc, logloss, accuracy, mae, rmse, actual_ctr, predicted_ctr, copc, calibration); "
-                f"compute gauc/pnr/recall@K in evaluation"
+                f"metrics.metrics={[spec for spec, _ in specs]}: training metrics are pointwise "
+                f"(auc, logloss, accuracy, mae, rmse, actual_ctr, predicted_ctr, copc, calibration, gauc, pnr); "
+                f"compute recall@K / ndcg@K in evaluation"
             )
+        self._grouped = [n for n in template if not template[n].additive]
+        self.group_key = None if group_key is None else str(group_key)
+        check_group_key(self.group_key, None, self._grouped)
         if any(spec == "examples" for spec, _ in specs):
             raise ConfigError("metrics.metrics names 'examples'; every report carries the example count already, drop it")
         self._template = MetricCollection([*(template[n] for n in template), ExampleCount(device=device)], device=device)
@@ -387,14 +402,20 @@ class MetricsReporter(TrainObserver):
                 # predict per batch: a retrieval task's logits (B, 1 + negatives) vary in width
                 probs = torch.cat([self.task.predict(lg) for e, lg, _ in stash if e == epoch])  # (N,)
                 target = torch.cat([self.task.target(b) for e, _, b in stash if e == epoch])  # (N,)
+                groups = None
+                if self._grouped:  # (N,) int64 ids, (N,) bool: has one
+                    ids, has = zip(*(batch_groups(b, self.group_key) for e, _, b in stash if e == epoch))
+                    groups = (torch.cat(ids), torch.cat(has))
                 part = parts.get(epoch)
                 if part is None:
                     part = parts[epoch] = self._template.clone()  # zeros: the template is never updated
-                self._update(part, probs, target)
+                self._update(part, probs, target, groups)
         stash.clear()
 
-    def _update(self, part: MetricCollection, probs: Tensor, target: Tensor) -> None:
-        """probs, target (N,) or, for a multi-task task, (N, T): each column feeds its task's metrics."""
+    def _update(self, part: MetricCollection, probs: Tensor, target: Tensor,
+                groups: tuple[Tensor, Tensor] | None = None) -> None:
+        """probs, target (N,) or, for a multi-task task, (N, T): each column feeds its task's metrics;
+        groups: (ids (N,) int64, has (N,) bool) when there are grouped metrics."""
         if not self._columns:
             if probs.dim() > 1 and probs.shape[1:].numel() > 1:
                 raise DataError(
@@ -402,7 +423,16 @@ class MetricsReporter(TrainObserver):
                     f"not one probability per example; ranking and retrieval tasks report in evaluation: "
                     f"set metrics=off"
                 )
-            part.update(probs, target)
+            if groups is None:
+                part.update(probs, target)
+            else:
+                members = [part[n] for n in part]
+                p, y, g = prepare_pointwise(
+                    probs, target, groups[0], who="training metrics", device=part.device,
+                    needs_probs=any(m.needs_probs for m in members),
+                    needs_unit_labels=any(m.needs_unit_labels for m in members),
+                )
+                feed_columns(members, p, y, g, groups[1].to(p.device))
             return
         if probs.dim() != 2 or probs.shape[1] != len(self._columns) or target.shape != probs.shape:
             raise DataError(
@@ -412,14 +442,12 @@ class MetricsReporter(TrainObserver):
         part["examples"].update(probs[:, 0], target[:, 0])
         for j, names in enumerate(self._columns):
             members = [part[n] for n in names]
-            p, y, _ = prepare_pointwise(
-                probs[:, j], target[:, j], who=f"task {self.task_names[j]}", device=part.device,
-                needs_probs=any(m.needs_probs for m in members),
+            p, y, g = prepare_pointwise(
+                probs[:, j], target[:, j], None if groups is None else groups[0], who=f"task {self.task_names[j]}",
+                device=part.device, needs_probs=any(m.needs_probs for m in members),
                 needs_unit_labels=any(m.needs_unit_labels for m in members),
             )
-            if p.numel():
-                for m in members:
-                    m._update(p, y, None)  # one checked column for all of this task's metrics
+            feed_columns(members, p, y, g, None if groups is None else groups[1].to(p.device))
 
     def _flush_all(self) -> None:
         for t in range(self.threads):
@@ -517,7 +545,8 @@ _INJECTED = ("task", "threads", "out_dir", "merger", "step_base", "device")
 
 def check_metrics_config(cfg: Any) -> None:
     """Binds conf/metrics to MetricsReporter's signature (a ConfigError names unknown keys)
-    and checks what can be checked before data is read: metric names, tensorboard."""
+    and checks what can be checked before data is read: metric names, tensorboard, a
+    group_key for gauc / pnr."""
     if cfg is None or not bool(cfg.get("enabled", True)):
         return
     from recps.config import check_target_args
@@ -527,11 +556,18 @@ def check_metrics_config(cfg: Any) -> None:
         raise ConfigError(f"metrics.merge={cfg.get('merge')!r}; use auto, local, gloo or ps")
     if bool(cfg.get("tensorboard", False)):
         _check_tensorboard()
+    grouped = [name for name, _ in _specs(cfg.get("metrics"))
+               if not build_metric(name).additive] if cfg.get("metrics") else []
+    check_group_key(cfg.get("group_key"), None, grouped)
 
 
 def build_reporter(cfg: Any, *, task: Any, threads: int, out_dir: str | Path | None, merger: MetricMerger | None = None,
-                   client: Any = None, step_base: int = 0, device: str | torch.device = "cpu") -> MetricsReporter | None:
+                   client: Any = None, step_base: int = 0, device: str | torch.device = "cpu",
+                   feature_names: Sequence[str] | None = None) -> MetricsReporter | None:
     """The reporter conf/metrics asks for, or None when ``metrics.enabled`` is false.
+
+    ``feature_names``: the data's sparse features; with gauc/pnr, ``metrics.group_key`` must be
+    one of them (checked here, before training, when given).
 
     ``merger`` defaults to ``build_merger(cfg.merge, client=client)``: pass the worker's
     PSClient (ps modes) or initialize torch.distributed first for a cross-worker sum.
@@ -543,6 +579,9 @@ def build_reporter(cfg: Any, *, task: Any, threads: int, out_dir: str | Path | N
 
     values = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     kwargs = {k: v for k, v in values.items() if not str(k).startswith("_") and k not in _ENGINE_KEYS}
+    grouped = [name for name, _ in _specs(kwargs.get("metrics") or [])
+               if not build_metric(name).additive]
+    check_group_key(kwargs.get("group_key"), feature_names, grouped)
     if merger is None:
         merger = build_merger(str(values.get("merge", "auto")), client=client)
     return MetricsReporter(task=task, threads=threads, out_dir=out_dir, merger=merger, step_base=step_base,

@@ -1,0 +1,128 @@
+"""Where grouped metrics (GAUC, PNR) get each example's group: a sparse feature of the data.
+
+``metrics.group_key`` names it (the user or query feature: ``user``; ``C1`` on the synthetic
+Criteo-like data). It must hold one key per example; the key's int64 value is the group id.
+Examples with no key there are left out of the grouped metrics (``has`` is False), the
+other metrics still count them.
+
+    >>> import torch
+    >>> from types import SimpleNamespace
+    >>> from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+    >>> kjt = KeyedJaggedTensor.from_lengths_sync(keys=["user", "item"], values=torch.tensor([7, 9, 1, 2, 3]),
+    ...                                           lengths=torch.tensor([1, 0, 1, 1, 1, 1]))
+    >>> ids, has = batch_groups(SimpleNamespace(sparse=kjt), "user")
+    >>> ids.tolist(), has.tolist()
+    ([7, 0, 9], [True, False, True])
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+
+from recps.errors import ConfigError, DataError
+from recps.metrics.base import Metric, prepare_pointwise
+from recps.metrics.collection import MetricCollection
+
+__all__ = ["batch_groups", "check_group_key", "source_groups", "evaluate_pointwise", "feed_columns"]
+
+
+def check_group_key(key: str | None, feature_names: Sequence[str] | None, metric_names: Sequence[str],
+                    where: str = "metrics.group_key") -> None:
+    """Before any data is read: grouped metrics named need a key the data has (ConfigError)."""
+    if not metric_names:
+        return
+    if not key:
+        raise ConfigError(
+            f"{list(metric_names)} group examples by user or query; set {where} to the data's user/query "
+            f"feature (e.g. {where}=user; C1 on the synthetic data)"
+        )
+    if feature_names is not None and key not in list(feature_names):
+        raise ConfigError(
+            f"{where}={key!r} is not a sparse feature of this data (it has {list(feature_names)}); "
+            f"set {where} to its user or query feature"
+        )
+
+
+def batch_groups(batch: Any, key: str) -> tuple[Tensor, Tensor]:
+    """Each example's group id from sparse feature ``key`` of ``batch.sparse`` (a KJT).
+
+    Returns ``(ids (B,) int64, has (B,) bool)``: the example's one key there, and whether it
+    has one (an example with no key gets id 0 and has=False). Raises ``DataError`` if the
+    batch lacks the feature or an example holds several keys (a sequence, not an id).
+    """
+    sparse = getattr(batch, "sparse", None)
+    keys = list(sparse.keys()) if sparse is not None else []
+    if key not in keys:
+        raise DataError(
+            f"grouped metrics: group_key={key!r} is not a sparse feature of this data (it has {keys}); "
+            f"set metrics.group_key to its user or query feature"
+        )
+    jt = sparse[key]
+    lengths = jt.lengths()  # (B,)
+    if lengths.numel() and int(lengths.max()) > 1:
+        raise DataError(
+            f"grouped metrics: group_key={key!r} holds up to {int(lengths.max())} keys per example; a group "
+            f"is one user or query id: set metrics.group_key to a feature with one key per example"
+        )
+    has = lengths == 1  # (B,)
+    ids = torch.zeros(lengths.numel(), dtype=torch.int64, device=lengths.device)  # (B,)
+    ids[has] = jt.values().to(torch.int64)
+    return ids, has
+
+
+def source_groups(source: Any, batch_size: int, key: str) -> tuple[Tensor, Tensor]:
+    """``batch_groups`` over one pass of ``source`` (``batches(batch_size, 0, 1, 0)``, the order
+    evaluation predicts in): ids (N,) int64, has (N,) bool."""
+    ids, has = [], []
+    for batch in source.batches(batch_size, 0, 1, 0):
+        i, h = batch_groups(batch, key)
+        ids.append(i)
+        has.append(h)
+    if not ids:
+        return torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.bool)
+    return torch.cat(ids), torch.cat(has)
+
+
+def evaluate_pointwise(metrics: Any, probs: Tensor, targets: Tensor, source: Any = None, batch_size: int = 0,
+                       group_key: str | None = None) -> dict[str, float]:
+    """Pointwise metric values over predictions of one pass of ``source`` (evaluation).
+
+    metrics: names or name -> kwargs (``MetricCollection``); probs, targets (N,) in the order
+    ``source.batches(batch_size, 0, 1, 0)`` yields them. With gauc / pnr among them, the group
+    ids come from ``source``'s sparse feature ``group_key`` (``source_groups``: one more pass
+    over the source, no model); examples without a key there are left out of those only.
+    """
+    collection = MetricCollection(metrics)
+    grouped = [n for n in collection if not collection[n].additive]
+    if not grouped:
+        collection.update(probs, targets)
+        return {name: float(value) for name, value in collection.compute().items()}
+    check_group_key(group_key, None, grouped)
+    if source is None:
+        raise ConfigError(f"evaluate_pointwise: {grouped} need the evaluated source (for its {group_key!r} ids)")
+    ids, has = source_groups(source, batch_size, str(group_key))  # (N,), (N,)
+    members = [collection[n] for n in collection]
+    p, y, g = prepare_pointwise(probs, targets, ids, who="evaluation", device=collection.device,
+                                needs_probs=any(m.needs_probs for m in members),
+                                needs_unit_labels=any(m.needs_unit_labels for m in members))
+    feed_columns(members, p, y, g, has.to(p.device))
+    return {name: float(value) for name, value in collection.compute().items()}
+
+
+def feed_columns(members: Sequence[Metric], p: Tensor, y: Tensor, g: Tensor | None, has: Tensor | None) -> None:
+    """One checked column (``prepare_pointwise``'s p, y, g) to every member: the additive ones
+    get every row, the grouped ones only the rows with a group id (``has``)."""
+    if not p.numel():
+        return
+    kept = None
+    for m in members:
+        if m.additive:
+            m._update(p, y, None)
+            continue
+        if kept is None:
+            kept = (p[has], y[has], g[has])
+        if kept[0].numel():
+            m._update(*kept)

@@ -18,6 +18,9 @@ host:port (TransientFileSystemError; FileSystemTimeoutError when it accepted but
 answered). `exists` answers False only for a missing path, never for an unreachable one.
 For the verbs of Paddle's HDFSClient with retries, see recps.fs.hdfs.HDFSClient.
 
+A writer killed mid-write leaves its temporary behind; `sweep_temporaries(folder)` removes those
+no live writer can be using (the checkpoint writers and readers call it on their folders).
+
 Writes that must be atomic (a manifest, a commit record) go through `write_atomic`: the bytes
 go to a hidden temporary beside the target, which is then renamed into place; the temporary
 is removed on failure, and the error names the target, the reason (No space left on device,
@@ -40,12 +43,13 @@ from fsspec.implementations.local import LocalFileSystem
 
 from recps.fs._common import (DEFAULT_TIMEOUT_S, TIMEOUT_ENV, FileSystemError, FileSystemTimeoutError,
                               TransientFileSystemError, first_line, is_transient, retry_transient, timeout_s)
+from recps.fs._sweep import TEMPORARY_RE, is_temporary, sweep as _sweep_folder
 from recps.fs.webhdfs import WebHDFS
 
 __all__ = ["FileSystemError", "TransientFileSystemError", "FileSystemTimeoutError", "FileSystemPermissionError",
            "FileSystemNotFoundError", "FileSystemIsADirectoryError", "FileSystemNotADirectoryError", "resolve", "join",
            "is_local", "local_path", "display", "write_atomic", "fsync_dir", "read_bytes", "exists", "timeout_s",
-           "concurrently", "retry_transient", "is_transient", "write_error", "HDFSClient", "HDFS_PROTOCOLS", "WEBHDFS_PROTOCOLS", "DEFAULT_TIMEOUT_S", "TIMEOUT_ENV"]
+           "concurrently", "retry_transient", "sweep_temporaries", "is_temporary", "TEMPORARY_RE", "is_transient", "write_error", "HDFSClient", "HDFS_PROTOCOLS", "WEBHDFS_PROTOCOLS", "DEFAULT_TIMEOUT_S", "TIMEOUT_ENV"]
 
 HDFS_PROTOCOLS = ("hdfs", "viewfs")
 WEBHDFS_PROTOCOLS = ("webhdfs", "webHDFS")
@@ -199,6 +203,18 @@ def write_error(exc: BaseException, target: str, kept: str | Callable[[], str]) 
 def _names_the_target(exc: BaseException) -> bool:
     """Whether write_error rewrites `exc` (a definite OSError other than a refusal)."""
     return isinstance(exc, OSError) and not isinstance(exc, FileExistsError) and not is_transient(exc)
+
+
+def sweep_temporaries(url: str | os.PathLike, fs: fsspec.AbstractFileSystem | None = None) -> list[str]:
+    """Remove the stale temporaries a killed writer left directly in folder `url` (recps's own
+    atomic-write names only, none a live writer may be using; see recps.fs._sweep), logging each;
+    returns the paths removed. With `fs`, `url` is a path of that file system. Never raises for
+    what it cannot list or remove (it logs it): saves and loads call it before they start."""
+    if fs is None:
+        fs, path = resolve(url)
+    else:
+        path = os.fspath(url)
+    return _sweep_folder(fs, path)
 
 
 def write_atomic(url: str | os.PathLike, data: bytes | str, *, overwrite: bool = False) -> str:

@@ -435,6 +435,8 @@ class PSServer:
         if mode not in SAVE_MODES:
             raise ConfigError(f"save: mode={mode!r}; use one of {SAVE_MODES}")
         self._confine(path, "save")
+        if self.index == 0:  # the checkpoint's own folder; each table's folder is swept by its writers
+            rfs.sweep_temporaries(path)
         calls, names = [], []
         for table in self._selected(meta):
             folder = rfs.join(path, table.name)
@@ -475,6 +477,8 @@ class PSServer:
     def _load(self, name, fields, meta):
         path = str(meta["path"])
         self._confine(path, "load")
+        if self.index == 0:
+            rfs.sweep_temporaries(path)
         names = [n for n in str(meta.get("tables", "")).split(",") if n]
         if not names:
             with self._tables_lock:

@@ -14,7 +14,9 @@ after every file and the manifest are written (and, on a local disk, flushed to 
 sees the old folder or the complete new one (on file systems whose rename cannot replace a
 folder, such as HDFS, the old one is removed first: save each checkpoint into its own folder).
 Readers verify sizes and sha256 checksums and refuse a mismatch with an error that names the file.
-A write that fails (a full disk, a refused permission) removes the temporary folder and raises
+Temporaries a writer killed mid-save (kill -9) left in a table folder are swept, and logged, by the
+next save or load of it (recps.fs.sweep_temporaries: only recps's temporary names, only those no
+live writer can be using). A write that fails (a full disk, a refused permission) removes the temporary folder and raises
 naming the shard folder, the file being written and what is left there (recps.fs.write_error);
 a transient failure (an HDFS NameNode busy) is raised as it is, for the caller to retry.
 """
@@ -99,6 +101,7 @@ class ShardWriter:
         self._writing = "the folder"  # what a failure names: the file being written
         try:
             self.fs.makedirs(self.root, exist_ok=True)
+            rfs.sweep_temporaries(self.root, self.fs)  # what a writer killed mid-save left here
             self.fs.makedirs(self.tmp, exist_ok=True)
         except BaseException as e:
             error = self._failed(e)
@@ -172,7 +175,7 @@ class ShardWriter:
             rfs.fsync_dir(self.tmp)
             old = None
             if os.path.exists(self.final):
-                old = _join(self.fs, self.root, f".{os.path.basename(self.final)}.old-{uuid.uuid4().hex[:8]}")
+                old = _join(self.fs, self.root, f".{os.path.basename(self.final)}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}")
                 os.replace(self.final, old)
             os.replace(self.tmp, self.final)
             rfs.fsync_dir(self.root)
@@ -234,6 +237,7 @@ def list_shards(path: str | os.PathLike) -> list[str]:
     shown = rfs.display(fs, root)
     if not fs.isdir(root):
         raise CheckpointError(f"load: checkpoint folder {shown} does not exist")
+    rfs.sweep_temporaries(root, fs)  # what a writer killed mid-save left here
     found: dict[int, dict[int, str]] = {}
     for info in fs.ls(root, detail=True):
         name = info["name"].rstrip("/").rsplit("/", 1)[-1]

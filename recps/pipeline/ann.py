@@ -309,10 +309,17 @@ class ItemIndex:
         found = pos >= 0  # (R, fetch)
         if not seen.size:
             return found
-        row = (rows + np.arange(pos.shape[0])) if np.ndim(rows) == 0 else np.asarray(rows)  # (R,)
-        keys = row[:, None] * len(self) + pos  # (R, fetch)
-        at = np.minimum(np.searchsorted(seen, keys), seen.size - 1)  # (R, fetch)
-        return found & (seen[at] != keys)
+        n = len(self)
+        # Prefilter with a bitmap of the items any row has seen (a gather), so that only the few found
+        # items someone has seen are looked up by (row, item) key (a binary search each).
+        anyone = np.zeros(n, bool)  # (N,)
+        anyone[seen % n] = True
+        r, c = np.nonzero(found & anyone[np.maximum(pos, 0)])  # (C,), (C,) candidates
+        row = (rows + r) if np.ndim(rows) == 0 else np.asarray(rows)[r]  # (C,) global rows
+        keys = row * n + pos[r, c]  # (C,)
+        hit = seen[np.minimum(np.searchsorted(seen, keys), seen.size - 1)] == keys  # (C,)
+        found[r[hit], c[hit]] = False
+        return found
 
     def _seen_keys(self, exclude: Seen | tuple[Any, Any] | None, u: int) -> np.ndarray:
         """(S',) the sorted unique keys row * N + position of the excluded items that are in the catalogue."""

@@ -7,13 +7,17 @@
     >>> {k: round(v, 4) for k, v in m.compute().items()}
     {'auc': 0.75, 'logloss': 0.5403, 'accuracy': 0.5, 'copc': 0.9524}
 
-See ``base`` for the protocol, ``collection`` for merging, ``distributed`` for all-reduce.
+See ``base`` for the protocol, ``collection`` for merging, ``distributed`` for all-reduce,
+``ps_merger`` for merging through the parameter servers, ``groups`` for where GAUC/PNR get
+their group ids (``metrics.group_key``), ``funnel`` for a pipeline's per-stage metrics.
 """
 
 from recps.metrics.base import GroupedMetric, Metric, prepare_pointwise
 from recps.metrics.collection import METRICS, MetricCollection, build_metric, merge_states
 from recps.metrics.distributed import allreduce_metrics
+from recps.metrics.funnel import FunnelTally, merge_tally
 from recps.metrics.grouped import PNR, GroupedAUC, group_auc, pair_counts
+from recps.metrics.groups import batch_groups, evaluate_pointwise
 from recps.metrics.pointwise import (
     AUC,
     COPC,
@@ -51,6 +55,10 @@ __all__ = [
     "PNR",
     "group_auc",
     "pair_counts",
+    "batch_groups",
+    "evaluate_pointwise",
+    "FunnelTally",
+    "merge_tally",
     "RecallAtK",
     "NDCGAtK",
     "MRR",

@@ -287,3 +287,32 @@ def test_cli_two_async_workers_gauc_pnr_equal_the_single_process_value_on_their_
     assert 0.0 < want["gauc"] < 1.0 and 0.0 < want["pnr"] < math.inf  # defined (one pass of 1,600 rows: barely trained)
     # Evaluation (worker 0, the held-out split): the same metrics, grouped by C1 too.
     assert 0.0 < metrics["gauc"] < 1.0 and metrics["pnr"] > 0.0
+
+
+def test_funnel_tally_merges_through_the_servers_to_the_union():
+    """recps.metrics.funnel: two workers' tallies (their users' pairs) sum on the servers."""
+    from recps.metrics.funnel import FunnelTally, hit_rate, merge_tally, ranker_counts, recall_at_k
+    from recps.metrics.ps_merger import PSMerger
+
+    lists = torch.tensor([[4, 7, 1, 5], [2, 9, 3, 8], [6, 1, -1, -1]])  # (U, K)
+    scores = torch.tensor([[0.9, 0.8, 0.1, 0.8], [0.3, 0.2, 0.5, 0.1], [0.0, 0.0, 9.0, 9.0]])
+    offsets, items = torch.tensor([0, 2, 3, 3]), torch.tensor([7, 5, 3])
+    names = ["recall@2", "hr@2", "gauc", "pnr"]
+    shards = [slice(0, 1), slice(1, 3)]  # worker 0: user 0; worker 1: users 1, 2
+
+    def tally(rows: slice) -> FunnelTally:
+        t = FunnelTally(names)
+        o = offsets[rows.start:rows.stop + 1]
+        t.add(recall_at_k(lists[rows], o, items, 2))
+        t.add(hit_rate(lists[rows], o, items, 2))
+        t.add(ranker_counts(lists[rows], scores[rows], o, items))
+        return t
+
+    got: dict[int, dict] = {}
+
+    def work(rank: int, client) -> None:
+        got[rank] = merge_tally(tally(shards[rank]), PSMerger(client)).details()
+
+    _servers_and_workers(work)
+    want = tally(slice(0, 3)).details()
+    assert got[0] == got[1] == want

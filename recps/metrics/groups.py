@@ -26,7 +26,7 @@ from recps.errors import ConfigError, DataError
 from recps.metrics.base import Metric, prepare_pointwise
 from recps.metrics.collection import MetricCollection
 
-__all__ = ["batch_groups", "check_group_key", "source_groups", "evaluate_pointwise", "feed_columns"]
+__all__ = ["batch_groups", "check_group_key", "source_groups", "evaluate_pointwise", "update_collection", "feed_columns"]
 
 
 def check_group_key(key: str | None, feature_names: Sequence[str] | None, metric_names: Sequence[str],
@@ -90,26 +90,35 @@ def evaluate_pointwise(metrics: Any, probs: Tensor, targets: Tensor, source: Any
                        group_key: str | None = None) -> dict[str, float]:
     """Pointwise metric values over predictions of one pass of ``source`` (evaluation).
 
-    metrics: names or name -> kwargs (``MetricCollection``); probs, targets (N,) in the order
-    ``source.batches(batch_size, 0, 1, 0)`` yields them. With gauc / pnr among them, the group
-    ids come from ``source``'s sparse feature ``group_key`` (``source_groups``: one more pass
-    over the source, no model); examples without a key there are left out of those only.
+    metrics: names or name -> kwargs (``MetricCollection``); the rest as ``update_collection``.
     """
     collection = MetricCollection(metrics)
+    update_collection(collection, probs, targets, source, batch_size, group_key)
+    return {name: float(value) for name, value in collection.compute().items()}
+
+
+def update_collection(collection: MetricCollection, probs: Tensor, targets: Tensor, source: Any = None,
+                      batch_size: int = 0, group_key: str | None = None) -> None:
+    """``collection.update(probs, targets)``, with group ids for its gauc / pnr members.
+
+    probs, targets (N,) in the order ``source.batches(batch_size, 0, 1, 0)`` yields them. With
+    grouped members, the ids come from ``source``'s sparse feature ``group_key``
+    (``source_groups``: one more pass over the source, no model); examples without a key there
+    are left out of those members only.
+    """
     grouped = [n for n in collection if not collection[n].additive]
     if not grouped:
         collection.update(probs, targets)
-        return {name: float(value) for name, value in collection.compute().items()}
+        return
     check_group_key(group_key, None, grouped)
     if source is None:
-        raise ConfigError(f"evaluate_pointwise: {grouped} need the evaluated source (for its {group_key!r} ids)")
+        raise ConfigError(f"update_collection: {grouped} need the evaluated source (for its {group_key!r} ids)")
     ids, has = source_groups(source, batch_size, str(group_key))  # (N,), (N,)
     members = [collection[n] for n in collection]
     p, y, g = prepare_pointwise(probs, targets, ids, who="evaluation", device=collection.device,
                                 needs_probs=any(m.needs_probs for m in members),
                                 needs_unit_labels=any(m.needs_unit_labels for m in members))
     feed_columns(members, p, y, g, has.to(p.device))
-    return {name: float(value) for name, value in collection.compute().items()}
 
 
 def feed_columns(members: Sequence[Metric], p: Tensor, y: Tensor, g: Tensor | None, has: Tensor | None) -> None:

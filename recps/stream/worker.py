@@ -343,6 +343,7 @@ class _Loop:
     def _evaluate(self, source) -> dict[str, float]:
         """Global metrics of the current model (the servers' values) on the pass, before training."""
         from recps.data.dataset import ExamplesSource
+        from recps.metrics.groups import update_collection
 
         collection = _eval_collection(self.cfg)
         mine = source.source.examples
@@ -353,7 +354,8 @@ class _Loop:
         if len(mine):
             with self.fleet.reading_servers():
                 probs, targets = self.job.trainer.predict(ExamplesSource(mine, False), int(self.cfg.trainer.eval_batch_size))
-            collection.update(probs, targets)
+            update_collection(collection, probs, targets, ExamplesSource(mine, False),  # gauc/pnr: groups by metrics.group_key
+                              int(self.cfg.trainer.eval_batch_size), (self.cfg.get("metrics") or {}).get("group_key"))
         merged = self.merger.merge(collection)
         return {name: float(v) for name, v in merged.compute().items()}
 

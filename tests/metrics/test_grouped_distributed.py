@@ -316,3 +316,26 @@ def test_funnel_tally_merges_through_the_servers_to_the_union():
     _servers_and_workers(work)
     want = tally(slice(0, 3)).details()
     assert got[0] == got[1] == want
+
+
+@pytest.mark.slow
+def test_cli_stream_two_workers_evaluates_each_pass_with_gauc_and_pnr(tmp_path):
+    """stream=hourly, ps=async, 2 workers, metrics=grouped: every pass's evaluation (each worker its
+    rows, merged through the servers) and every pass's training report carry GAUC and PNR."""
+    from recps.data.synthetic_stream import write_stream
+
+    root, out, run = tmp_path / "clicks", tmp_path / "model", tmp_path / "run"
+    write_stream(str(root), days=1, hours=2, rows=1500, start_day="20261201")
+    cmd = [sys.executable, "-m", "recps.train", "stream=hourly", f"stream.root={root}", f"stream.out={out}",
+           "ps=async", "model=ctr_dnn", "model.hidden=[16,8]", "cluster.workers=2", "trainer.threads=1",
+           "trainer.batch_size=128", "stream.start_day=20261201", "stream.end_day=20261201", "stream.hours=2",
+           "stream.data_sleep_second=0.2", "metrics=grouped", "metrics.every_steps=0", "cluster.restarts=0",
+           f"hydra.run.dir={run}"]
+    proc = subprocess.run(cmd, cwd=PROJECT_ROOT, env=ENV, capture_output=True, text=True, timeout=420)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    metrics = json.loads((run / "metrics.json").read_text())
+    passes = [p for p in metrics["stream"]["passes"] if "pass" in p]
+    assert [p["pass"] for p in passes] == [1, 2]
+    for p in passes:
+        assert 0.0 < p["eval"]["gauc"] < 1.0 and 0.0 < p["eval"]["pnr"] < math.inf, p["eval"]
+        assert p["eval"]["examples"] == 1500

@@ -56,6 +56,8 @@ Best reachable metrics (`world.metrics`, world.json "best"):
                                averaged over the first `metric_users` users (by id) that have a
                                test positive (users are i.i.d., so this is an unbiased sample)
     ideal.utility@10           the ideal list's mean true utility per slot
+    most_popular.*             the same for the most-popular list (train-seen excluded), plus its
+                               utility_ndcg@10 (`VideoWorld.utility_ndcg`; the ideal's is 1)
 
 Caveat: held-out positives exist only where the logging policy exposed, so a list that imitates
 the exposure (popularity) can hit more of them than the ideal list does; the ideal's NDCG/HR is
@@ -491,6 +493,26 @@ class VideoWorld:
             raise DataError(f"ideal_topn: a user has fewer than n={n} items left after exclusion; lower n")
         return (ids_out, val_out) if return_scores else ids_out
 
+    def popular_topn(self, user_ids: Any, n: int, exclude: tuple[np.ndarray, np.ndarray] | None = None
+                     ) -> np.ndarray:
+        """(B, n) int64: the n most popular items (by exposure share) each user has not in `exclude`."""
+        users = np.asarray(user_ids, dtype=np.int64).ravel()
+        self._check_ids(users, np.zeros(0, np.int64))
+        offsets = exclude[0] if exclude is not None else np.zeros(self.config.users + 1, np.int64)
+        widest = int(np.diff(np.asarray(offsets, np.int64)).max(initial=0))
+        if not 1 <= n <= self.config.items - widest:
+            raise ConfigError(f"popular_topn n={n}; use 1 <= n <= items - the most excluded items of a user "
+                              f"({self.config.items} - {widest})")
+        order = np.argsort(-self.items["popularity"].to_numpy(), kind="stable")[: n + widest]  # (n + S,)
+        cand = np.broadcast_to(order, (users.shape[0], order.shape[0]))  # (B, n + S)
+        if exclude is None:
+            return cand[:, :n].copy()
+        rows, items = _csr_pairs(exclude, users)
+        I = self.config.items
+        banned = np.isin(np.arange(users.shape[0])[:, None] * I + cand, rows * I + items)  # (B, n + S)
+        first = np.argsort(banned, axis=1, kind="stable")[:, :n]  # (B, n): the kept ones, in popularity order
+        return np.take_along_axis(cand, first, 1)
+
     def utility_ndcg(self, user_ids: Any, lists: np.ndarray, exclude: tuple[np.ndarray, np.ndarray] | None = None
                      ) -> np.ndarray:
         """(B,) DCG of true utility of each user's list (B, n) over the ideal list's (1.0 for the ideal)."""
@@ -551,7 +573,7 @@ def generate(cfg: VideoWorldConfig) -> VideoWorld:
     world.metrics = {"auc": {"click": _exact_auc(world.test["p_click"].to_numpy(), world.test["click"].to_numpy()),
                              "long_view": _exact_auc(world.test["p_long_view"].to_numpy(),
                                                      world.test["long_view"].to_numpy())}}
-    world.metrics["ideal"] = ideal_metrics(world, cfg.metric_users)
+    world.metrics.update(ideal_metrics(world, cfg.metric_users, baseline=True))
     t3 = time.perf_counter()
     world.rates = {split: {"rows": int(len(f)), "click": float(f["click"].mean()) if len(f) else float("nan"),
                            "long_view": float(f["long_view"].mean()) if len(f) else float("nan")}
@@ -657,24 +679,36 @@ def topn_metrics(lists: np.ndarray, user_ids: np.ndarray, test: pd.DataFrame, k:
     return {f"ndcg@{k}": float(((hit * disc).sum(1) / idcg).mean()), f"hr@{k}": float(hit.any(1).mean())}
 
 
-def ideal_metrics(world: VideoWorld, users: int | Sequence[int] | np.ndarray = 2000, k: int = 10
-                  ) -> dict[str, float]:
+def ideal_metrics(world: VideoWorld, users: int | Sequence[int] | np.ndarray = 300, k: int = 10,
+                  baseline: bool = False) -> dict[str, Any]:
     """The ideal funnel's NDCG@k, HR@k and mean utility per slot against held-out positives.
 
     `users`: user ids, or a count: the first that many users (by id) with a test positive.
-    Train-seen items are excluded from the ideal list (as the funnel filters them)."""
+    Train-seen items are excluded from the ideal list (as the funnel filters them).
+    baseline=True returns {"ideal": ..., "most_popular": ...}: the same metrics of the
+    most-popular list (`popular_topn`) plus its utility_ndcg@k (the ideal's is 1)."""
     with_pos = np.unique(world.test.loc[world.test["click"] == 1, "user_id"].to_numpy(np.int64))
     if isinstance(users, (int, np.integer)):
         chosen = with_pos[: int(users)]
     else:
         chosen = np.asarray(users, np.int64)
     if chosen.shape[0] == 0:
-        return {f"ndcg@{k}": float("nan"), f"hr@{k}": float("nan"), f"utility@{k}": float("nan"), "users": 0}
+        empty = {f"ndcg@{k}": float("nan"), f"hr@{k}": float("nan"), f"utility@{k}": float("nan"), "users": 0}
+        return {"ideal": empty, "most_popular": {**empty, f"utility_ndcg@{k}": float("nan")}} if baseline else empty
     lists, util = world.ideal_topn(chosen, k, world.seen, return_scores=True)
     out = topn_metrics(lists, chosen, world.test, k)
     out[f"utility@{k}"] = float(util.mean())
     out["users"] = int(chosen.shape[0])
-    return out
+    if not baseline:
+        return out
+    pop = world.popular_topn(chosen, k, world.seen)  # (B, k)
+    pop_util = world.utility(chosen[:, None], pop)  # (B, k)
+    disc = 1.0 / np.log2(np.arange(k) + 2.0)  # (k,)
+    ratio = (pop_util * disc).sum(1) / (util.astype(np.float64) * disc).sum(1)  # (B,)
+    base = topn_metrics(pop, chosen, world.test, k)
+    base.update({f"utility@{k}": float(pop_util.mean()), f"utility_ndcg@{k}": float(ratio.mean()),
+                 "users": int(chosen.shape[0])})
+    return {"ideal": out, "most_popular": base}
 
 
 # ----------------------------------------------------------------------------- files

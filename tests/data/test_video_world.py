@@ -142,6 +142,20 @@ def test_exclusion_removes_exactly_the_excluded_items(world):
     assert world.utility_ndcg(users[:5], excluded[:5], world.seen) == pytest.approx(np.ones(5), rel=1e-5)
 
 
+def test_popular_topn_is_the_most_popular_unseen(world):
+    users = np.arange(0, SMALL.users, 5)
+    got = world.popular_topn(users, 10, world.seen)
+    pop = world.items["popularity"].to_numpy()
+    rows, items = vw._csr_pairs(world.seen, users)
+    score = np.broadcast_to(pop, (len(users), SMALL.items)).copy()  # (B, I)
+    score[rows, items] = -1.0
+    want = np.argsort(-score, axis=1, kind="stable")[:, :10]
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(world.popular_topn(users, 10), np.argsort(-pop, kind="stable")[None, :10].repeat(len(users), 0))
+    mp = world.metrics["most_popular"]
+    assert 0 < mp["utility_ndcg@10"] < 1 and mp["utility@10"] < world.metrics["ideal"]["utility@10"]
+
+
 def test_topn_metrics_by_hand(world):
     import pandas as pd
 

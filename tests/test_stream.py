@@ -207,7 +207,7 @@ def test_killed_mid_pass_3_the_same_command_resumes_exactly_once(request, tmp_pa
     fs, held_path = rfs.resolve(held)
     fs.rm_file(held_path)
     extra = ["ps.table.accessor.show_click_decay_rate=1.0", "ps.table.accessor.delete_threshold=0"]
-    cmd = stream_cmd(root, out, tmp_path / "run1", "async", extra)
+    cmd = stream_cmd(root, out, tmp_path / "run1", "async", [*extra, "cluster.restarts=0"])  # the rerun resumes, not a restart
     proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     lines: list[str] = []
@@ -273,7 +273,7 @@ def test_a_malformed_pass_stops_the_stream_naming_the_file_and_keeps_what_was_co
     part.write_bytes(b"\n".join(lines))
     cmd = [sys.executable, "-m", "recps.train", "stream=hourly", f"stream.root={root}", f"stream.out={out}",
            "ps=async", "model=deepfm", "cluster.workers=1", "stream.start_day=20261201", "stream.end_day=20261201",
-           "stream.hours=3", "dataset.error_budget=0", f"hydra.run.dir={tmp_path / 'run1'}"]
+           "stream.hours=3", "dataset.error_budget=0", "cluster.restarts=0", f"hydra.run.dir={tmp_path / 'run1'}"]
     proc = subprocess.run(cmd, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert proc.returncode != 0
     assert f"{part.name}:6" in proc.stdout + proc.stderr, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -316,3 +316,10 @@ def test_two_tower_trains_on_the_recall_view_and_beats_most_popular(tmp_path):
                f"hydra.run.dir={tmp_path / 'run'}", *E2E_WORLD)
     assert m["queries"] > 900
     assert m["recall@50"] > m["most_popular/recall@50"], m
+
+
+def test_write_and_load_through_an_fsspec_url(world, written):
+    out = vw.write(world, "memory://recps-test-video-world/w1")
+    back = vw.load(out)
+    np.testing.assert_array_equal(back.train["click"].to_numpy(), world.train["click"].to_numpy())
+    assert vw.read_info(out)["files"] == vw.read_info(written)["files"]  # the same bytes as on the local disk

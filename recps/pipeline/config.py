@@ -22,7 +22,7 @@ from recps.errors import ConfigError
 __all__ = ["StageSpec", "enabled", "pipeline_specs", "check_data", "STAGE_KEYS", "INPUT_KEYS"]
 
 STAGE_KEYS = ("model", "task", "optimizer", "trainer", "ps", "keep", "inputs", "score_weights")
-INPUT_KEYS = ("features", "upstream", "train_on", "candidates_per_user", "scores")
+INPUT_KEYS = ("features", "upstream", "train_on", "candidates_per_user", "candidate_users", "scores")
 TRAINER_KEYS = ("epochs", "batch_size", "threads", "max_steps")
 PIPELINE_KEYS = ("name", "world", "top_n", "eval_users", "eval_batch_users", "index", "stages", "objective")
 TRAIN_ON = ("positives", "exposures", "candidates")
@@ -46,6 +46,7 @@ class StageSpec:
     upstream: str | None
     train_on: list[str]
     candidates_per_user: int = 0
+    candidate_users: int = 0  # training users whose upstream candidates it trains on (0: all)
     scores: list[str] = field(default_factory=list)
     score_weights: list[float] | None = None
     epochs: int = 1
@@ -125,7 +126,19 @@ def pipeline_specs(cfg: DictConfig) -> list[StageSpec]:
         for key in ("model", "task", "optimizer", "ps", "keep", "inputs"):
             if node.get(key) is None:
                 raise ConfigError(f"{where}.{key} is not set; every stage gives {key} (see conf/pipeline/video_funnel.yaml)")
-        # The model: a zoo `_target_` that imports and takes these arguments.
+        # The model: a zoo `_target_` that imports, can serve as this stage, and takes these arguments.
+        target = node.model.get("_target_")
+        try:
+            model_cls = get_object(str(target))
+        except Exception as exc:  # hydra raises ImportError/AttributeError variants
+            raise ConfigError(f"{where}.model._target_={target!r} cannot be imported ({exc}); fix the name "
+                              "(a zoo model: models.TwoTower, models.MMoE, ...)") from exc
+        if index == 0:
+            for method in ("encode", "score"):
+                if not callable(getattr(model_cls, method, None)):
+                    raise ConfigError(f"{where}.model._target_={target} has no {method}(): the first stage exports "
+                                      "an item tower into the index; use a two-tower model (models.TwoTower, "
+                                      "models.YoutubeDNN)")
         check_target_args(node.model, f"{where}.model", injected=MODEL_INJECTED, engine_keys=MODEL_ENGINE_KEYS)
         check_target_args(node.task, f"{where}.task", engine_keys=TASK_ENGINE_KEYS)
         check_target_args(node.optimizer, f"{where}.optimizer", injected=("params",))
@@ -151,7 +164,6 @@ def pipeline_specs(cfg: DictConfig) -> list[StageSpec]:
             if s not in earlier:
                 raise ConfigError(f"{where}.inputs.scores: {s!r} is not an earlier stage ({', '.join(earlier)}); "
                                   "name stages above it")
-        model_cls = get_object(str(node.model._target_))
         takes = inspect.signature(model_cls).parameters
         if scores and "dense_in_features" not in takes:
             raise ConfigError(f"{where}.inputs.scores={scores}: {node.model._target_} takes no dense inputs; "
@@ -167,12 +179,6 @@ def pipeline_specs(cfg: DictConfig) -> list[StageSpec]:
                 if lacking:
                     raise ConfigError(f"{where}.model.{arg}: {lacking} are not among the stage's inputs.features "
                                       f"{features}; add them there or drop them from the model")
-        if index == 0:
-            for method in ("encode", "score"):
-                if not callable(getattr(model_cls, method, None)):
-                    raise ConfigError(f"{where}.model._target_={node.model._target_} has no {method}(): the first "
-                                      "stage exports an item tower into the index; use a two-tower model "
-                                      "(models.TwoTower, models.YoutubeDNN)")
         train_on = [str(t) for t in (inputs.get("train_on") or ())]
         if not train_on or any(t not in TRAIN_ON for t in train_on):
             raise ConfigError(f"{where}.inputs.train_on={train_on}: give some of {list(TRAIN_ON)}")
@@ -209,7 +215,8 @@ def pipeline_specs(cfg: DictConfig) -> list[StageSpec]:
         specs.append(StageSpec(
             name=name, index=index, model=node.model, task=node.task, optimizer=node.optimizer, ps=node.ps, mode=mode,
             keep=keep, features=features, upstream=None if upstream is None else str(upstream), train_on=train_on,
-            candidates_per_user=int(inputs.get("candidates_per_user") or 0), scores=scores, score_weights=weights,
+            candidates_per_user=int(inputs.get("candidates_per_user") or 0),
+            candidate_users=int(inputs.get("candidate_users") or 0), scores=scores, score_weights=weights,
             epochs=_int(trainer, "epochs", f"{where}.trainer", 1) if "epochs" in trainer else 1,
             batch_size=_int(trainer, "batch_size", f"{where}.trainer", 1) if "batch_size" in trainer else 256,
             threads=threads, max_steps=max_steps,

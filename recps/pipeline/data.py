@@ -197,11 +197,41 @@ def movielens(ratings: str, movies: str, test_fraction: float = 0.2, click_ratin
     )
 
 
-def video_world(**config) -> FunnelData:
-    """The generated video world (recps.data.video_world) as funnel data: its train impressions
-    (labels click, long_view), held-out requests (positives: long-viewed), seen items and ideal lists."""
-    raise DataError("pipeline.world: the video world generator (recps.data.video_world) is not available "
-                    "in this checkout yet; use pipeline.world=movielens")
+def video_world(dir: str, **config) -> FunnelData:
+    """The generated video world (recps.data.video_world) under `dir` (generated there once, by the
+    launcher, when its world.json is not of this config) as funnel data: users (user_id, age, region,
+    activity), items (item_id, category, creator, duration), train impressions with labels click and
+    long_view, held-out requests (the test impressions the user clicked), the train-seen items, and the
+    world's ideal list (`ideal_topn`, seen items excluded)."""
+    from recps.data.video_world import VideoWorldConfig, ensure_world, load
+
+    try:
+        wcfg = VideoWorldConfig(**config)
+    except TypeError as exc:
+        raise ConfigError(f"pipeline.world: {exc}; its keys are recps.data.video_world.VideoWorldConfig's fields") from exc
+    ensure_world(dir, wcfg)
+    world = load(dir)
+    t = lambda frame, col: torch.from_numpy(frame[col].to_numpy(np.int64, copy=True))  # noqa: E731
+    users, items, train, test = world.users, world.items, world.train, world.test
+    clicked = test[test["click"].to_numpy() > 0]
+    test_users = np.unique(clicked["user_id"].to_numpy(np.int64))
+    request = np.searchsorted(test_users, clicked["user_id"].to_numpy(np.int64))
+    positives = csr_from_pairs(torch.from_numpy(request), t(clicked, "item_id"), int(test_users.size))
+    seen = Csr(torch.from_numpy(world.seen_offsets.astype(np.int64)), torch.from_numpy(world.seen_items.astype(np.int64)))
+
+    def ideal(user_ids: torch.Tensor, n: int, exclude: Csr | None = None) -> torch.Tensor:
+        return torch.from_numpy(world.ideal_topn(user_ids.numpy(), n, exclude=world.seen))
+
+    labels = torch.from_numpy(np.stack([train["click"].to_numpy(np.float32), train["long_view"].to_numpy(np.float32)], 1))
+    log.info("funnel data video_world: %d users, %d items, %d impressions, %d held-out requests (%d positives)",
+             len(users), len(items), len(train), test_users.size, len(clicked))
+    return FunnelData(
+        name="video_world",
+        user_features={f: t(users, f) for f in ("user_id", "age", "region", "activity")},
+        item_features={f: t(items, f) for f in ("item_id", "category", "creator", "duration")},
+        train_user=t(train, "user_id"), train_item=t(train, "item_id"), train_labels=labels,
+        seen=seen, test_users=torch.from_numpy(test_users), test_positives=positives, ideal=ideal,
+    )
 
 
 def check_world_target(node: Mapping) -> None:

@@ -103,6 +103,7 @@ def evaluate_funnel(funnel: Funnel, cfg: DictConfig) -> dict[str, Any]:
     rankers = {s.name: (GroupedAUC(name="auc"), GroupedAUC(name="gauc"), PNR()) for s in specs[1:]}
     agree, agree_total = 0.0, 0.0
     seconds = {s.name: 0.0 for s in specs}
+    final_kept: list[torch.Tensor] = []  # the final lists, request by request (recommend is checked against them)
     start = time.perf_counter()
     for part in requests.split(batch):
         users = data.test_users[part]
@@ -126,8 +127,9 @@ def evaluate_funnel(funnel: Funnel, cfg: DictConfig) -> dict[str, Any]:
                 pnr.update(scores, labels, groups)
         recall_kept = out.kept[first.name]
         recall_lists.update(recall_kept, targets, hits(recall_kept, positives, data.num_items))
-        final_kept = out.kept[final.name]
-        final_lists.update(final_kept, targets, hits(final_kept, positives, data.num_items))
+        top = out.kept[final.name]
+        final_kept.append(top)
+        final_lists.update(top, targets, hits(top, positives, data.num_items))
         alone.update(recall_kept, targets, hits(recall_kept, positives, data.num_items))
         pop = most_popular(funnel, users, n)
         popular.update(pop, targets, hits(pop, positives, data.num_items))
@@ -171,4 +173,6 @@ def evaluate_funnel(funnel: Funnel, cfg: DictConfig) -> dict[str, Any]:
     latency = {s.name: 1000.0 * seconds[s.name] / max(1, users_n) for s in specs}
     return {"stages": stages, "funnel": funnel_metrics, "baselines": baselines, "requests": users_n,
             "positives": total_pos, "eval_seconds": wall,
-            "latency_ms_per_user": latency, "users_per_sec": users_n / max(1e-9, sum(seconds.values()))}
+            "latency_ms_per_user": latency, "users_per_sec": users_n / max(1e-9, sum(seconds.values())),
+            "final_lists": {"users": data.test_users[requests].tolist(),
+                            "items": (torch.cat(final_kept) if final_kept else torch.zeros(0, n)).tolist()}}

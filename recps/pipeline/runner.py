@@ -109,6 +109,9 @@ def training_examples(spec: StageSpec, specs, data: FunnelData, funnel: Funnel |
         labels.append(data.train_labels)
     if "candidates" in spec.train_on and spec.candidates_per_user > 0:
         train_users = torch.unique(data.train_user)
+        if spec.candidate_users and train_users.numel() > spec.candidate_users:
+            pick_users = torch.randperm(train_users.numel(), generator=torch.Generator().manual_seed(seed))
+            train_users = torch.sort(train_users[pick_users[: spec.candidate_users]]).values
         kept = []
         for part in train_users.split(1024):
             kept.append(funnel.run(part, until=spec.upstream).kept[spec.upstream])  # (B, K) unseen candidates
@@ -220,9 +223,12 @@ def funnel_work(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -
 
         funnel = Funnel(specs, stages, index, world)
         metrics = evaluate_funnel(funnel, cfg)
+        lists = metrics.pop("final_lists")  # <run dir>/funnel/final_lists.json: what recommend must return
+        rfs.write_atomic(rfs.join(export_dir, "final_lists.json"), json.dumps(lists), overwrite=True)
         metrics["stages_trained"] = trained
         metrics["server_tables"] = tables  # the mode each table is tagged with on the servers
         metrics["pipeline"] = str(cfg.pipeline.name)
+        metrics["stage_order"] = [s.name for s in specs]
         metrics["workers"], metrics["servers"] = role.num_workers, role.num_servers
         rfs.write_atomic(str(Path(out_dir) / "metrics.json"),
                          json.dumps(metrics, indent=2, sort_keys=True, default=str) + "\n", overwrite=True)
@@ -240,7 +246,9 @@ def summary_lines(metrics: dict[str, Any]) -> list[str]:
     """Each stage's metrics, the funnel's, the baselines' (see recps.pipeline.evaluate)."""
     lines = []
     trained = metrics.get("stages_trained", {})
-    for name, stage in (metrics.get("stages") or {}).items():
+    stages = metrics.get("stages") or {}
+    for name in metrics.get("stage_order") or list(stages):
+        stage = stages[name]
         t = trained.get(name, {})
         head = f"stage {name} ({t.get('mode', '?')}, keep {stage.get('keep')}):"
         shown = " ".join(f"{k}={_fmt(v)}" for k, v in stage.items() if k != "keep")

@@ -1,0 +1,239 @@
+"""The funnel (issue 16): bad input fails before any process starts; per-stage modes follow their own rules on
+one set of servers; the whole funnel trains end to end on a small generated world through the real CLI
+(recall GEO, coarse and fine async, fusion sync), beats most-popular and recall alone, and
+`recps.pipeline.recommend` serves the same lists as the evaluation."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from recps.config import PROJECT_ROOT, compose_config
+from recps.errors import ConfigError
+
+# A small world and funnel: 300 users, 2,000 items; keep 200 -> 50 -> 20 -> 10.
+SMALL = [
+    "pipeline=video_funnel",
+    "pipeline.world.users=300", "pipeline.world.items=2000", "pipeline.world.creators=200",
+    "pipeline.world.metric_users=100",
+    "pipeline.stages.recall.keep=200", "pipeline.stages.coarse.keep=50", "pipeline.stages.fine.keep=20",
+    "pipeline.stages.coarse.inputs.candidates_per_user=30", "pipeline.stages.fine.inputs.candidates_per_user=20",
+    "pipeline.stages.fusion.inputs.candidates_per_user=10",
+    "pipeline.stages.recall.trainer.epochs=6",
+]
+
+
+def _cfg(*extra: str):
+    return compose_config([*SMALL, *extra])
+
+
+# ------------------------------------------------------------------------------ bad input
+
+
+@pytest.mark.parametrize("override, stage_key, fix", [
+    (["pipeline.stages.coarse.model._target_=models.NoSuchModel"], "pipeline.stages.coarse.model._target_",
+     "fix the name"),
+    (["pipeline.stages.fine.inputs.upstream=ranker"], "pipeline.stages.fine.inputs.upstream='ranker'",
+     "name the stage whose candidates it scores"),
+    (["pipeline.stages.coarse.keep=500"], "pipeline.stages.coarse.keep=500 is larger than its input",
+     "lower pipeline.stages.coarse.keep"),
+    (["pipeline.stages.recall.model.query_features=[user_id,gender]"], "pipeline.stages.recall.model.query_features",
+     "add them there"),
+    (["ps@pipeline.stages.fusion.ps=local"], "pipeline.stages.fusion.ps.name='local'",
+     "ps@pipeline.stages.fusion.ps=sync|async|geo"),
+    (["pipeline.stages.recall.model._target_=models.DeepFM"],
+     "pipeline.stages.recall.model._target_=models.DeepFM has no encode()", "use a two-tower model"),
+    (["pipeline.stages.fine.score_weights=[1.0]"], "pipeline.stages.fine.score_weights", "one weight per objective"),
+])
+def test_bad_stage_config_fails_before_any_process_starts(tmp_path, override, stage_key, fix):
+    from recps.pipeline import run_pipeline
+
+    with pytest.raises(ConfigError) as info:
+        run_pipeline(_cfg(*override), tmp_path)
+    message = str(info.value)
+    assert stage_key in message and fix in message, message
+    assert not any(tmp_path.iterdir()), "nothing may be written (no process started) before the config is checked"
+
+
+def test_features_the_data_lacks_fail_in_the_launcher_before_any_process(tmp_path):
+    """inputs.features naming a feature the world does not have: checked against the loaded data by the
+    launcher (before_launch), before any server or worker starts."""
+    from recps.pipeline import run_pipeline
+
+    cfg = _cfg("pipeline.stages.fine.inputs.features=[user_id,item_id,watch_time]",
+               f"pipeline.world.dir={tmp_path / 'world'}")
+    with pytest.raises(ConfigError) as info:
+        run_pipeline(cfg, tmp_path / "run")
+    message = str(info.value)
+    assert "pipeline.stages.fine.inputs.features" in message and "watch_time" in message, message
+    assert not (tmp_path / "run" / "cluster.log").exists() and not (tmp_path / "run" / "recps-job.yaml").exists()
+
+
+# ------------------------------------------------------------------- modes, one set of servers
+
+
+def _quartic(rows: torch.Tensor, target: float) -> torch.Tensor:
+    return ((rows - target) ** 4).sum() / 4  # gradient (x - t)^3: the modes' results differ
+
+
+def test_each_stage_is_updated_by_its_own_modes_rule_on_one_server():
+    """Three stages' collections (as the runner registers them: prefix = stage, the stage's own mode object)
+    against ONE server, two workers on threads, SGD rows starting at 0, loss (x - t_w)^4 / 4 on one key:
+    the recall table (GEO, k_steps large) holds 0 + the mean of each worker's local SGD; coarse (async)
+    took every worker's push as it came (between the sync-of-the-mean and the local results); fusion
+    (sync) one SGD step on the mean gradient per step. The servers tag each table with its stage's mode."""
+    from recps.launch import free_port
+    from recps.pipeline.config import pipeline_specs
+    from recps.pipeline.funnel import stage_collection
+    from recps.ps.embedding import salted_keys
+    from recps.ps.fleet import DistributedStrategy, Fleet
+    from recps.ps.roles import UserDefinedRoleMaker
+
+    lr, steps, targets = 0.1, 4, (1.0, 3.0)
+    table = ["optimizer.name=sgd", f"optimizer.lr={lr}", "init_std=0.0"]
+    overrides = [f"pipeline.stages.{s}.ps.table.{t}" for s in ("recall", "coarse", "fusion") for t in table]
+    overrides += ["pipeline.stages.recall.ps.k_steps=1000", "pipeline.stages.recall.ps.background_sync=false",
+                  "pipeline.stages.recall.ps.table.optimizer.name=sgd", "pipeline.stages.recall.ps.local_init=false"]
+    cfg = _cfg(*overrides)
+    address = f"127.0.0.1:{free_port()}"
+    role = lambda kind, i: UserDefinedRoleMaker(kind, i, 1, 2, coordinator=address, token="t").role()  # noqa: E731
+    results, errors = {}, []
+
+    def work(w: int) -> None:
+        try:
+            specs = {s.name: s for s in pipeline_specs(cfg)}  # each worker its own mode objects
+            chosen = [specs[n] for n in ("recall", "coarse", "fusion")]
+            with Fleet(role("worker", w), connect_timeout_s=30) as fleet:
+                collections = {}
+                for s in chosen:
+                    collections[s.name] = stage_collection(s)
+                    fleet.add_collection(collections[s.name], mode=s.mode)
+                fleet.init_worker(DistributedStrategy(mode=chosen[0].mode, threads=1))
+                kjt = KeyedJaggedTensor.from_lengths_sync(
+                    keys=list(chosen[0].features), values=torch.zeros(1, dtype=torch.int64),
+                    lengths=torch.tensor([1] + [0] * (len(chosen[0].features) - 1)))
+                for s in chosen:
+                    ebc = collections[s.name]
+                    for _ in range(steps):
+                        rows = ebc(kjt).values()[:, : int(s.model.embedding_dim)]  # user_id's row (1, D)
+                        _quartic(rows, targets[w]).backward()
+                        ebc.communicator.step_end(0)
+                    ebc.communicator.close()
+                    fleet.client.barrier(f"test.{s.name}", timeout=30)
+                keys = salted_keys(torch.zeros(1, dtype=torch.int64), "t_user_id")
+                results[w] = {s.name: fleet.client.pull(f"{s.name}_d{int(s.model.embedding_dim)}", keys,
+                                                        create=False).wait(30)[0, 0].item() for s in chosen}
+                results[w]["modes"] = {s.name: fleet.client.table_spec(f"{s.name}_d{int(s.model.embedding_dim)}")["mode"]
+                                       for s in chosen}
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    with Fleet(role("server", 0), connect_timeout_s=30) as server:
+        server.init_server()
+        threads = [threading.Thread(target=work, args=(w,)) for w in range(2)]
+        for t in threads:
+            t.start()
+        server.run_server()
+        for t in threads:
+            t.join(60)
+    assert not errors, errors
+
+    def sgd(x: float, grad) -> float:
+        for _ in range(steps):
+            x = x - lr * grad(x)
+        return x
+
+    g = lambda x, t: (x - t) ** 3  # noqa: E731
+    local = [sgd(0.0, lambda x, t=t: g(x, t)) for t in targets]  # each worker alone
+    geo = sum(local) / 2  # the server adds each worker's delta, scaled 1/W
+    sync = sgd(0.0, lambda x: (g(x, targets[0]) + g(x, targets[1])) / 2)
+    assert results[0]["modes"] == {"recall": "geo", "coarse": "async", "fusion": "sync"}
+    for w in (0, 1):
+        assert results[w]["recall"] == pytest.approx(geo, rel=1e-5)
+        assert results[w]["fusion"] == pytest.approx(sync, rel=1e-5)
+    assert abs(geo - sync) > 0.01  # the rules give different values here
+    # async: 2 x steps pushes applied one by one, each at the value its worker last pulled: neither rule above
+    assert results[0]["coarse"] == results[1]["coarse"]
+    assert abs(results[0]["coarse"] - sync) > 1e-3 and abs(results[0]["coarse"] - geo) > 1e-3
+
+
+# ------------------------------------------------------------------------------- end to end
+
+
+@pytest.fixture(scope="module")
+def funnel_run(tmp_path_factory):
+    """`python -m recps.train pipeline=video_funnel` (small) through the CLI: 1 server, 1 worker."""
+    root = tmp_path_factory.mktemp("funnel")
+    run = root / "run"
+    env = dict(os.environ, PYTHONPATH=str(PROJECT_ROOT))
+    proc = subprocess.run([sys.executable, "-m", "recps.train", *SMALL, f"pipeline.world.dir={root / 'world'}",
+                           f"hydra.run.dir={run}"], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return run, json.loads((run / "metrics.json").read_text()), proc.stdout
+
+
+def test_funnel_trains_end_to_end_each_stage_in_its_mode(funnel_run):
+    run, metrics, stdout = funnel_run
+    modes = {"recall": "geo", "coarse": "async", "fine": "async", "fusion": "sync"}
+    # On the servers: every table of a stage (its sparse tables and its dense table) tagged with its mode.
+    for stage, tables in metrics["server_tables"].items():
+        assert set(tables.values()) == {modes[stage]}, (stage, tables)
+        assert f"{stage}_dense" in tables and any(t.startswith(f"{stage}_d") for t in tables)
+    assert metrics["stage_order"] == ["recall", "coarse", "fine", "fusion"]
+    for stage, mode in modes.items():
+        assert metrics["stages_trained"][stage]["mode"] == mode and metrics["stages_trained"][stage]["steps"] > 0
+        assert f"stage {stage} ({mode}, keep" in stdout
+    assert "funnel (" in stdout and "baseline most_popular" in stdout
+    for name in ("recall", "coarse", "fine", "fusion"):
+        assert (run / "funnel" / f"{name}.pt").is_file()
+    assert (run / "funnel" / "items.ann").is_file()
+
+
+def test_funnel_beats_most_popular_and_recall_alone(funnel_run):
+    _, metrics, _ = funnel_run
+    funnel, base = metrics["funnel"], metrics["baselines"]
+    ndcg = funnel["ndcg@10"]
+    # Stated margins (this world, seed 0; measured: see the commit): 10% over each baseline.
+    assert ndcg >= 1.10 * base["most_popular"]["ndcg@10"], (funnel, base)
+    assert ndcg >= 1.10 * base["recall_alone"]["ndcg@10"], (funnel, base)
+    stages = metrics["stages"]
+    # Pass-through bounds: recall keeps 10% of the catalogue and must keep far more than 10% of the positives;
+    # each ranker keeps a share of its input and must keep a larger share of the positives that reached it.
+    assert stages["recall"]["pass_through"] >= 0.35
+    assert stages["coarse"]["pass_through"] >= 50 / 200 * 1.3
+    assert stages["fine"]["pass_through"] >= 20 / 50 * 1.3
+    assert stages["fusion"]["pass_through"] >= 10 / 20 * 1.3
+    for ranker in ("coarse", "fine", "fusion"):
+        assert stages[ranker]["gauc"] > 0.55 and stages[ranker]["pnr"] > 1.0
+    assert 0.0 < funnel["agreement"] <= 1.0
+
+
+def test_recommend_returns_the_evaluation_paths_lists(funnel_run):
+    from recps.pipeline.recommend import load_funnel, recommend
+
+    run, _, _ = funnel_run
+    saved = json.loads((run / "funnel" / "final_lists.json").read_text())
+    users = saved["users"][:50]
+    funnel = load_funnel(run)  # no cluster: the exports and the index from the run folder
+    served = recommend(funnel, torch.tensor(users))
+    for row, expected in zip(served, saved["items"][:50]):
+        assert row["items"] == [i for i in expected if i >= 0]
+        assert set(row["scores"]) == {"recall", "coarse", "fine", "fusion"}
+        fusion = row["scores"]["fusion"]
+        assert fusion == sorted(fusion, reverse=True)  # best first
+    proc = subprocess.run([sys.executable, "-m", "recps.pipeline.recommend", str(run), "--users",
+                           ",".join(str(u) for u in users[:3]), "--latency-users", "20"], cwd=PROJECT_ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    first = proc.stdout.splitlines()[0]
+    assert first == f"user {users[0]}: " + " ".join(str(i) for i in served[0]["items"])
+    assert "p99" in proc.stdout and "users/s" in proc.stdout

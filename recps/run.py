@@ -23,7 +23,7 @@ from recps.data.dataset import PreparedData, prepare_data
 from recps.debug.dump import build_dump, check_debug_config
 from recps.errors import ConfigError
 from recps.job import Job  # re-exported: recps.run.Job
-from recps.metrics.groups import evaluate_pointwise
+from recps.metrics.groups import check_evaluation_groups, evaluate_pointwise
 from recps.metrics.reporter import MetricsReporter, build_reporter, check_metrics_config
 from recps.nn import LocalEmbeddingBagCollection, LocalEmbeddingCollection
 from recps.trainer import LocalDenseUpdater, Trainer, check_precision, dense_parameters
@@ -97,6 +97,7 @@ def build_job(cfg: DictConfig, data: PreparedData | None = None) -> Job:
     seed_everything(int(cfg.seed))
     data = data or prepare_dataset(cfg.dataset, seed=int(cfg.seed))
     schema = data.schema
+    check_evaluation_groups(getattr(cfg.task, "metrics", None), cfg.get("metrics"), getattr(schema, "feature_names", None))
     takes = inspect.signature(get_object(cfg.model._target_)).parameters
     sequence = "embedding_collection" in takes  # sequence models embed every key, unpooled
     collection = build_collection(cfg, list(schema.feature_names), int(cfg.model.embedding_dim), sequence=sequence,

@@ -26,7 +26,7 @@ from recps.errors import ConfigError, DataError
 from recps.metrics.base import Metric, prepare_pointwise
 from recps.metrics.collection import MetricCollection
 
-__all__ = ["batch_groups", "check_group_key", "source_groups", "evaluate_pointwise", "update_collection", "feed_columns"]
+__all__ = ["batch_groups", "check_group_key", "check_evaluation_groups", "source_groups", "evaluate_pointwise", "update_collection", "feed_columns"]
 
 
 def check_group_key(key: str | None, feature_names: Sequence[str] | None, metric_names: Sequence[str],
@@ -44,6 +44,17 @@ def check_group_key(key: str | None, feature_names: Sequence[str] | None, metric
             f"{where}={key!r} is not a sparse feature of this data (it has {list(feature_names)}); "
             f"set {where} to its user or query feature"
         )
+
+
+def check_evaluation_groups(task_metrics: Any, metrics_cfg: Any, feature_names: Sequence[str] | None) -> None:
+    """Before training: gauc / pnr among a task's evaluation metrics need ``metrics.group_key``,
+    a sparse feature of the data (ConfigError naming the fix)."""
+    from recps.metrics.collection import METRICS
+
+    names = [str(n) for n in (task_metrics or ())]  # a list, or a mapping's keys
+    grouped = [n for n in names if not getattr(METRICS.get(n), "additive", True)]  # others' names: not ours to judge
+    key = (metrics_cfg or {}).get("group_key") if metrics_cfg is not None else None
+    check_group_key(key, feature_names, [f"task.metrics {n}" for n in grouped])
 
 
 def batch_groups(batch: Any, key: str) -> tuple[Tensor, Tensor]:

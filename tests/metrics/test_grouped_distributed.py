@@ -118,6 +118,17 @@ def test_config_errors_name_the_key_and_the_fix():
     assert build_reporter(cfg, task=BinaryTask(), threads=1, out_dir=None, feature_names=["user"]).group_key == "user"
 
 
+def test_evaluation_metrics_are_checked_before_training():
+    from recps.metrics.groups import check_evaluation_groups
+
+    check_evaluation_groups(["auc", "recall@20", "wordsim353_spearman"], {"group_key": None}, ["C1"])  # none grouped
+    with pytest.raises(ConfigError, match=r"\['task.metrics gauc'\] group examples by user or query; set metrics.group_key"):
+        check_evaluation_groups(["auc", "gauc"], {"group_key": None}, ["C1"])
+    with pytest.raises(ConfigError, match=r"metrics.group_key='user' is not a sparse feature of this data \(it has \['C1'\]\)"):
+        check_evaluation_groups(["pnr"], {"group_key": "user"}, ["C1"])
+    check_evaluation_groups(["pnr"], {"group_key": "C1"}, ["C1"])
+
+
 def test_one_worker_two_threads_equals_one_collection():
     batches = make_batches(0, 9)
     rep = MetricsReporter(GROUPED, BinaryTask(), threads=2, every_steps=4, group_key="user")

@@ -9,6 +9,7 @@ catalogue items plus, half of them, items of its own exact top-k), excluded from
 
     python -m benchmarks.ann_bench                                  # 10^6 items, d=64, k=10,000, kind=auto (ivf)
     python -m benchmarks.ann_bench --items 10000000 --dim 32 --kind hnsw --k 1000
+    python -m benchmarks.ann_bench --clusters 0 --calibrate 0.95    # isotropic vectors, nprobe set for recall 0.95
     python -m benchmarks.ann_bench --quick                          # 20,000 items, seconds
     python -m benchmarks.ann_bench --markdown benchmarks/results/ann_bench_2026-12-05.jsonl
 
@@ -136,6 +137,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     index = ItemIndex.build(items, item_ids, config)
     build_s = time.perf_counter() - t
     del items
+    calibration = {}
+    if args.calibrate:  # on other users than the measured ones, from the same distribution
+        held_out = vectors(rng, args.calibrate_users, centres, args.dim, args.noise)  # (C, d)
+        t = time.perf_counter()
+        reached = index.calibrate(held_out, args.k, target_recall=args.calibrate)
+        calibration = {"calibrate_target": args.calibrate, "calibrate_users": args.calibrate_users,
+                       "calibrate_recall": round(reached, 4), "calibrate_s": round(time.perf_counter() - t, 2),
+                       "scan_factor": index.config.scan_factor, "ef_search": index.config.ef_search}
 
     record: dict[str, Any] = {
         "bench": "ann", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -145,11 +154,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "kind": index.kind, "nlist": getattr(index._index, "nlist", None), "nprobe": args.nprobe, "M": args.M,
         "data_s": round(data_s, 2), "build_s": round(build_s, 2), "exact_build_s": round(exact_build_s, 2),
         "batch": args.batch, "latency_users": args.latency_users, "batch_users": args.batch_users,
-        "recall_users": args.recall_users,
+        "recall_users": args.recall_users, "scan_factor": index.config.scan_factor, **calibration,
     }
     if index.kind == "ivf" and args.nprobe is None:  # the automatic nprobe for a single user's fetch
         fetch = min(args.items, args.k + args.seen)
-        record["nprobe"] = min(index._index.nlist, int(np.ceil(config.scan_factor * fetch * index._index.nlist / args.items)))
+        record["nprobe"] = min(index._index.nlist, int(np.ceil(index.config.scan_factor * fetch * index._index.nlist / args.items)))
     record["ann"] = timing(index, users, seen, args.k, args.latency_users, args.batch, args.batch_users)
     record["ann"]["fallback_rows"] = index.fallback_rows
     if not args.skip_exact_timing:
@@ -185,6 +194,8 @@ def markdown(records: list[dict[str, Any]]) -> str:
     for r in records:
         a, e = r["ann"], r.get("exact")
         kind = f"{r['kind']}" + (f" nlist {r['nlist']} nprobe {r['nprobe']}" if r["kind"] == "ivf" else "")
+        if "calibrate_target" in r:
+            kind += f", calibrated to {r['calibrate_target']} in {r['calibrate_s']} s"
         exact = (f"{e['p50_ms']} / {e['p99_ms']} ({e['cpu_p50_ms']} / {e['cpu_p99_ms']}), {e['users_per_s']:,.0f} "
                  f"({e['users_per_cpu_s']:,.0f})") if e else "-"
         lines.append(f"| {r['items']:,} x {r['dim']} | {r['data']} | {r['k']:,} | {r['seen']} | {kind} | {r['build_s']} | "
@@ -213,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--batch-users", type=int, default=512)
     p.add_argument("--recall-users", type=int, default=200)
+    p.add_argument("--calibrate", type=float, default=None, metavar="RECALL",
+                   help="ItemIndex.calibrate to this recall@k on --calibrate-users held-out users before measuring")
+    p.add_argument("--calibrate-users", type=int, default=32)
     p.add_argument("--skip-exact-timing", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="20,000 items, k=1,000, 50 users per measure")

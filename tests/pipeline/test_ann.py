@@ -92,6 +92,26 @@ def test_auto_switches_to_ivf_above_the_threshold(world, exact):
     assert recall_at_k(index.search(users, 200)[0], exact.search(users, 200)[0]) >= 0.95
 
 
+@pytest.mark.parametrize("kind", ["ivf", "hnsw"])
+def test_calibrate_finds_the_effort_for_a_target_recall(kind):
+    rng = np.random.default_rng(5)
+    items = rng.standard_normal((20_000, D), dtype=np.float32)  # no clusters: the hard case
+    held_out, users = rng.standard_normal((30, D), dtype=np.float32), rng.standard_normal((30, D), dtype=np.float32)
+    index = ItemIndex.build(items, np.arange(20_000), AnnConfig(kind=kind, scan_factor=1, ef_search=8))
+    exact = ItemIndex.build(items, np.arange(20_000), AnnConfig(kind="exact"))
+    truth = exact.search(users, 200)[0]
+    if kind == "ivf":  # (hnsw's beam is at least k wide whatever ef_search says)
+        assert recall_at_k(index.search(users, 200)[0], truth) < 0.9  # too little effort for isotropic vectors
+    reached = index.calibrate(held_out, 200, target_recall=0.95)
+    assert reached >= 0.95
+    assert recall_at_k(index.search(held_out, 200)[0], exact.search(held_out, 200)[0]) == reached
+    assert recall_at_k(index.search(users, 200)[0], truth) >= 0.93  # other users of the same distribution
+    assert (index.config.scan_factor > 1) if kind == "ivf" else (index.config.ef_search >= 200)
+    assert exact.calibrate(held_out, 200) == 1.0
+    with pytest.raises(ConfigError, match="target_recall=1.5: must be in"):
+        index.calibrate(held_out, 200, target_recall=1.5)
+
+
 def seen_lists(exact, users, rng):
     """Each user has seen the items the index ranks 0, 2, 4 .. 98 for it, some random ones, unknown ids."""
     top = exact.search(users, 100)[0][:, ::2]  # (U, 50): exclusion must really change the top

@@ -40,7 +40,10 @@ memory: 2 buffers x W workers x 4 ``chunk_words`` float32 (16 MiB per worker by 
 whatever the window; the workers hold the window's columns (24 bytes per example and grouped
 metric, all workers' after a merge), which is why grouped training metrics cover one pass
 (``GroupedMetric``): keep passes, or ``every_steps``, to what fits. Traffic: every report
-sends the pass-to-date columns (a step report resends the rows earlier reports sent).
+sends the pass-to-date columns (a step report resends the rows earlier reports sent), and
+gauc and pnr each send their own copy of the same columns. Measured (2 workers x 100,000
+examples, gauc + pnr, servers and workers in one process on a shared 2-core machine): a merge
+takes 0.25-0.43 s, computing both values on the 200,000 rows 0.16-0.28 s.
 """
 
 from __future__ import annotations

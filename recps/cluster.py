@@ -25,6 +25,13 @@ role:
   "train_metrics", TensorBoard events), and with debug=dump every worker's threads write
   their own files under <run dir>/dump/ (`recps.run.training_observers`).
 
+Recovery: with `cluster.restarts=N` the launcher starts a failed cluster again (recps.launch:
+every process stopped, a back-off, at most N times), logging the cause and the checkpoint it
+resumes from. A restarted process (RECPS_RESTART_COUNT, or torchrun's TORCHELASTIC_RESTART_COUNT
+under `torchrun --max-restarts`) resumes from the last committed checkpoint under checkpoint.dir
+(`resume_after_restart`; `cluster.checkpoint_every` or ps.checkpoint_every_* take them), so the
+updates after it are replayed exactly once; a stream resumes from its records in stream.out.
+
 `run_distributed` returns the metrics on the launcher, None in the cluster's processes.
 """
 
@@ -50,7 +57,8 @@ from recps.errors import ConfigError, RecpsError
 
 __all__ = ["run_distributed", "run_role", "storage_roots", "environment_role", "ps_mode", "check_cluster_config", "child_command",
            "PS_MODES", "fleet_for",
-           "on_this_machine", "apply_checkpoint_every", "last_committed_checkpoint", "resume_after_restart", "ProgressLog", "write_progress", "read_progress", "load_worker_state", "STATS_TABLE"]
+           "on_this_machine", "apply_checkpoint_every", "last_committed_checkpoint", "resume_after_restart",
+           "ProgressLog", "write_progress", "read_progress", "load_worker_state", "STATS_TABLE"]
 
 log = logging.getLogger("recps.cluster")
 
@@ -126,6 +134,7 @@ def resume_after_restart(cfg: DictConfig, role, out_dir: Path) -> None:
     was stopped before the restart, so they all find the same one. A stream resumes from its own
     records in stream.out instead (recps.stream), the same way as a rerun of its command."""
     from recps.launch import restart_count
+    from recps.run import checkpoint_dir
 
     count = restart_count()
     if count == 0 or (cfg.get("stream") is not None and bool(cfg.stream.get("enabled", False))):
@@ -133,17 +142,11 @@ def resume_after_restart(cfg: DictConfig, role, out_dir: Path) -> None:
     found = last_committed_checkpoint(cfg, out_dir)
     if found is None:
         log.warning("%s: restart %d: no committed checkpoint under %s yet; starting over%s", role.name, count,
-                    _checkpoint_root(cfg, out_dir),
+                    checkpoint_dir(cfg, out_dir),
                     f" from trainer.resume={cfg.trainer.resume}" if cfg.trainer.resume else "")
         return
     log.warning("%s: restart %d: resuming from %s", role.name, count, found)
     cfg.trainer.resume = found
-
-
-def _checkpoint_root(cfg: DictConfig, out_dir: Path) -> str:
-    from recps.run import checkpoint_dir
-
-    return checkpoint_dir(cfg, out_dir)
 
 
 def _transport_encryption(cfg: DictConfig) -> None:
@@ -277,6 +280,7 @@ def _generate_data(cfg: DictConfig) -> None:
 
 def _launch_local(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     from recps.launch import launch
+    from recps.run import checkpoint_dir
 
     c = cfg.cluster
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -291,12 +295,13 @@ def _launch_local(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     def on_restart(number: int, failed) -> str:
         """The restart's log line: what the failed process said, and where the new start resumes."""
         said = tee.last_error(failed.failed)
-        cause = f"{said}; " if said else ""
+        where = f"{said}; " if said else ""
         if streaming:
-            return f"{cause}the stream resumes from its records in {cfg.stream.out}"
-        found = last_committed_checkpoint(cfg, out_dir)
-        where = cause + (f"resuming from {found}" if found else
-                         f"no committed checkpoint under {_checkpoint_root(cfg, out_dir)} yet: starting over")
+            where += f"the stream resumes from its records in {cfg.stream.out}"
+        elif found := last_committed_checkpoint(cfg, out_dir):
+            where += f"resuming from {found}"
+        else:
+            where += f"no committed checkpoint under {checkpoint_dir(cfg, out_dir)} yet: starting over"
         tee.file.write(f"[launch] restart {number}: {failed.message}; {where}\n")  # in cluster.log too
         tee.tails.clear()  # what the next start's processes say
         return where

@@ -359,12 +359,15 @@ class Coordinator:
 
     def wait_told(self, timeout: float) -> bool:
         """Block until every live peer heartbeat since the last `quit` (so it heard who left), at most
-        `timeout` seconds; True if all did. Server 0 calls it before its coordinator stops."""
+        `timeout` seconds; True if all did. Server 0 calls it before its coordinator stops. Peers
+        already silent for two heartbeats at the quit (dying too, or stopped) are not waited for."""
         deadline = time.monotonic() + timeout
         while True:
             with self._lock:
                 since = self._quit_at
-                waiting = [n for n, p in self._peers.items() if p.state == "alive" and since is not None and p.last_seen < since]
+                recent = None if since is None else since - 2 * self.heartbeat_s - STALL_S
+                waiting = [n for n, p in self._peers.items()
+                           if p.state == "alive" and since is not None and recent <= p.last_seen < since]
             if not waiting:
                 return True
             if time.monotonic() >= deadline:

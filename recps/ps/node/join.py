@@ -121,7 +121,7 @@ class ServerNode:
         self._stopped = True
         why = ""
         if self._stop_reason and not self.server.stop_verb_received and not self.link.workers_gone and self.link.failure is None:
-            why = f"{self._stop_reason} before the job finished (no worker sent stop)"
+            why = f"{self._stop_reason} (no worker had sent stop)"
         self.link.deregister(timeout_s=2.0, why=why)
         if why and self.coordinator is not None:
             # This process hosts the coordinator: serve until every live peer heard who left (its

@@ -112,9 +112,10 @@ def _signal(pid: int, sig: int) -> None:
         os.kill(pid, sig)
 
 
-def exact_counts(overrides: list[str], checkpoint: Path) -> str:
+def exact_counts(overrides: list[str], checkpoint: Path, mode: str) -> str:
     """'exact N' when every row of the last committed checkpoint's embedding_d1 equals -(its key's
-    occurrences in the training split), else 'WRONG k of N (...)'."""
+    occurrences in the training split), divided by the 2 workers under sync (its servers apply the
+    mean of the workers' gradients of a step), else 'WRONG k of N'."""
     import torch
 
     from recps.checkpoint import read_ps_checkpoint
@@ -130,7 +131,8 @@ def exact_counts(overrides: list[str], checkpoint: Path) -> str:
     rows = read_ps_checkpoint(str(checkpoint), tables=["embedding_d1"])["embedding_d1"]
     if not torch.equal(rows.keys, expected):
         return f"WRONG keys: {len(rows)} rows for {expected.numel()} keys"
-    wrong = int((-rows.values[:, 0] != counts.to(rows.values.dtype)).sum())
+    expected_values = counts.to(rows.values.dtype) / (2 if mode == "sync" else 1)  # 2 workers; halves are exact
+    wrong = int((-rows.values[:, 0] != expected_values).sum())
     return f"exact {len(rows)}" if wrong == 0 else f"WRONG {wrong} of {len(rows)}"
 
 
@@ -198,6 +200,7 @@ def run_cell(fault: str, mode: str, restarts: int, folder: Path, dead_after_s: f
     started = time.monotonic()
     job = _Job([sys.executable, "-m", "recps.train", *overrides, f"hydra.run.dir={run}"], env, str(PROJECT_ROOT))
     record = {"fault": fault, "mode": mode, "restarts": restarts, "target": target, "dead_after_s": dead_after_s,
+              "run_dir": str(run), "rows_setting": rows,
               "stop_s": stop_s if action == "stop" else None, "load_avg_before": round(os.getloadavg()[0], 2)}
     stopped_pid = None
     orphans: list[int] = []
@@ -257,7 +260,7 @@ def run_cell(fault: str, mode: str, restarts: int, folder: Path, dead_after_s: f
                     else "finished (no effect)"
                 record["exit_code"] = 0
                 try:
-                    record["rows"] = exact_counts(overrides, run / "checkpoint")
+                    record["rows"] = exact_counts(overrides, run / "checkpoint", mode)
                 except Exception as e:  # noqa: BLE001 - recorded, the table shows it
                     record["rows"] = f"not checked: {type(e).__name__}: {e}"[:300]
             else:
@@ -363,10 +366,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stop-s", type=float, default=20.0, help="seconds a stop20_* fault holds SIGSTOP")
     parser.add_argument("--rows", type=int, default=3000, help="training rows of the generated data")
     parser.add_argument("--timeout", type=float, default=300.0, help="bound on one cell's job (s)")
-    parser.add_argument("--dir", default=None, help="work folder (default: a new one under /tmp)")
+    parser.add_argument("--dir", default=None, help="work folder (default: a new one under /tmp); --recheck: folders, "
+                        "comma-separated, searched for each cell's run")
     parser.add_argument("--jsonl", default=None, help="cells are appended here (default benchmarks/results/fault_bench_<date>.jsonl)")
     parser.add_argument("--results-md", default=str(HERE / "RESULTS.md"))
     parser.add_argument("--no-md", action="store_true")
+    parser.add_argument("--recheck", action="store_true", help="recount the rows of every exit-0 cell in --jsonl from its "
+                        "run folder (--dir/<cell> when the record has none), rewrite the file, and write the table")
     args = parser.parse_args(argv)
     faults = _names(args.faults, list(FAULTS), "faults")
     modes = _names(args.modes, MODES, "modes")
@@ -374,13 +380,27 @@ def main(argv: list[str] | None = None) -> int:
         restarts = [int(x) for x in args.restarts.split(",") if x]
     except ValueError:
         raise SystemExit(f"fault_bench: --restarts {args.restarts!r}: give comma-separated integers (0,1)") from None
-    folder = Path(args.dir) if args.dir else Path(f"/tmp/recps-fault-bench-{uuid.uuid4().hex[:8]}")
+    folder = Path(args.dir.split(",")[0]) if args.dir else Path(f"/tmp/recps-fault-bench-{uuid.uuid4().hex[:8]}")
     folder.mkdir(parents=True, exist_ok=True)
     jsonl = Path(args.jsonl) if args.jsonl else HERE / "results" / f"fault_bench_{time.strftime('%Y-%m-%d', time.gmtime())}.jsonl"
     jsonl.parent.mkdir(parents=True, exist_ok=True)
     command = "python -m benchmarks.fault_bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.recheck:
+        from recps import fs as rfs
+
+        records = [json.loads(x) for x in jsonl.read_text().splitlines() if x.strip()]
+        for rec in records:
+            if rec.get("exit_code") == 0:
+                cell = f"{rec['fault']}-{rec['mode']}-r{rec['restarts']}"
+                run = Path(rec["run_dir"]) if rec.get("run_dir") else next(
+                    (Path(d) / cell for d in (args.dir or "").split(",") if d and (Path(d) / cell).is_dir()), folder / cell)
+                overrides = counting_overrides(run.parent / "data", rec["mode"], rec["restarts"], rec["dead_after_s"],
+                                               rec.get("rows_setting", args.rows))
+                rec["rows"] = exact_counts(overrides, run / "checkpoint", rec["mode"])
+                print(rec["fault"], rec["mode"], rec["restarts"], rec["rows"], flush=True)
+        rfs.write_atomic(str(jsonl), "".join(json.dumps(r) + "\n" for r in records), overwrite=True)
     records = []
-    for r in restarts:
+    for r in restarts if not args.recheck else []:
         for fault in faults:
             for mode in modes:
                 rec = run_cell(fault, mode, r, folder, args.dead_after, args.stop_s, args.rows, args.timeout)

@@ -28,7 +28,8 @@ the recps.train process that supervises them):
                    SIGTERM at the end releases it
 
 Counting setup (as tests/ps/counting.py): models.LR, rows starting at 0, SGD lr 1, loss = the sum of
-the logits, so each row's gradient is 1 per occurrence of its key; cluster.checkpoint_every=40
+the logits, so each row's gradient is 1 per occurrence of its key (sync applies the mean of the 2
+workers' gradients and GEO scales deltas by 1 / workers: there a row ends at -count / 2, exact too); cluster.checkpoint_every=40
 steps (recovery resumes from the last committed checkpoint). cluster.dead_after_s=3 (--dead-after).
 
     python -m benchmarks.fault_bench                          # every fault x sync, async, GEO, restarts 0
@@ -115,7 +116,8 @@ def _signal(pid: int, sig: int) -> None:
 def exact_counts(overrides: list[str], checkpoint: Path, mode: str) -> str:
     """'exact N' when every row of the last committed checkpoint's embedding_d1 equals -(its key's
     occurrences in the training split), divided by the 2 workers under sync (its servers apply the
-    mean of the workers' gradients of a step), else 'WRONG k of N'."""
+    mean of the workers' gradients of a step) and GEO (deltas are scaled by 1 / workers, Paddle's
+    averaging), else 'WRONG k of N'."""
     import torch
 
     from recps.checkpoint import read_ps_checkpoint
@@ -131,7 +133,7 @@ def exact_counts(overrides: list[str], checkpoint: Path, mode: str) -> str:
     rows = read_ps_checkpoint(str(checkpoint), tables=["embedding_d1"])["embedding_d1"]
     if not torch.equal(rows.keys, expected):
         return f"WRONG keys: {len(rows)} rows for {expected.numel()} keys"
-    expected_values = counts.to(rows.values.dtype) / (2 if mode == "sync" else 1)  # 2 workers; halves are exact
+    expected_values = counts.to(rows.values.dtype) / (2 if mode in ("sync", "geo") else 1)  # 2 workers; halves are exact
     wrong = int((-rows.values[:, 0] != expected_values).sum())
     return f"exact {len(rows)}" if wrong == 0 else f"WRONG {wrong} of {len(rows)}"
 
@@ -249,7 +251,7 @@ def run_cell(fault: str, mode: str, restarts: int, folder: Path, dead_after_s: f
             first = job.first_after(t0, DETECTED)
             record["detect_s"] = round(first[0], 2) if first else None
             record["detect_line"] = first[1][-300:] if first else None
-            restarted = re.findall(r"restart (\d+) of \d+ in \d+ s: (\w+) \(pid \d+\) ([^:]*)", out)
+            restarted = re.findall(r"restart (\d+) of \d+ in \d+ s: (\w+) \(pid \d+\) ([^;:\n]*)", out)
             record["restarts_used"] = len(restarted)
             record["restart_causes"] = [f"{who} {how}" for _, who, how in restarted]
             errors = [line for line in out.splitlines() if line.startswith("recps.train:")]
@@ -317,7 +319,8 @@ def markdown(records: list[dict], command: str) -> str:
         "",
         f"`{command}` on 127.0.0.1, {os.cpu_count()} CPUs shared with other runs (1-minute load average at the cells' "
         f"starts {min(loads):.1f}-{max(loads):.1f}). Job: `python -m recps.train` counting setup (models.LR, rows from 0, SGD lr 1, "
-        f"loss = sum of logits: gradient 1 per occurrence), 2 servers + 2 workers x 1 thread, batch {BATCH}, "
+        f"loss = sum of logits: gradient 1 per occurrence; sync averages the 2 workers' gradients and GEO scales deltas by "
+        f"1/2, so there a row ends at -count/2), 2 servers + 2 workers x 1 thread, batch {BATCH}, "
         f"a committed checkpoint every {EVERY} steps, cluster.dead_after_s={'/'.join(f'{d:g}' for d in dead)}; the fault "
         "is injected after the first committed checkpoint. server = server1, coordinator = server0 (hosts it), worker = "
         "worker1, launcher = the recps.train process. port_blocked: server1 SIGSTOPped and never continued by the bench "

@@ -4,7 +4,8 @@ job (2 servers, 2 workers), and the table it writes.
 - kill -9 of worker1 under async with cluster.restarts=0: the job fails at once, its error names
   worker1, and no process of the job is left;
 - kill -9 of server1 under GEO with cluster.restarts=1: the job recovers from its last committed
-  checkpoint and exits 0, and every row of the final tables equals its exact count.
+  checkpoint and exits 0, and every row of the final tables equals its exact count (halved: GEO
+  scales the deltas of the 2 workers by 1/2).
 """
 
 from __future__ import annotations

@@ -239,7 +239,7 @@ class ItemIndex:
         k = int(k)
         if k > n:
             raise ConfigError(f"k={k} is larger than the catalogue ({n} items in the index); keep at most {n}")
-        q = _vectors(queries, "query vectors", self.dim)  # (U, d)
+        q = _vectors(queries, "query vectors", self.dim, allow_empty=True)  # (U, d)
         if self.config.metric == "cosine":
             q = _normalised(q, "query vectors", None)
         u = q.shape[0]
@@ -247,6 +247,8 @@ class ItemIndex:
         counts = np.bincount(seen // n, minlength=u) if seen.size else np.zeros(u, np.int64)  # (U,)
         out_ids = np.empty((u, k), np.int64)
         out_scores = np.empty((u, k), np.float32)
+        if u == 0:  # a batch with no users (the last of an epoch, an empty shard): nothing to search
+            return out_ids, out_scores
         rows = max(1, _CELLS_PER_CALL // min(n, k + int(counts.max())))  # query rows per faiss call
         # faiss splits a search over its query rows: more threads than rows only wait on each other (on a
         # loaded machine a parallel region's idle threads cost a scheduler tick: 0.6 -> 10+ ms per user).
@@ -472,10 +474,11 @@ def _positive_int(value: Any, where: str, alternative: str = "") -> None:
         raise ConfigError(f"{where}={value!r}: must be a positive integer{' ' + alternative if alternative else ''}")
 
 
-def _vectors(value: Any, what: str, dim: int | None) -> np.ndarray:
-    """`value` as a C-contiguous (n, d) float32 array of finite numbers, n >= 1 (and d == dim if given)."""
+def _vectors(value: Any, what: str, dim: int | None, allow_empty: bool = False) -> np.ndarray:
+    """`value` as a C-contiguous (n, d) float32 array of finite numbers, n >= 1 unless allow_empty (and
+    d == dim if given)."""
     a = np.asarray(value)
-    if a.ndim != 2 or a.shape[0] == 0 or a.shape[1] == 0:
+    if a.ndim != 2 or (a.shape[0] == 0 and not allow_empty) or a.shape[1] == 0:
         raise DataError(f"{what}: shape {a.shape}; expected a non-empty (n, d) array, one vector per row")
     if not np.issubdtype(a.dtype, np.floating):
         raise DataError(f"{what}: dtype {a.dtype}; expected float vectors (float32); convert with .astype(np.float32)")

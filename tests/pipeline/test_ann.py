@@ -151,6 +151,11 @@ def test_short_approximate_rows_fall_back_to_exact(world, exact):
     assert not any(np.isin(found[u], seen.ids[seen.offsets[u]:seen.offsets[u + 1]]).any() for u in range(U))
 
 
+def test_an_empty_batch_of_users_returns_empty_results(exact):
+    found, scores = exact.search(np.zeros((0, D), np.float32), 7, exclude=Seen.from_lists([]))
+    assert found.shape == scores.shape == (0, 7)
+
+
 def test_a_user_who_has_seen_almost_everything_gets_padding():
     rng = np.random.default_rng(3)
     items, ids = rng.standard_normal((10, 4)).astype(np.float32), np.arange(10) * 3
@@ -210,6 +215,8 @@ def test_errors_name_the_value_and_the_fix(world, exact):
         exact.search(users, N + 1)
     with pytest.raises(ConfigError, match="k=0: must be a positive integer"):
         exact.search(users, 0)
+    with pytest.raises(DataError, match=r"item vectors: shape \(0, 32\); expected a non-empty"):
+        ItemIndex.build(items[:0], ids[:0])
     with pytest.raises(DataError, match="query vectors: dimension 16, the index holds d=32"):
         exact.search(users[:, :16], 5)
     bad = users.copy()

@@ -27,7 +27,10 @@ heartbeat_s (8 s of 10), or of the coordinator shorter than dead_after_s, ends n
 Verbs (meta in, meta out; all answered by a `CoordinatorClient`):
 
     register     kind, index, endpoint        -> heartbeat_s, dead_after_s, num_servers, num_workers
-    deregister   name
+    deregister   name, why?                   a clean exit; with `why` ("it got SIGTERM (no worker had sent
+                                                 stop)") a departure before the job finished: the peer is dead
+                                                 for the job and every peer hears "server1 at tcp://... left
+                                                 before the job finished: ..." with its next heartbeat
     heartbeat    name                         -> dead (comma-separated names of dead peers), dead_why (JSON
                                                  name -> why), declared_dead (if the caller is), servers
                                                  (endpoints, once all S registered), workers_gone (all W

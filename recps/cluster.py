@@ -145,8 +145,16 @@ def resume_after_restart(cfg: DictConfig, role, out_dir: Path) -> None:
                     checkpoint_dir(cfg, out_dir),
                     f" from trainer.resume={cfg.trainer.resume}" if cfg.trainer.resume else "")
         return
+    if found == checkpoint_dir(cfg, out_dir):
+        raise ConfigError(_finished_message(f"{role.name}: restart {count}", found))
     log.warning("%s: restart %d: resuming from %s", role.name, count, found)
     cfg.trainer.resume = found
+
+
+def _finished_message(what: str, checkpoint: str) -> str:
+    """A failure after the job's final checkpoint was committed: its training is done, nothing to resume."""
+    return (f"{what}: the job's final checkpoint {checkpoint} was already committed (its training is complete): "
+            f"nothing to restart from; evaluate it with python -m recps.evaluate {checkpoint}")
 
 
 def _transport_encryption(cfg: DictConfig) -> None:
@@ -279,7 +287,8 @@ def _generate_data(cfg: DictConfig) -> None:
 
 
 def _launch_local(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
-    from recps.launch import launch
+    from recps.checkpoint import is_committed
+    from recps.launch import LaunchError, launch
     from recps.run import checkpoint_dir
 
     c = cfg.cluster
@@ -298,6 +307,8 @@ def _launch_local(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
         where = f"{said}; " if said else ""
         if streaming:
             where += f"the stream resumes from its records in {cfg.stream.out}"
+        elif is_committed(checkpoint_dir(cfg, out_dir)):
+            raise LaunchError(_finished_message(failed.message, checkpoint_dir(cfg, out_dir)))
         elif found := last_committed_checkpoint(cfg, out_dir):
             where += f"resuming from {found}"
         else:
@@ -313,8 +324,6 @@ def _launch_local(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     finally:
         tee.close()
     if not result.ok:
-        from recps.launch import LaunchError
-
         said = tee.last_error(result.failed)
         raise LaunchError(f"{result.message}{': ' + said if said else ''}; its output is in {out_dir / 'cluster.log'}")
     if not metrics_file.is_file():

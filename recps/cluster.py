@@ -439,6 +439,7 @@ def _work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence =
 
     from recps.data.sharding import WorkerShards
     from recps.checkpoint import commit_ps_checkpoint
+    from recps.launch import restart_count
     from recps.ps.fleet import DENSE_TABLE, DistributedStrategy
     from recps.run import build_job, checkpoint_dir, evaluate, training_observers
     from recps.trainer import planned_steps
@@ -453,6 +454,11 @@ def _work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence =
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // role.num_workers))
     resume = _resume_point(cfg, job, role, threads, batch_size) if cfg.trainer.resume else None
     first_epoch, skip = (resume["epoch"], resume["skip"]) if resume else (0, None)
+    if resume and restart_count() > 0:  # a restart continues the same job: what is left of it, not that much more
+        epochs = max(0, epochs - first_epoch)
+        if max_steps > 0:
+            max_steps = max_steps - job.steps_done
+            epochs, max_steps = (epochs, max_steps) if max_steps > 0 else (0, -1)
     per_thread = -1
     if strategy.mode.name == "sync":
         # Every thread of every worker takes the same number of steps (each step waits for all).

@@ -483,7 +483,7 @@ def launch(
             break  # no time left for another start: the failure stands
         recovered.append(result.message)
         where = on_restart(attempt + 1, result) if on_restart is not None else None
-        logger.warning("restart %d of %d in %.0f s: %s%s", attempt + 1, restarts, delay, result.message,
+        logger.warning("restart %d of %d in %g s: %s%s", attempt + 1, restarts, delay, result.message,
                        f"; {where}" if where else "")
         time.sleep(delay)
     if recovered:

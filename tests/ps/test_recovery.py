@@ -46,19 +46,21 @@ EVERY = 40  # steps between committed checkpoints
 RUN_TIMEOUT_S = 240
 
 
-def counting_overrides(tmp_path: Path, mode: str) -> list[str]:
-    """A 1-server, 2-worker (1 thread each) counting job on 16,000 generated rows: 500 steps per worker."""
+def counting_overrides(tmp_path: Path, mode: str, epochs: int = 1) -> list[str]:
+    """A 1-server, 2-worker (1 thread each) counting job on 16,000 generated rows a pass: 500 steps per
+    worker (`epochs` > 1: 16,000 rows over as many epochs)."""
     extra = ["ps.k_steps=5", "ps.delta_scale=1"] if mode == "geo" else []  # deltas added as they are (not / W)
+    extra.append(f"trainer.epochs={epochs}")
     return ["model=lr", "task._target_=tests.ps.counting.CountingTask", f"ps={mode}", *extra, "ps.table.init_std=0",
             "ps.table.optimizer.name=sgd", "ps.table.optimizer.lr=1", "metrics=off", "progress=false",
             "trainer.threads=1", "cluster.workers=2", f"trainer.batch_size={BATCH}", f"cluster.checkpoint_every={EVERY}",
             f"cluster.dead_after_s={DEAD_AFTER_S}", f"dataset.dir={tmp_path / 'data'}",
-            "dataset.generate.train_rows=16000", "dataset.generate.test_rows=500", "dataset.generate.vocab=500"]
+            f"dataset.generate.train_rows={16000 // epochs}", "dataset.generate.test_rows=500", "dataset.generate.vocab=500"]
 
 
 def assert_exact_counts(overrides: list[str], checkpoint: Path) -> int:
     """Every row of the final checkpoint's embedding_d1 equals -(its key's occurrences in the training
-    split); returns the number of rows."""
+    split) x trainer.epochs; returns the number of rows."""
     cfg = compose_config(overrides)
     data = prepare_dataset(cfg.dataset, seed=int(cfg.seed))
     keys = []
@@ -66,6 +68,7 @@ def assert_exact_counts(overrides: list[str], checkpoint: Path) -> int:
         for feature in batch.sparse.keys():
             keys.append(salted_keys(batch.sparse[feature].values(), f"t_{feature}"))
     expected_keys, counts = torch.unique(torch.cat(keys), return_counts=True)  # ascending, as the checkpoint's
+    counts *= int(cfg.trainer.epochs)
     rows = read_ps_checkpoint(str(checkpoint), tables=["embedding_d1"])["embedding_d1"]
     assert torch.equal(rows.keys, expected_keys), f"{len(rows)} rows for {expected_keys.numel()} keys"
     got = -rows.values[:, 0]
@@ -127,16 +130,18 @@ def test_checkpoint_every_sets_the_modes_checkpoints_and_may_not_contradict_them
 
 
 COMMITTED = r"\[worker0\].*committed \S+/(step-\d+)"
-RESTART = r"restart (\d) of {n} in \d+ s: (\w+) \(pid \d+\) (was killed by SIGKILL|exited with code \d+)(.*)"
+RESTART = r"restart (\d) of {n} in [\d.]+ s: (\w+) \(pid \d+\) (was killed by SIGKILL|exited with code \d+)(.*)"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["async", "geo"])
-def test_killed_server_then_worker_recovered_with_every_row_counted_once(tmp_path, mode, launch_output):
-    """kill -9 of server0 after a committed checkpoint, then of worker1 after one of the restarted cluster.
-    cluster.restarts=4: on a crowded machine a process starved at start-up for dead_after_s may cost a
-    restart too (liveness declares it dead); those are allowed, the counts hold whatever restarted."""
-    overrides = [*counting_overrides(tmp_path, mode), "cluster.restarts=4"]
+@pytest.mark.parametrize("mode, epochs", [("async", 1), ("geo", 2)])
+def test_killed_server_then_worker_recovered_with_every_row_counted_once(tmp_path, mode, epochs, launch_output):
+    """kill -9 of server0 after a committed checkpoint (GEO: 2 epochs of 250 steps, one in the second
+    epoch), then of worker1 after one of the restarted cluster. cluster.restarts=4: on a crowded
+    machine a process starved at start-up for dead_after_s may cost a restart too (liveness declares
+    it dead); those are allowed, the counts hold whatever restarted."""
+    overrides = [*counting_overrides(tmp_path, mode, epochs), "cluster.restarts=4"]
+    first = COMMITTED if epochs == 1 else r"\[worker0\].*committed \S+/(step-(2[6-9]\d|[3-9]\d\d))"
     run = tmp_path / "run"
     started = time.monotonic()
     proc = start_job(overrides, run)
@@ -144,9 +149,9 @@ def test_killed_server_then_worker_recovered_with_every_row_counted_once(tmp_pat
     lines: list[str] = []
     try:
         deadline = time.monotonic() + RUN_TIMEOUT_S
-        launch_output(proc, COMMITTED, lines, pids, deadline)
+        launch_output(proc, first, lines, pids, deadline)
         os.kill(pids["server0"], signal.SIGKILL)
-        launch_output(proc, r"restart \d of 4 in \d+ s: server0 \(pid \d+\) was killed by SIGKILL", lines, pids, deadline)
+        launch_output(proc, r"restart \d of 4 in [\d.]+ s: server0 \(pid \d+\) was killed by SIGKILL", lines, pids, deadline)
         # The restarted cluster resumes from the last committed checkpoint and commits the next one.
         launch_output(proc, COMMITTED, lines, pids, deadline)
         os.kill(pids["worker1"], signal.SIGKILL)

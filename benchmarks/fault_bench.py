@@ -76,8 +76,9 @@ MODES = ("sync", "async", "geo")
 BATCH = 16
 EVERY = 40
 COMMITTED = re.compile(r"\[worker0\].*committed \S+/(step-\d+)")
+# A decision that a process is lost (not a first symptom such as a heartbeat that went unanswered).
 DETECTED = re.compile(r"was killed by|exited with code|is dead|left before the job finished|dead or stalled|"
-                      r"declared dead|restart \d+ of \d+|LaunchError|did not answer")
+                      r"declared dead|restart \d+ of \d+|LaunchError")
 
 
 def counting_overrides(data: Path, mode: str, restarts: int, dead_after_s: float, rows: int) -> list[str]:
@@ -215,6 +216,7 @@ def run_cell(fault: str, mode: str, restarts: int, folder: Path, dead_after_s: f
         pid = job.proc.pid if target == "launcher" else job.pids[target]
         t0 = time.monotonic()
         record["fault_at_s"] = round(t0 - started, 1)
+        record["fault_unix"] = round(time.time(), 3)
         if action == "kill":
             os.kill(pid, signal.SIGKILL)
         else:
@@ -251,9 +253,10 @@ def run_cell(fault: str, mode: str, restarts: int, folder: Path, dead_after_s: f
             first = job.first_after(t0, DETECTED)
             record["detect_s"] = round(first[0], 2) if first else None
             record["detect_line"] = first[1][-300:] if first else None
-            restarted = re.findall(r"restart (\d+) of \d+ in \d+ s: (\w+) \(pid \d+\) ([^;:\n]*)", out)
+            restarted = re.findall(r"restart (\d+) of \d+ in \d+ s: (\w+) \(pid \d+\) ([^;:\n]*)(.*)", out)
             record["restarts_used"] = len(restarted)
-            record["restart_causes"] = [f"{who} {how}" for _, who, how in restarted]
+            record["restart_causes"] = [f"{who} {how}" for _, who, how, _ in restarted]
+            restart_lines = [f"{who} {how}{rest}" for _, who, how, rest in restarted]
             errors = [line for line in out.splitlines() if line.startswith("recps.train:")]
             if hung:
                 record.update(outcome=f"hung (still running {timeout_s:g} s after the start)", exit_code=None, rows="-")
@@ -270,8 +273,8 @@ def run_cell(fault: str, mode: str, restarts: int, folder: Path, dead_after_s: f
                 record.update(outcome=f"failed: {cause[:400]}", exit_code=job.proc.returncode, rows="-")
             if target != "launcher" and not record["outcome"].startswith(("finished", "recovered")):
                 record["names_role"] = bool(re.search(rf"\b{target}\b", record["outcome"]))
-            elif restarted:
-                record["names_role"] = any(target in c for c in record["restart_causes"])
+            elif restarted:  # the first restart's cause (the process that ended, and why) names the role
+                record["names_role"] = bool(re.search(rf"\b{target}\b", restart_lines[0]))
             else:
                 record["names_role"] = None
             time.sleep(5.0)  # the job ended: give stragglers the launcher's grace before counting them

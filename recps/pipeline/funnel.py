@@ -234,24 +234,40 @@ class Funnel:
         part = self.data.seen.rows(users)
         return Seen(part.offsets.numpy(), part.items.numpy())
 
-    def score_pairs(self, spec: StageSpec, users: torch.Tensor, items: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def score_pairs(self, spec: StageSpec, users: torch.Tensor, items: torch.Tensor,
+                    dense: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(probs (N, T), rank scores (N,)) of the stage for pairs; a stage with `scores` gets the upstream
-        stages' probabilities of the same pairs as its dense inputs."""
-        dense = None
-        if spec.scores:
+        stages' probabilities of the same pairs as its dense inputs (`dense` (N, I) when the caller has them)."""
+        if spec.scores and dense is None:
             dense = torch.cat([self.stages[s].outputs(self.data, users, items) for s in spec.scores], 1)  # (N, I)
         stage = self.stages[spec.name]
         probs = stage.outputs(self.data, users, items, dense)
         return probs, stage.rank_score(probs)
 
-    def rank(self, spec: StageSpec, users: torch.Tensor, candidates: torch.Tensor, keep: int | None = None):
+    def rank(self, spec: StageSpec, users: torch.Tensor, candidates: torch.Tensor, keep: int | None = None,
+             upstream: FunnelResult | None = None):
         """Score candidates (B, K) (-1 pads) with the stage; keep its best `keep` (default spec.keep).
+        `upstream`: the run so far, whose stages' probabilities of these candidates (the same values scoring
+        them again would give) are the dense inputs of a stage with `scores`.
         Returns (kept (B, k), kept scores (B, k), kept probs (B, k, T), scores of all candidates (B, K))."""
         b, k = candidates.shape
         keep = min(spec.keep if keep is None else keep, k)
         valid = candidates >= 0
         flat_users = users.repeat_interleave(k)[valid.flatten()]
-        probs_v, score_v = self.score_pairs(spec, flat_users, candidates[valid])
+        dense = None
+        if spec.scores and upstream is not None and all(
+                s in upstream.outputs and self.stages[s].spec.upstream is not None for s in spec.scores):
+            parts = []
+            for s in spec.scores:  # rankers above this stage: their probabilities of its candidates
+                ids, probs = upstream.kept[s], upstream.outputs[s]  # (B, K_s), (B, K_s, T_s)
+                match = (candidates.unsqueeze(2) == ids.unsqueeze(1)) & valid.unsqueeze(2)  # (B, K, K_s)
+                if not bool((match.any(2) | ~valid).all()):
+                    parts = None  # a candidate that stage did not keep: score the pairs again
+                    break
+                where = match.to(torch.int8).argmax(2)  # (B, K): each candidate's place in that stage's list
+                parts.append(probs.gather(1, where.unsqueeze(2).expand(-1, -1, probs.shape[2])))  # (B, K, T_s)
+            dense = torch.cat(parts, 2)[valid] if parts else None  # (N, I)
+        probs_v, score_v = self.score_pairs(spec, flat_users, candidates[valid], dense)
         scores = torch.full((b, k), -torch.inf)
         scores[valid] = score_v
         probs = torch.zeros(b, k, probs_v.shape[1])
@@ -282,7 +298,7 @@ class Funnel:
                 out.outputs[spec.name] = scores.unsqueeze(2)
             else:
                 candidates = out.kept[spec.upstream]
-                kept, scores, probs, all_scores = self.rank(spec, users, candidates)
+                kept, scores, probs, all_scores = self.rank(spec, users, candidates, upstream=out)
                 out.outputs[spec.name] = probs
                 if record_inputs:
                     out.inputs[spec.name], out.input_scores[spec.name] = candidates, all_scores

@@ -114,6 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("run_dir", help="the run folder of `python -m recps.train pipeline=...`")
     parser.add_argument("--users", required=True, help="comma-separated user ids (0..U-1)")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of lines")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads (1: a serving process per core; more oversubscribe a busy machine)")
     parser.add_argument("--latency-users", type=int, default=200,
                         help="users (the first ones) served for the latency figures (0: skip)")
     args = parser.parse_args(argv)
@@ -122,6 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError:
         print(f"recommend: --users={args.users!r}: give comma-separated integers, e.g. 1,2,3", file=sys.stderr)
         return 2
+    torch.set_num_threads(max(1, int(args.threads)))
     try:
         funnel = load_funnel(args.run_dir)
         lists = recommend(funnel, users)

@@ -27,7 +27,7 @@ SMALL = [
     "pipeline.stages.recall.keep=200", "pipeline.stages.coarse.keep=50", "pipeline.stages.fine.keep=20",
     "pipeline.stages.coarse.inputs.candidates_per_user=30", "pipeline.stages.fine.inputs.candidates_per_user=20",
     "pipeline.stages.fusion.inputs.candidates_per_user=10",
-    "pipeline.stages.recall.trainer.epochs=6",
+    "pipeline.stages.recall.trainer.epochs=10",
 ]
 
 
@@ -117,19 +117,19 @@ def test_each_stage_is_updated_by_its_own_modes_rule_on_one_server():
                     collections[s.name] = stage_collection(s)
                     fleet.add_collection(collections[s.name], mode=s.mode)
                 fleet.init_worker(DistributedStrategy(mode=chosen[0].mode, threads=1))
-                kjt = KeyedJaggedTensor.from_lengths_sync(
-                    keys=list(chosen[0].features), values=torch.zeros(1, dtype=torch.int64),
-                    lengths=torch.tensor([1] + [0] * (len(chosen[0].features) - 1)))
                 for s in chosen:
                     ebc = collections[s.name]
+                    kjt = KeyedJaggedTensor.from_lengths_sync(  # key 0 of the stage's first feature, one row
+                        keys=list(s.features), values=torch.zeros(1, dtype=torch.int64),
+                        lengths=torch.tensor([1] + [0] * (len(s.features) - 1)))
                     for _ in range(steps):
-                        rows = ebc(kjt).values()[:, : int(s.model.embedding_dim)]  # user_id's row (1, D)
+                        rows = ebc(kjt).values()[:, : int(s.model.embedding_dim)]  # its row (1, D)
                         _quartic(rows, targets[w]).backward()
                         ebc.communicator.step_end(0)
                     ebc.communicator.close()
                     fleet.client.barrier(f"test.{s.name}", timeout=30)
-                keys = salted_keys(torch.zeros(1, dtype=torch.int64), "t_user_id")
-                results[w] = {s.name: fleet.client.pull(f"{s.name}_d{int(s.model.embedding_dim)}", keys,
+                key = lambda s: salted_keys(torch.zeros(1, dtype=torch.int64), f"t_{s.features[0]}")  # noqa: E731
+                results[w] = {s.name: fleet.client.pull(f"{s.name}_d{int(s.model.embedding_dim)}", key(s),
                                                         create=False).wait(30)[0, 0].item() for s in chosen}
                 results[w]["modes"] = {s.name: fleet.client.table_spec(f"{s.name}_d{int(s.model.embedding_dim)}")["mode"]
                                        for s in chosen}

@@ -89,6 +89,8 @@ class FunnelData:
         test_positives: Csr over requests: the held-out items the user liked.
         ideal: (users (B,), n, exclude Csr) -> (B, n) item ids of the best list the world's model knows
             (None: real data, unknown).
+        utility_ndcg: (users (B,), lists (B, n)) -> (B,) DCG of the lists' true utility over the ideal
+            list's (1.0: the ideal; None: unknown).
     """
 
     name: str
@@ -102,6 +104,7 @@ class FunnelData:
     test_positives: Csr
     label_names: tuple[str, ...] = ("click", "long_view")
     ideal: Callable[[torch.Tensor, int, Csr], torch.Tensor] | None = field(default=None, repr=False)
+    utility_ndcg: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = field(default=None, repr=False)
 
     @property
     def num_users(self) -> int:
@@ -140,6 +143,13 @@ def pair_examples(data: FunnelData, features: Sequence[str], users: torch.Tensor
     return Examples(feature_names=tuple(features), dense=dense if dense is not None else torch.zeros(n, 0),
                     keys=keys.contiguous(),
                     labels=labels if labels is not None else torch.zeros(n, len(data.label_names)))
+
+
+def exposure_bucket(items: torch.Tensor, num_items: int) -> torch.Tensor:
+    """(I,) int64 the bucket of each item's training exposures, floor(log2(1 + count)): the item statistics
+    feature production rankers read (from the training impressions only)."""
+    counts = torch.bincount(items, minlength=num_items).to(torch.float64)  # (I,)
+    return torch.floor(torch.log2(1.0 + counts)).to(torch.int64)
 
 
 # --------------------------------------------------------------------------------------- MovieLens
@@ -191,7 +201,8 @@ def movielens(ratings: str, movies: str, test_fraction: float = 0.2, click_ratin
     return FunnelData(
         name="movielens",
         user_features={"user_id": torch.arange(num_users)},
-        item_features={"item_id": torch.arange(item_ids.size), "category": t(cat)},
+        item_features={"item_id": torch.arange(item_ids.size), "category": t(cat),
+                       "exposures": exposure_bucket(t(item[train]), int(item_ids.size))},
         train_user=t(user[train]).contiguous(), train_item=t(item[train]).contiguous(), train_labels=t(labels),
         seen=seen, test_users=t(test_users), test_positives=positives,
     )
@@ -222,15 +233,20 @@ def video_world(dir: str, **config) -> FunnelData:
     def ideal(user_ids: torch.Tensor, n: int, exclude: Csr | None = None) -> torch.Tensor:
         return torch.from_numpy(world.ideal_topn(user_ids.numpy(), n, exclude=world.seen))
 
+    def utility_ndcg(user_ids: torch.Tensor, lists: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(world.utility_ndcg(user_ids.numpy(), lists.clamp(min=0).numpy(), world.seen))
+
     labels = torch.from_numpy(np.stack([train["click"].to_numpy(np.float32), train["long_view"].to_numpy(np.float32)], 1))
     log.info("funnel data video_world: %d users, %d items, %d impressions, %d held-out requests (%d positives)",
              len(users), len(items), len(train), test_users.size, len(clicked))
     return FunnelData(
         name="video_world",
         user_features={f: t(users, f) for f in ("user_id", "age", "region", "activity")},
-        item_features={f: t(items, f) for f in ("item_id", "category", "creator", "duration")},
+        item_features={**{f: t(items, f) for f in ("item_id", "category", "creator", "duration")},
+                       "exposures": exposure_bucket(t(train, "item_id"), len(items))},
         train_user=t(train, "user_id"), train_item=t(train, "item_id"), train_labels=labels,
         seen=seen, test_users=torch.from_numpy(test_users), test_positives=positives, ideal=ideal,
+        utility_ndcg=utility_ndcg,
     )
 
 

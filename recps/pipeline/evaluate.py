@@ -10,6 +10,7 @@ ranker on what it receives), and we report:
     rankers      auc, gauc (grouped by user) and pnr (positive/negative order ratio) of its scores on
                  the candidates it received, a positive = a held-out positive
     funnel       ndcg@N, hr@N (a request with at least one positive in the final top N), recall@N;
+                 on a generated world utility_ndcg@N, the list's DCG of true utility over the ideal list's;
                  agreement: the share of fine's top-k over recall's candidates (coarse skipped) that
                  coarse kept (k: the stage after coarse's keep)
     baselines    most_popular (training clicks, seen items excluded), recall_alone (its top N),
@@ -65,13 +66,18 @@ def most_popular(funnel: Funnel, users: torch.Tensor, n: int) -> torch.Tensor:
 class _ListMetrics:
     """ndcg@N, recall@N, hr@N of ranked lists against positives."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, utility=None) -> None:
         self.n = n
+        self.utility_of = utility  # (users, lists) -> (B,) utility NDCG against the ideal list (generated data)
+        self.utility = 0.0
         self.ndcg, self.recall = NDCGAtK(n), RecallAtK(n)
         self.hit_requests = 0.0
         self.requests = 0
 
-    def update(self, lists: torch.Tensor, targets: torch.Tensor, hit: torch.Tensor) -> None:
+    def update(self, lists: torch.Tensor, targets: torch.Tensor, hit: torch.Tensor,
+               users: torch.Tensor | None = None) -> None:
+        if self.utility_of is not None and users is not None:
+            self.utility += float(self.utility_of(users, lists[:, : self.n]).sum())
         self.ndcg.update_ranked(lists[:, : self.n], targets)
         self.recall.update_ranked(lists[:, : self.n], targets)
         self.hit_requests += float(hit[:, : self.n].any(1).sum())
@@ -79,8 +85,11 @@ class _ListMetrics:
 
     def compute(self) -> dict[str, float]:
         n = self.n
-        return {f"ndcg@{n}": self.ndcg.compute(), f"hr@{n}": self.hit_requests / max(1, self.requests),
-                f"recall@{n}": self.recall.compute()}
+        out = {f"ndcg@{n}": self.ndcg.compute(), f"hr@{n}": self.hit_requests / max(1, self.requests),
+               f"recall@{n}": self.recall.compute()}
+        if self.utility_of is not None:
+            out[f"utility_ndcg@{n}"] = self.utility / max(1, self.requests)
+        return out
 
 
 def evaluate_funnel(funnel: Funnel, cfg: DictConfig) -> dict[str, Any]:
@@ -99,7 +108,7 @@ def evaluate_funnel(funnel: Funnel, cfg: DictConfig) -> dict[str, Any]:
     hits_of = {s.name: 0.0 for s in specs}
     total_pos = 0.0
     recall_lists = _ListMetrics(first.keep)
-    final_lists, alone, popular, no_coarse, ideal = (_ListMetrics(n) for _ in range(5))
+    final_lists, alone, popular, no_coarse, ideal = (_ListMetrics(n, data.utility_ndcg) for _ in range(5))
     rankers = {s.name: (GroupedAUC(name="auc"), GroupedAUC(name="gauc"), PNR()) for s in specs[1:]}
     agree, agree_total = 0.0, 0.0
     seconds = {s.name: 0.0 for s in specs}
@@ -129,14 +138,14 @@ def evaluate_funnel(funnel: Funnel, cfg: DictConfig) -> dict[str, Any]:
         recall_lists.update(recall_kept, targets, hits(recall_kept, positives, data.num_items))
         top = out.kept[final.name]
         final_kept.append(top)
-        final_lists.update(top, targets, hits(top, positives, data.num_items))
-        alone.update(recall_kept, targets, hits(recall_kept, positives, data.num_items))
+        final_lists.update(top, targets, hits(top, positives, data.num_items), users)
+        alone.update(recall_kept, targets, hits(recall_kept, positives, data.num_items), users)
         pop = most_popular(funnel, users, n)
-        popular.update(pop, targets, hits(pop, positives, data.num_items))
+        popular.update(pop, targets, hits(pop, positives, data.num_items), users)
         if skip:
             without = funnel.run(users, skip={skip})
             w_final = without.kept[final.name]
-            no_coarse.update(w_final, targets, hits(w_final, positives, data.num_items))
+            no_coarse.update(w_final, targets, hits(w_final, positives, data.num_items), users)
             top = without.kept[after_skip]  # (B, k) fine's top over recall's candidates
             valid = top >= 0
             coarse_kept = out.kept[skip]
@@ -146,7 +155,7 @@ def evaluate_funnel(funnel: Funnel, cfg: DictConfig) -> dict[str, Any]:
             agree_total += float(valid.sum())
         if data.ideal is not None:
             best = data.ideal(users, n, data.seen.rows(users))
-            ideal.update(best, targets, hits(best, positives, data.num_items))
+            ideal.update(best, targets, hits(best, positives, data.num_items), users)
     wall = time.perf_counter() - start
     stages: dict[str, dict[str, Any]] = {}
     reached = total_pos

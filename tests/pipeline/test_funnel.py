@@ -237,3 +237,24 @@ def test_recommend_returns_the_evaluation_paths_lists(funnel_run):
     first = proc.stdout.splitlines()[0]
     assert first == f"user {users[0]}: " + " ".join(str(i) for i in served[0]["items"])
     assert "p99" in proc.stdout and "users/s" in proc.stdout
+
+
+# ------------------------------------------------------------------------------- the pieces
+
+
+def test_hits_and_csr_rows_match_a_loop():
+    from recps.pipeline.data import csr_from_pairs
+    from recps.pipeline.evaluate import hits
+
+    g = torch.Generator().manual_seed(0)
+    rows, items = torch.randint(0, 6, (40,), generator=g), torch.randint(0, 30, (40,), generator=g)
+    csr = csr_from_pairs(rows, items, 6)
+    pick = torch.tensor([4, 0, 4, 2])
+    part = csr.rows(pick)
+    for r, row in enumerate(pick.tolist()):
+        assert part.items[part.offsets[r]:part.offsets[r + 1]].tolist() == sorted(set(items[rows == row].tolist()))
+    lists = torch.randint(-1, 30, (4, 7), generator=g)
+    got = hits(lists, part, 30)
+    for r in range(4):
+        wanted = set(part.items[part.offsets[r]:part.offsets[r + 1]].tolist())
+        assert got[r].tolist() == [i >= 0 and i in wanted for i in lists[r].tolist()]

@@ -38,6 +38,7 @@ __all__ = ["Snapshot", "StageModel", "Funnel", "FunnelResult", "build_stage_mode
 log = logging.getLogger("recps.pipeline")
 
 EXPORT_DIR = "funnel"  # <run dir>/funnel/<stage>.pt, <run dir>/funnel/items.ann
+PAIRS_PER_CALL = 131072  # (user, item) pairs a stage model scores at a time
 
 
 def stage_collection(spec: StageSpec):
@@ -238,6 +239,11 @@ class Funnel:
                     dense: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(probs (N, T), rank scores (N,)) of the stage for pairs; a stage with `scores` gets the upstream
         stages' probabilities of the same pairs as its dense inputs (`dense` (N, I) when the caller has them)."""
+        if users.numel() > PAIRS_PER_CALL:  # bounded memory: the pairs in chunks
+            parts = [self.score_pairs(spec, users[i:i + PAIRS_PER_CALL], items[i:i + PAIRS_PER_CALL],
+                                      None if dense is None else dense[i:i + PAIRS_PER_CALL])
+                     for i in range(0, users.numel(), PAIRS_PER_CALL)]
+            return torch.cat([p for p, _ in parts]), torch.cat([r for _, r in parts])
         if spec.scores and dense is None:
             dense = torch.cat([self.stages[s].outputs(self.data, users, items) for s in spec.scores], 1)  # (N, I)
         stage = self.stages[spec.name]

@@ -113,7 +113,7 @@ def training_examples(spec: StageSpec, specs, data: FunnelData, funnel: Funnel |
             pick_users = torch.randperm(train_users.numel(), generator=torch.Generator().manual_seed(seed))
             train_users = torch.sort(train_users[pick_users[: spec.candidate_users]]).values
         kept = []
-        for part in train_users.split(1024):
+        for part in train_users.split(64):
             kept.append(funnel.run(part, until=spec.upstream).kept[spec.upstream])  # (B, K) unseen candidates
         kept = torch.cat(kept)  # (U', K)
         g = torch.Generator().manual_seed(seed)
@@ -128,7 +128,7 @@ def training_examples(spec: StageSpec, specs, data: FunnelData, funnel: Funnel |
     dense = None
     if spec.scores:
         dense = torch.cat([torch.cat([funnel.stages[s].outputs(data, u, i) for u, i in
-                                      zip(users.split(65536), items.split(65536))]) for s in spec.scores], 1)  # (N, I)
+                                      zip(users.split(131072), items.split(131072))]) for s in spec.scores], 1)  # (N, I)
     return pair_examples(data, spec.features, users, items, labels=labels, dense=dense)
 
 

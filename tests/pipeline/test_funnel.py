@@ -27,7 +27,11 @@ SMALL = [
     "pipeline.stages.recall.keep=200", "pipeline.stages.coarse.keep=50", "pipeline.stages.fine.keep=20",
     "pipeline.stages.coarse.inputs.candidates_per_user=30", "pipeline.stages.fine.inputs.candidates_per_user=20",
     "pipeline.stages.fusion.inputs.candidates_per_user=10",
-    "pipeline.stages.recall.trainer.epochs=10",
+    "pipeline.eval_users=0", "pipeline.eval_batch_users=128",
+    *(f"pipeline.stages.{s}.trainer.batch_size=256" for s in ("recall", "coarse", "fine", "fusion")),
+    *(f"pipeline.stages.{s}.inputs.candidate_users=0" for s in ("coarse", "fine", "fusion")),
+    "pipeline.stages.recall.trainer.epochs=10", "pipeline.stages.coarse.trainer.epochs=3",
+    "pipeline.stages.fine.trainer.epochs=5", "pipeline.stages.fusion.trainer.epochs=3",
 ]
 
 

@@ -10,7 +10,8 @@ data itself with the project's reader. A lost update leaves a row above that, a 
   first committed checkpoint, then, in the restarted cluster, worker1 after its first one; the job
   exits 0 by itself, its log names each cause and the checkpoint resumed from, and every row equals
   its count.
-- server0 SIGSTOPped for 2.5 x dead_after_s with cluster.restarts=1: the run does not end; exact counts.
+- server0, and separately worker1, SIGSTOPped for 2.5 x dead_after_s with cluster.restarts=1: the run
+  does not end; exact counts.
 - the same two kills under `torchrun --max-restarts` (async and GEO): torchrun restarts the processes,
   which find the last committed checkpoint themselves (TORCHELASTIC_RESTART_COUNT); exact counts.
 - cluster.restarts and cluster.checkpoint_every are checked before anything starts.
@@ -175,7 +176,10 @@ def test_killed_server_then_worker_recovered_with_every_row_counted_once(tmp_pat
 
 
 @pytest.mark.slow
-def test_stalled_server_past_dead_after_s_does_not_end_a_run_with_restarts(tmp_path, launch_output):
+@pytest.mark.parametrize("victim", ["server0", "worker1"])
+def test_a_process_stalled_past_dead_after_s_does_not_end_a_run_with_restarts(tmp_path, victim, launch_output):
+    """SIGSTOP for 2.5 x dead_after_s: the stalled process is declared dead, the cluster is stopped (the
+    stalled one continued with its SIGTERM) and restarted once, the run exits 0 with exact counts."""
     overrides = [*counting_overrides(tmp_path, "async"), "cluster.restarts=1"]
     run = tmp_path / "run"
     proc = start_job(overrides, run)
@@ -184,7 +188,7 @@ def test_stalled_server_past_dead_after_s_does_not_end_a_run_with_restarts(tmp_p
     try:
         deadline = time.monotonic() + RUN_TIMEOUT_S
         launch_output(proc, r"\[worker0\].*committed \S+/(step-\d+)", lines, pids, deadline)
-        stalled = pids["server0"]
+        stalled = pids[victim]
         os.kill(stalled, signal.SIGSTOP)
         time.sleep(2.5 * DEAD_AFTER_S)
         with contextlib.suppress(ProcessLookupError):  # the launcher has stopped it already (SIGTERM + SIGCONT)
@@ -196,9 +200,9 @@ def test_stalled_server_past_dead_after_s_does_not_end_a_run_with_restarts(tmp_p
             proc.wait()
     assert proc.returncode == 0, out[-5000:]
     restarts = re.findall(RESTART.format(n=1), out)
-    assert len(restarts) == 1 and "server0" in restarts[0][1] + restarts[0][3], out[-5000:]
+    assert len(restarts) == 1 and victim in restarts[0][1] + restarts[0][3], out[-5000:]  # the cause names it
     assert re.search(r"resuming from \S+/step-\d+$", restarts[0][3]), restarts
-    assert "ignored SIGTERM" not in out, "the stopped server was not continued with its SIGTERM"
+    assert "ignored SIGTERM" not in out, f"the stopped {victim} was not continued with its SIGTERM"
     assert assert_exact_counts(overrides, run / "checkpoint") > 1000
 
 

@@ -44,6 +44,8 @@ __all__ = ["run_pipeline", "funnel_work", "load_world", "training_examples", "su
 
 log = logging.getLogger("recps.pipeline")
 
+_EVAL_TIMEOUT_S = 3600.0  # how long the other workers wait for worker 0's evaluation of the funnel
+
 
 def load_world(cfg: DictConfig) -> FunnelData:
     from hydra.utils import instantiate
@@ -216,22 +218,22 @@ def funnel_work(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -
                     index.save(rfs.join(export_dir, "items.ann"), overwrite=True)
         tables = {s.name: {t: fleet.client.table_spec(t)["mode"] for t in [*collections[s.name].table_dims(),
                                                                           f"{s.name}_dense"]} for s in specs}
-        fleet.barrier("pipeline.trained", timeout=timeout_s)
-        if role.index != 0:
-            return None
-        from recps.pipeline.evaluate import evaluate_funnel
+        metrics = None
+        if role.index == 0:  # evaluates before the others leave: they wait at the barrier below, bounded
+            from recps.pipeline.evaluate import evaluate_funnel
 
-        funnel = Funnel(specs, stages, index, world)
-        metrics = evaluate_funnel(funnel, cfg)
-        lists = metrics.pop("final_lists")  # <run dir>/funnel/final_lists.json: what recommend must return
-        rfs.write_atomic(rfs.join(export_dir, "final_lists.json"), json.dumps(lists), overwrite=True)
-        metrics["stages_trained"] = trained
-        metrics["server_tables"] = tables  # the mode each table is tagged with on the servers
-        metrics["pipeline"] = str(cfg.pipeline.name)
-        metrics["stage_order"] = [s.name for s in specs]
-        metrics["workers"], metrics["servers"] = role.num_workers, role.num_servers
-        rfs.write_atomic(str(Path(out_dir) / "metrics.json"),
-                         json.dumps(metrics, indent=2, sort_keys=True, default=str) + "\n", overwrite=True)
+            funnel = Funnel(specs, stages, index, world)
+            metrics = evaluate_funnel(funnel, cfg)
+            lists = metrics.pop("final_lists")  # <run dir>/funnel/final_lists.json: what recommend must return
+            rfs.write_atomic(rfs.join(export_dir, "final_lists.json"), json.dumps(lists), overwrite=True)
+            metrics["stages_trained"] = trained
+            metrics["server_tables"] = tables  # the mode each table is tagged with on the servers
+            metrics["pipeline"] = str(cfg.pipeline.name)
+            metrics["stage_order"] = [s.name for s in specs]
+            metrics["workers"], metrics["servers"] = role.num_workers, role.num_servers
+            rfs.write_atomic(str(Path(out_dir) / "metrics.json"),
+                             json.dumps(metrics, indent=2, sort_keys=True, default=str) + "\n", overwrite=True)
+        fleet.barrier("pipeline.evaluated", timeout=max(timeout_s, _EVAL_TIMEOUT_S))
         return metrics
 
 

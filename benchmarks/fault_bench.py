@@ -307,7 +307,9 @@ def _cell(r: dict | None) -> str:
     outcome = r["outcome"]
     if outcome.startswith("failed: recps.train: "):
         outcome = "failed: " + outcome[len("failed: recps.train: "):]
-    outcome = outcome.replace("|", "/")[:160]
+    outcome = re.sub(r" \(pid \d+\)|; its output is in \S+", "", outcome)
+    outcome = re.sub(r"tcp://127\.0\.0\.1:\d+", "tcp://…", outcome).replace("|", "/")
+    outcome = outcome if len(outcome) <= 220 else outcome[:217] + "..."
     named = {True: "yes", False: "**no**", None: "-"}[r.get("names_role")]
     return f"{detect} | {outcome} | {named} | {r.get('rows', '-')} | {r.get('orphans', '-')}"
 
@@ -332,7 +334,20 @@ def markdown(records: list[dict], command: str) -> str:
         "",
     ]
     for r in restarts:
-        lines += [f"### cluster.restarts={r}", "", "| fault | mode | detection | outcome | names role | rows | orphans |",
+        cells = [rec for k, rec in latest.items() if k[2] == r]
+        kinds = {}
+        for rec in cells:
+            kind = rec["outcome"].split(" ", 1)[0].rstrip(":")
+            kinds[kind] = kinds.get(kind, 0) + 1
+        detect = [rec["detect_s"] for rec in cells if rec.get("detect_s") is not None]
+        lines += [f"### cluster.restarts={r}", "",
+                  f"{len(cells)} cells: " + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) +
+                  f"; detection {min(detect):.1f}-{max(detect):.1f} s where something was detected; "
+                  f"error names the role: {sum(rec.get('names_role') is True for rec in cells)} yes, "
+                  f"{sum(rec.get('names_role') is False for rec in cells)} no; rows exact in "
+                  f"{sum(str(rec.get('rows', '')).startswith('exact') for rec in cells)} of "
+                  f"{sum(rec.get('exit_code') == 0 for rec in cells)} runs that exited 0; orphans: "
+                  f"{sum(rec.get('orphans') or 0 for rec in cells)}.", "", "| fault | mode | detection | outcome | names role | rows | orphans |",
                   "|---|---|---|---|---|---|---|"]
         for fault in FAULTS:
             for mode in MODES:

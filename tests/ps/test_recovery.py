@@ -206,6 +206,66 @@ def test_a_process_stalled_past_dead_after_s_does_not_end_a_run_with_restarts(tm
     assert assert_exact_counts(overrides, run / "checkpoint") > 1000
 
 
+@pytest.mark.slow
+def test_a_stream_restarts_itself_and_resumes_from_its_records_exactly_once(tmp_path, launch_output):
+    """stream=hourly (cluster.restarts=3 there): server0 killed while the stream waits for pass 3; the
+    restarted cluster resumes after the last recorded pass (recps.stream's own resume, as a rerun of
+    the command would), trains pass 3 once and finishes; the servers' shows equal the data's
+    occurrences over the 3 passes and every record is written once."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_stream_tests", Path(__file__).parents[1] / "test_stream.py")
+    stream_tests = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stream_tests)  # tests/test_stream.py's recomputations from the data
+    pass_counts, stats = stream_tests.pass_counts, stream_tests.stats
+
+    from recps import fs as rfs
+    from recps.data.synthetic_stream import write_stream
+
+    day, root, out = "20261201", str(tmp_path / "clicks"), str(tmp_path / "model")
+    info = write_stream(root, days=1, hours=3, rows=2000, start_day=day)
+    held = rfs.join(info.split_path(day, 120), "_SUCCESS")  # pass 3's split is not ready yet
+    fs, held_path = rfs.resolve(held)
+    fs.rm_file(held_path)
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "recps.train", "stream=hourly", f"stream.root={root}", f"stream.out={out}", "ps=async",
+           "model=deepfm", "trainer.threads=1", "trainer.batch_size=256", "cluster.workers=2", f"stream.start_day={day}",
+           f"stream.end_day={day}", "stream.hours=3", "stream.data_sleep_second=0.2", f"cluster.dead_after_s={DEAD_AFTER_S}",
+           "ps.table.accessor.show_click_decay_rate=1.0", "ps.table.accessor.delete_threshold=0", f"hydra.run.dir={run}"]
+    proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    pids: dict[str, int] = {}
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        launch_output(proc, r"waiting for .*0200/_SUCCESS", lines, pids, deadline)
+        os.kill(pids["server0"], signal.SIGKILL)
+        launch_output(proc, r"restart 1 of 3 in [\d.]+ s: server0 \(pid \d+\) was killed by SIGKILL.*the stream resumes "
+                            r"from its records", lines, pids, deadline)
+        launch_output(proc, r"waiting for .*0200/_SUCCESS", lines, pids, deadline)  # the restarted stream
+        rfs.write_atomic(held, b"")
+        text = finish(proc, lines)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, text[-5000:]
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["stream"]["resumed_from"] == f"{out}/{day}/2"
+    assert [p["pass"] for p in metrics["stream"]["passes"] if "pass" in p] == [3]
+    records = [line.split("\t") for line in rfs.read_bytes(rfs.join(out, "donefile.txt")).decode().splitlines()]
+    assert [(r[0], r[3]) for r in records] == [(day, "1"), (day, "2"), (day, "3"), ("20261202", "-1")], records
+    patches = [json.loads(x) for x in rfs.read_bytes(rfs.join(out, "patch_donefile.txt")).decode().splitlines()]
+    assert [p["input"].rsplit("/", 2)[-2] for p in patches] == ["delta-1", "delta-2", "delta-3"]  # each once
+    final = stats(f"{out}/{day}/3")
+    keys = torch.cat([pass_counts(root, day, h)[0] for h in range(3)])
+    shows = torch.cat([pass_counts(root, day, h)[1] for h in range(3)])
+    uniq, inverse = torch.unique(keys, return_inverse=True)
+    total = torch.zeros(uniq.numel(), dtype=torch.float64).index_add_(0, inverse, shows)
+    assert torch.equal(final["keys"], uniq)
+    assert torch.equal(final["show"], total)
+
+
 # ---------------------------------------------------------------------------------- under torchrun
 
 

@@ -14,6 +14,8 @@ data itself with the project's reader. A lost update leaves a row above that, a 
   does not end; exact counts.
 - the same two kills under `torchrun --max-restarts` (async and GEO): torchrun restarts the processes,
   which find the last committed checkpoint themselves (TORCHELASTIC_RESTART_COUNT); exact counts.
+- stream=hourly (cluster.restarts=3): server0 killed while the stream waits for pass 3; it restarts,
+  resumes after its last record, trains pass 3 once; shows equal the data's occurrences.
 - cluster.restarts and cluster.checkpoint_every are checked before anything starts.
 """
 

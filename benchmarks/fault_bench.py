@@ -392,8 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jsonl", default=None, help="cells are appended here (default benchmarks/results/fault_bench_<date>.jsonl)")
     parser.add_argument("--results-md", default=str(HERE / "RESULTS.md"))
     parser.add_argument("--no-md", action="store_true")
-    parser.add_argument("--recheck", action="store_true", help="recount the rows of every exit-0 cell in --jsonl from its "
-                        "run folder (--dir/<cell> when the record has none), rewrite the file, and write the table")
+    parser.add_argument("--recheck", action="store_true", help="recount the rows of every exit-0 cell in --jsonl not yet "
+                        "found exact, from its run folder (--dir/<cell> when the record has none), rewrite the file, and write the table")
     args = parser.parse_args(argv)
     faults = _names(args.faults, list(FAULTS), "faults")
     modes = _names(args.modes, MODES, "modes")
@@ -411,10 +411,12 @@ def main(argv: list[str] | None = None) -> int:
 
         records = [json.loads(x) for x in jsonl.read_text().splitlines() if x.strip()]
         for rec in records:
-            if rec.get("exit_code") == 0:
+            if rec.get("exit_code") == 0 and not str(rec.get("rows", "")).startswith("exact"):
                 cell = f"{rec['fault']}-{rec['mode']}-r{rec['restarts']}"
+                ran_in = re.search(r"--dir (\S+)", rec.get("command", ""))  # the folder its own command named
+                dirs = ([ran_in.group(1)] if ran_in else []) + (args.dir or "").split(",")
                 run = Path(rec["run_dir"]) if rec.get("run_dir") else next(
-                    (Path(d) / cell for d in (args.dir or "").split(",") if d and (Path(d) / cell).is_dir()), folder / cell)
+                    (Path(d) / cell for d in dirs if d and (Path(d) / cell).is_dir()), folder / cell)
                 overrides = counting_overrides(run.parent / "data", rec["mode"], rec["restarts"], rec["dead_after_s"],
                                                rec.get("rows_setting", args.rows))
                 rec["rows"] = exact_counts(overrides, run / "checkpoint", rec["mode"])

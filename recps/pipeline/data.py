@@ -27,7 +27,7 @@ import torch
 from recps.data.reader import Examples
 from recps.errors import ConfigError, DataError
 
-__all__ = ["FunnelData", "Csr", "movielens", "video_world", "pair_examples", "csr_from_pairs"]
+__all__ = ["FunnelData", "Csr", "movielens", "video_world", "pair_examples", "csr_from_pairs", "exposure_bucket"]
 
 log = logging.getLogger("recps.pipeline")
 
@@ -248,9 +248,3 @@ def video_world(dir: str, **config) -> FunnelData:
         seen=seen, test_users=torch.from_numpy(test_users), test_positives=positives, ideal=ideal,
         utility_ndcg=utility_ndcg,
     )
-
-
-def check_world_target(node: Mapping) -> None:
-    if not isinstance(node, Mapping) or not node.get("_target_"):
-        raise ConfigError("pipeline.world has no _target_; give the data builder, e.g. "
-                          "_target_: recps.pipeline.data.movielens")

@@ -39,6 +39,7 @@ log = logging.getLogger("recps.pipeline")
 
 EXPORT_DIR = "funnel"  # <run dir>/funnel/<stage>.pt, <run dir>/funnel/items.ann
 PAIRS_PER_CALL = 131072  # (user, item) pairs a stage model scores at a time
+EXPORT_ROWS = 65536  # keys per feature pulled at a time by an export
 
 
 def stage_collection(spec: StageSpec):
@@ -121,14 +122,20 @@ class _Recorder:
         return out
 
 
-def _all_keys(data: FunnelData, features: Sequence[str]):
-    """A KJT holding every key of every feature (feature f's rows 0..n_f-1; empty rows after)."""
+def _all_keys(data: FunnelData, features: Sequence[str], start: int, stop: int):
+    """A KJT of rows start..stop-1 of every feature's key table (feature f's rows past its end: empty)."""
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     tables = [data.user_features[f] if f in data.user_features else data.item_features[f] for f in features]
-    width = max(int(t.numel()) for t in tables)
-    lengths = torch.cat([(torch.arange(width) < t.numel()).to(torch.int64) for t in tables])  # (F * width,)
-    return KeyedJaggedTensor(keys=list(features), values=torch.cat(tables), lengths=lengths, stride=width)
+    width = stop - start
+    rows = torch.arange(start, stop)
+    lengths = torch.cat([(rows < t.numel()).to(torch.int64) for t in tables])  # (F * width,)
+    values = torch.cat([t[start:stop] for t in tables])
+    return KeyedJaggedTensor(keys=list(features), values=values, lengths=lengths, stride=width)
+
+
+def _key_rows(data: FunnelData, features: Sequence[str]) -> int:
+    return max(int((data.user_features.get(f, data.item_features.get(f))).numel()) for f in features)
 
 
 def export_stage(spec: StageSpec, model: torch.nn.Module, collection, data: FunnelData, num_dense: int) -> bytes:
@@ -140,7 +147,9 @@ def export_stage(spec: StageSpec, model: torch.nn.Module, collection, data: Funn
     collection.bind(recorder)
     try:
         with torch.no_grad():
-            collection(_all_keys(data, spec.features))
+            total = _key_rows(data, spec.features)
+            for start in range(0, total, EXPORT_ROWS):  # bounded memory: the keys in chunks
+                collection(_all_keys(data, spec.features, start, min(total, start + EXPORT_ROWS)))
     finally:
         collection.bind(reader)
     state = {k: v for k, v in model.state_dict().items()}

@@ -275,3 +275,27 @@ def test_hits_and_csr_rows_match_a_loop():
     for r in range(4):
         wanted = set(part.items[part.offsets[r]:part.offsets[r + 1]].tolist())
         assert got[r].tolist() == [i >= 0 and i in wanted for i in lists[r].tolist()]
+
+
+def test_two_workers_train_every_stage_in_its_mode(tmp_path):
+    """cluster.workers=2 (a tiny world): each worker trains every stage on its share in the stage's mode
+    (sync: the same steps on both), both build the same candidates from the same exports, worker 0
+    evaluates while worker 1 waits at the last barrier."""
+    run = tmp_path / "run"
+    tiny = ["pipeline=video_funnel", "cluster.workers=2", "pipeline.world.users=150", "pipeline.world.items=1000",
+            "pipeline.world.creators=100", "pipeline.world.metric_users=50", "pipeline.world.impressions_per_user=30",
+            "pipeline.stages.recall.keep=100", "pipeline.stages.coarse.keep=40", "pipeline.stages.fine.keep=20",
+            *(f"pipeline.stages.{s}.trainer.epochs=1" for s in ("recall", "coarse", "fine", "fusion")),
+            f"pipeline.world.dir={tmp_path / 'world'}", f"hydra.run.dir={run}"]
+    proc = subprocess.run([sys.executable, "-m", "recps.train", *tiny], cwd=PROJECT_ROOT, capture_output=True,
+                          text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(PROJECT_ROOT)))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["workers"] == 2
+    assert {s: sorted(set(t.values())) for s, t in metrics["server_tables"].items()} == {
+        "recall": ["geo"], "coarse": ["async"], "fine": ["async"], "fusion": ["sync"]}
+    log = (run / "cluster.log").read_text()
+    for worker in ("worker0", "worker1"):
+        for stage, mode in (("recall", "geo"), ("coarse", "async"), ("fine", "async"), ("fusion", "sync")):
+            assert f"{worker}: stage {stage} trained in {mode} mode" in log
+    assert metrics["requests"] > 0 and 0.0 <= metrics["funnel"]["ndcg@10"] <= 1.0

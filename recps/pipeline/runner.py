@@ -231,6 +231,7 @@ def funnel_work(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -
             metrics["pipeline"] = str(cfg.pipeline.name)
             metrics["stage_order"] = [s.name for s in specs]
             metrics["workers"], metrics["servers"] = role.num_workers, role.num_servers
+            metrics.update(metrics["funnel"])  # flat too: a sweep's table reads `objective=ndcg@10` from the top level
             rfs.write_atomic(str(Path(out_dir) / "metrics.json"),
                              json.dumps(metrics, indent=2, sort_keys=True, default=str) + "\n", overwrite=True)
         fleet.barrier("pipeline.evaluated", timeout=max(timeout_s, _EVAL_TIMEOUT_S))

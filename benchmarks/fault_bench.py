@@ -322,7 +322,7 @@ def markdown(records: list[dict], command: str) -> str:
     lines = [
         "## Fault table (issue 15)",
         "",
-        f"`{command}` on 127.0.0.1, {os.cpu_count()} CPUs shared with other runs (1-minute load average at the cells' "
+        f"Cells from `{command}`, on 127.0.0.1, {os.cpu_count()} CPUs shared with other runs (1-minute load average at the cells' "
         f"starts {min(loads):.1f}-{max(loads):.1f}). Job: `python -m recps.train` counting setup (models.LR, rows from 0, SGD lr 1, "
         f"loss = sum of logits: gradient 1 per occurrence; sync averages the 2 workers' gradients and GEO scales deltas by "
         f"1/2, so there a row ends at -count/2), 2 servers + 2 workers x 1 thread, batch {BATCH}, "
@@ -435,7 +435,8 @@ def main(argv: list[str] | None = None) -> int:
                     f.write(json.dumps(rec) + "\n")
     if not args.no_md:
         everything = [json.loads(x) for x in jsonl.read_text().splitlines() if x.strip()]
-        write_section(Path(args.results_md), markdown(everything, "python -m benchmarks.fault_bench [--restarts 1]"))
+        commands = sorted({r.get("command", "?") for r in everything})
+        write_section(Path(args.results_md), markdown(everything, "`, `".join(commands)))
     return 0
 
 

@@ -5,7 +5,8 @@ storage (so every thread reads the latest values) but whose `.grad` is its own; 
 embedding collection is shared, and FBGEMM's fused optimizer (or the parameter server's
 communicator) updates it inside the backward pass. Dense gradients are applied by one
 `DenseUpdater` under a lock: the shared optimizer's state is never touched by two
-threads at once. After each step every thread calls `updater.step_end(thread)`: a no-op
+threads at once (with several threads, in torch's fused step where the optimizer has one:
+`fused_dense_steps`). After each step every thread calls `updater.step_end(thread)`: a no-op
 locally; with a parameter server it ends the step on the communicator (sync: the step's
 barrier; geo: counts towards k) and refreshes the shared dense parameters
 (recps.ps.modes.dense).
@@ -45,7 +46,8 @@ from recps.observer import TrainObserver  # re-exported: recps.trainer.TrainObse
 from recps.ps.modes.dense import LocalDenseUpdater  # re-exported: recps.trainer.LocalDenseUpdater (ps=local)
 
 __all__ = ["BatchSource", "DenseUpdater", "LocalDenseUpdater", "LossScaler", "PRECISIONS", "Pauses", "Precision",
-           "TrainObserver", "TrainStats", "Trainer", "check_precision", "click_labels", "planned_steps"]
+           "TrainObserver", "TrainStats", "Trainer", "check_precision", "click_labels", "fused_dense_steps",
+           "planned_steps"]
 
 log = logging.getLogger(__name__)
 
@@ -284,6 +286,56 @@ class TrainStats:
         return self.examples / self.seconds if self.seconds > 0 else 0.0
 
 
+# torch optimizers with a fused step (one kernel per parameter, no per-op Python) and where it runs.
+_FUSED_DEVICES = {torch.optim.Adam: ("cpu", "cuda"), torch.optim.AdamW: ("cpu", "cuda"),
+                  torch.optim.SGD: ("cpu", "cuda"), torch.optim.Adagrad: ("cpu",)}
+
+
+@contextlib.contextmanager
+def fused_dense_steps(updater: DenseUpdater, enabled: bool = True):
+    """Within the block, the dense optimizer of a local updater (LocalDenseUpdater; GEO's replica)
+    takes torch's fused step where it has one and the user left the choice open (fused=None,
+    foreach=None): Adam, AdamW, SGD, Adagrad over dense floating parameters on a device their fused
+    kernel covers. The Hogwild threads (Trainer, threads > 1) apply their gradients one at a time
+    under the updater's lock; the fused step holds it (and the GIL) for a fraction of the time:
+    measured here ~0.23 against ~0.65 ms for CTR-DNN's Adam, 72 against 260 aten ops a step. Its
+    results differ from the loop's in the last bits (another order of the same arithmetic), which
+    is why one thread, whose runs are deterministic, keeps the user's step. Checkpoints taken inside
+    the block record the user's setting (fused=None), not this one.
+
+    >>> p = nn.Parameter(torch.ones(2)); opt = torch.optim.Adam([p])
+    >>> with fused_dense_steps(LocalDenseUpdater([p], opt)):
+    ...     opt.param_groups[0]["fused"], opt.state_dict()["param_groups"][0]["fused"]
+    (True, None)
+    >>> opt.param_groups[0]["fused"] is None
+    True
+    """
+    optimizer = getattr(updater, "optimizer", None) if enabled and isinstance(updater, LocalDenseUpdater) else None
+    devices = _FUSED_DEVICES.get(type(optimizer))  # exactly these classes: a subclass may step otherwise
+    switched = [i for i, g in enumerate(optimizer.param_groups)
+                if g.get("fused") is None and g.get("foreach") is None and not g.get("differentiable")
+                and all(p.is_floating_point() and not p.is_sparse and p.device.type in devices for p in g["params"])
+                ] if devices else []
+    if not switched:
+        yield
+        return
+
+    def user_setting(_optimizer, state: dict) -> dict:
+        for i in switched:
+            state["param_groups"][i]["fused"] = None
+        return state
+
+    for i in switched:
+        optimizer.param_groups[i]["fused"] = True
+    hook = optimizer.register_state_dict_post_hook(user_setting)
+    try:
+        yield
+    finally:
+        hook.remove()
+        for i in switched:
+            optimizer.param_groups[i]["fused"] = None
+
+
 def dense_parameters(model: nn.Module, collection: nn.Module) -> list[tuple[str, nn.Parameter]]:
     """The model's parameters that the embedding collection does not own."""
     owned = {id(p) for p in collection.parameters()}
@@ -509,14 +561,15 @@ class Trainer:
         start = time.perf_counter()
         try:
             if self.threads == 1:
-                run(0)
+                run(0)  # the user's optimizer step as it is: one thread's run is deterministic, bit for bit
             else:
                 workers = [threading.Thread(target=run, args=(t,), name=f"train-{t}", daemon=True)
                            for t in range(self.threads)]
-                for w in workers:
-                    w.start()
-                for w in workers:
-                    w.join()
+                with fused_dense_steps(self.updater):
+                    for w in workers:
+                        w.start()
+                    for w in workers:
+                        w.join()
         finally:
             seconds = time.perf_counter() - start
             torch.set_num_threads(previous)

@@ -173,3 +173,82 @@ def test_planned_steps_is_what_fit_takes(tmp_path):
         stats = job.trainer.fit(job.data.train, 32, progress=False, **kwargs)
         assert stats.steps == planned_steps(batches, kwargs["epochs"], kwargs.get("max_steps", -1),
                                             kwargs.get("thread_steps_per_epoch", -1), kwargs.get("skip")), kwargs
+
+
+class FusedFlags(TrainObserver):
+    """What the dense optimizer's step is set to, and what a checkpoint would record, mid-fit."""
+
+    def __init__(self, optimizer) -> None:
+        self.optimizer, self.seen = optimizer, set()
+
+    def after_backward(self, thread) -> None:
+        self.seen.add((self.optimizer.param_groups[0]["fused"],
+                       self.optimizer.state_dict()["param_groups"][0]["fused"]))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_hogwild_threads_take_the_fused_dense_step_and_one_thread_the_users(tmp_path, monkeypatch, threads):
+    """With several threads the Adam step is torch's fused kernel (the updater's lock is held for
+    less); one thread keeps the user's step (its runs stay bit for bit what they were); either way a
+    checkpoint records the user's setting and the fit leaves it as it found it."""
+    import torch
+
+    calls = []
+    fused_adam = torch._fused_adam_
+    monkeypatch.setattr(torch, "_fused_adam_", lambda *a, **k: calls.append(1) or fused_adam(*a, **k))
+    job = small_job(tmp_path, threads)
+    flags = FusedFlags(job.optimizer)
+    job.trainer.observers = [flags]
+    stats = job.trainer.fit(job.data.train, 32, epochs=1, max_steps=20, progress=False)
+    assert stats.steps == 20
+    assert flags.seen == ({(True, None)} if threads > 1 else {(None, None)})
+    assert len(calls) == (20 if threads > 1 else 0)
+    assert job.optimizer.param_groups[0]["fused"] is None
+
+
+def test_fused_dense_steps_only_where_the_user_left_the_choice_open():
+    import torch
+    from torch import nn
+
+    from recps.trainer import LocalDenseUpdater, fused_dense_steps
+
+    class MyAdam(torch.optim.Adam):
+        pass
+
+    def flags(make):
+        p = nn.Parameter(torch.ones(3))
+        opt = make([p])
+        with fused_dense_steps(LocalDenseUpdater([p], opt)):
+            return opt.param_groups[0].get("fused")
+
+    assert flags(lambda ps: torch.optim.Adam(ps)) is True
+    assert flags(lambda ps: torch.optim.Adagrad(ps)) is True
+    assert flags(lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)) is True
+    assert flags(lambda ps: torch.optim.Adam(ps, fused=False)) is False  # the user's choice
+    assert flags(lambda ps: torch.optim.Adam(ps, foreach=True)) is None  # foreach and fused exclude each other
+    assert flags(lambda ps: MyAdam(ps)) is None  # a subclass may step otherwise
+    assert flags(lambda ps: torch.optim.RMSprop(ps)) is None  # no fused step
+
+
+@pytest.mark.parametrize("name", ["Adam", "AdamW", "Adagrad", "SGD"])
+def test_the_fused_dense_step_is_the_same_rule(name):
+    """Ten steps of the fused kernel land within float rounding of torch's loop."""
+    import torch
+    from torch import nn
+
+    from recps.trainer import LocalDenseUpdater, fused_dense_steps
+
+    g = torch.Generator().manual_seed(0)
+    start = [torch.randn(64, 33, generator=g), torch.randn(64, generator=g)]
+    grads = [[torch.randn_like(t) for t in start] for _ in range(10)]
+    kwargs = {"SGD": {"lr": 0.1, "momentum": 0.9}}.get(name, {"lr": 0.01})
+    results = []
+    for fused in (False, True):
+        params = [nn.Parameter(t.clone()) for t in start]
+        updater = LocalDenseUpdater(params, getattr(torch.optim, name)(params, **kwargs))
+        with fused_dense_steps(updater, enabled=fused):
+            for step in grads:
+                updater.apply([t.clone() for t in step])
+        results.append(torch.cat([p.detach().flatten() for p in params]))
+    assert (results[0] - torch.cat([t.flatten() for t in start])).abs().max() > 1e-3  # the steps moved them
+    torch.testing.assert_close(results[1], results[0], rtol=1e-5, atol=1e-6)

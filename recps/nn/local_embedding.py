@@ -99,6 +99,7 @@ class LocalEmbeddingBagCollection(nn.Module):
             with torch.no_grad():
                 for weight in self.fused.state_dict().values():
                     weight.uniform_(-bound, bound)
+        self._lookup = _single_lookup(self.fused, self.feature_names)
 
     def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
         """Table configs with the true (unpadded) dim, as the models read them."""
@@ -113,11 +114,18 @@ class LocalEmbeddingBagCollection(nn.Module):
         if list(features.keys()) != self.feature_names:
             features = _select(features, self.feature_names)
         rows = torch.remainder(features.values(), self.num_embeddings)  # (sum of lengths,)
-        folded = KeyedJaggedTensor(
-            keys=self.feature_names, values=rows, lengths=features.lengths(),
-            stride=features.stride(),
-        )
-        pooled = self.fused(folded).values()  # (B, F*P)
+        if self._lookup is not None and not features.variable_stride_per_key():
+            # What FusedEmbeddingBagCollection.forward computes, without its per-feature split and
+            # re-concatenation (26 JaggedTensors a step, ~100 small ops): the same TBE call on the
+            # same int32 indices and offsets, so the same values and the same row updates.
+            offsets = features.offsets()  # (F*B + 1,) the cumsum of the lengths
+            pooled = self._lookup(rows.int(), offsets.int(), None)  # (B, F*P)
+        else:
+            folded = KeyedJaggedTensor(
+                keys=self.feature_names, values=rows, lengths=features.lengths(),
+                stride=features.stride(),
+            )
+            pooled = self.fused(folded).values()  # (B, F*P)
         if self.padded_dim != self.embedding_dim:
             batch = pooled.shape[0]
             pooled = pooled.view(batch, len(self.feature_names), self.padded_dim)  # (B, F, P)
@@ -137,3 +145,18 @@ def _select(features: KeyedJaggedTensor, names: list[str]) -> KeyedJaggedTensor:
             f"batch features are {features.keys()}; align dataset.schema and the model"
         )
     return features.permute([features.keys().index(n) for n in names])
+
+
+def _single_lookup(fused: FusedEmbeddingBagCollection, feature_names: list[str]):
+    """The one batched TBE lookup of `fused` that serves every feature in `feature_names` order,
+    called as lookup(indices, offsets, None) -> (B, F*P); None when torchrec grouped the tables
+    otherwise (several lookups, another order, weighted bags): forward then goes through `fused`."""
+    modules = getattr(fused, "_emb_modules", None)
+    groups = getattr(fused, "_key_to_tables", None)
+    if getattr(fused, "_is_weighted", True) or not modules or groups is None or len(modules) != 1:
+        return None
+    order = [name for tables in groups.values() for table in tables for name in table.feature_names]
+    # The bound call, not the module: an nn.Module attribute would register it as a submodule (its
+    # weights a second time in state_dict and checkpoints).
+    return modules[0].__call__ if order == list(feature_names) else None
+

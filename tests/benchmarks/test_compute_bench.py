@@ -40,7 +40,8 @@ def test_summary_medians_fractions_and_targets():
                {"kind": "peak", "dtype": "bf16", "gflops": 200.0, "threads": 2}]
     for rnd, (f, b) in enumerate([(80_000, 120_000), (70_000, 140_000), (75_000, 130_000)], start=1):
         records += [_train("local-1T", "fp32", f, 0.7000, rnd), _train("local-1T", "bf16", b, 0.7015, rnd)]
-    records += [_train("geo-1S+2Wx1T", "fp32", 60_000, 0.70), _train("async-1S+2Wx1T", "fp32", 54_000, 0.69)]
+    records += [_train("geo-1S+2Wx1T", "fp32", 60_000, 0.70), _train("async-1S+2Wx1T", "fp32", 54_000, 0.69),
+                _train("local-2T", "fp32", 57_000, 0.70)]
     summary, targets = summarize(records)
     assert summary["peak_gflops"] == {"fp32": 100.0, "bf16": 200.0}  # the best probe
     local = summary["configs"]["local-1T"]
@@ -60,6 +61,16 @@ def test_summary_medians_fractions_and_targets():
     assert got["async fp32 >= 85% of GEO examples/s"] == (0.9, True)
     assert got["async fp32 >= 85% of GEO examples/s (per CPU-s)"] == (0.9, True)
     assert got["local-1T fp32 >= 75% of the fp32 roofline (per CPU-s)"] == (0.75, True)
+    assert got["local-2T fp32 >= GEO 1S+2Wx1T examples/s (Hogwild)"] == (0.95, False)
+    assert got["local-2T fp32 >= GEO 1S+2Wx1T examples/s (Hogwild) (per CPU-s)"] == (0.95, False)
+    assert "local-2T bf16 >= GEO 1S+2Wx1T examples/s (Hogwild)" not in got  # no bf16 runs of either
+
+
+def test_precisions_pick_the_runs_and_a_bad_one_is_refused_before_any_run():
+    with pytest.raises(ValueError, match="fp8"):
+        compute_bench.run(precisions=("fp8",))
+    with pytest.raises(ValueError, match="precisions"):
+        compute_bench.run(precisions=())
 
 
 @pytest.mark.slow

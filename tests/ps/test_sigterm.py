@@ -27,21 +27,7 @@ Cluster, DEAD_AFTER_S, HEARTBEAT_S, REQUEST_TIMEOUT_S = (_liveness.Cluster, _liv
                                                          _liveness.REQUEST_TIMEOUT_S)
 
 
-@pytest.fixture
-def cluster(tmp_path):
-    made = []
-
-    def make(servers: int, workers: int) -> Cluster:
-        c = Cluster(tmp_path, servers, workers)
-        made.append(c)
-        for w in range(workers):
-            c.wait_for(f"worker{w}", "JOINED", 40.0)
-        time.sleep(2 * HEARTBEAT_S)  # every peer heartbeat since all joined; requests are in flight all the time
-        return c
-
-    yield make
-    for c in made:
-        c.kill_all()
+cluster = _liveness.cluster  # the same fixture: S servers and W workers started, every worker joined
 
 
 def _failure(c: Cluster, name: str, timeout: float) -> tuple[float, str]:

@@ -15,7 +15,6 @@ import math
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +31,7 @@ from recps.metrics.groups import batch_groups, evaluate_pointwise
 from recps.metrics.reporter import MetricsReporter, build_reporter
 from recps.tasks import BinaryTask
 from recps.trainer import LocalDenseUpdater, Trainer
+from tests.metrics.ps_pair import servers_and_workers
 
 DENSE, ROWS, USERS = 4, 16, 11
 GROUPED = ["auc", "gauc", "pnr"]
@@ -154,35 +154,6 @@ def test_evaluation_groups_by_the_feature_and_skips_examples_without_one():
         evaluate_pointwise(["gauc"], probs, targets, ListSource(batches), ROWS, None)
 
 
-def _servers_and_workers(work) -> None:
-    """One real server node and two worker clients on threads; work(rank, client)."""
-    from recps.launch import free_port
-    from recps.ps.modes import server_halves
-    from recps.ps.node import ServerNode, connect
-    from recps.ps.roles import UserDefinedRoleMaker
-
-    address = f"127.0.0.1:{free_port()}"
-    role = lambda kind, i: UserDefinedRoleMaker(kind, i, 1, 2, coordinator=address, token="t").role()  # noqa: E731
-    errors: list[BaseException] = []
-
-    def run(rank: int) -> None:
-        try:
-            with connect(role("worker", rank), timeout_s=60.0) as client:
-                work(rank, client)
-                client.barrier("done", timeout=60.0)  # nobody deregisters while the other still merges
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
-
-    with ServerNode(role("server", 0), halves=server_halves()).start():
-        workers = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(2)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join(timeout=180)
-    assert not errors, errors
-    assert all(not w.is_alive() for w in workers)
-
-
 def test_ps_merger_carries_columns_bit_for_bit_in_chunks():
     """Uneven parts (one empty in the second merge), several chunks each, extreme values."""
     from recps.metrics.ps_merger import PSMerger
@@ -209,7 +180,7 @@ def test_ps_merger_carries_columns_bit_for_bit_in_chunks():
             out = merger.merge(coll)
             merged[rank].append({"state": out.grouped_state(), "values": out.compute()})
 
-    _servers_and_workers(work)
+    servers_and_workers(work)
     for m in range(2):
         union = {k: torch.cat([part(0, sizes[m][0])[k], part(1, sizes[m][1])[k]]) for k in ("groups", "preds", "labels")}
         ref = MetricCollection(["gauc", "pnr"])
@@ -238,7 +209,7 @@ def test_reporter_through_the_servers_equals_the_single_process_value():
         fit(make_batches(rank, counts[rank]), 2, rep)
         reports[rank] = rep.reports
 
-    _servers_and_workers(work)
+    servers_and_workers(work)
     want = single_process(make_batches(0, counts[0]) + make_batches(1, counts[1]))
     for rank in range(2):
         (last,) = [r for r in reports[rank] if r["kind"] == "pass"]
@@ -324,7 +295,7 @@ def test_funnel_tally_merges_through_the_servers_to_the_union():
     def work(rank: int, client) -> None:
         got[rank] = merge_tally(tally(shards[rank]), PSMerger(client)).details()
 
-    _servers_and_workers(work)
+    servers_and_workers(work)
     want = tally(slice(0, 3)).details()
     assert got[0] == got[1] == want
 

@@ -14,7 +14,6 @@ import json
 import logging
 import math
 import socket
-import threading
 import time
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from recps.metrics.reporter import GlooMerger, MetricsReporter, build_reporter, 
 from recps.tasks import BinaryTask
 from recps.trainer import LocalDenseUpdater, Trainer
 
+from tests.metrics.ps_pair import servers_and_workers
 NAMES = ["auc", "logloss", "accuracy", "actual_ctr", "predicted_ctr", "copc", "mae", "rmse"]
 DENSE, ROWS = 5, 32
 
@@ -300,33 +300,14 @@ def test_gloo_two_workers_two_threads_uneven_steps(tmp_path, monkeypatch):
 
 
 def test_parameter_server_two_workers_uneven_steps():
-    from recps.launch import free_port
     from recps.metrics.ps_merger import PSMerger
-    from recps.ps.modes import server_halves
-    from recps.ps.node import ServerNode, connect
-    from recps.ps.roles import UserDefinedRoleMaker
 
-    address = f"127.0.0.1:{free_port()}"
-    role = lambda kind, i: UserDefinedRoleMaker(kind, i, 1, 2, coordinator=address, token="t").role()  # noqa: E731
     reports: list[list[dict]] = [[], []]
-    errors: list[BaseException] = []
 
-    def work(rank: int) -> None:
-        try:
-            with connect(role("worker", rank), timeout_s=60.0) as client:
-                rep = MetricsReporter(NAMES, BinaryTask(), threads=1, every_steps=EVERY, merger=PSMerger(client))
-                trainer(1, [rep]).fit(ListSource(make_batches(rank, WORKER_BATCHES[rank])), ROWS, progress=False)
-                reports[rank] = rep.reports
-                client.barrier("done", timeout=60.0)  # nobody deregisters while the other still merges
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
+    def work(rank: int, client) -> None:
+        rep = MetricsReporter(NAMES, BinaryTask(), threads=1, every_steps=EVERY, merger=PSMerger(client))
+        trainer(1, [rep]).fit(ListSource(make_batches(rank, WORKER_BATCHES[rank])), ROWS, progress=False)
+        reports[rank] = rep.reports
 
-    with ServerNode(role("server", 0), halves=server_halves()).start():
-        workers = [threading.Thread(target=work, args=(r,), daemon=True) for r in range(2)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join(timeout=180)
-    assert not errors, errors
-    assert all(not w.is_alive() for w in workers)
+    servers_and_workers(work)
     _check_two_workers(reports)

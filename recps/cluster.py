@@ -99,6 +99,10 @@ def run_distributed(cfg: DictConfig, out_dir: Path, *, work=None, before_launch=
         (before_launch or _before_launch)(cfg, mode, Path(out_dir))
         return _launch_local(cfg, Path(out_dir))
     _role_logging(role)
+    from recps.launch import process_age
+
+    if (age := process_age()) is not None:
+        log.info("%s up %.2f s after its process started", role.name, age)  # benchmarks/startup_bench.py
     resume_after_restart(cfg, role, Path(out_dir))
     run_role(cfg, role, Path(out_dir), work=work)
     return None
@@ -415,15 +419,26 @@ def on_this_machine(role) -> bool:
 
 
 class ProgressLog:
-    """A log line every few seconds from worker 0 (a tqdm bar does not survive line forwarding)."""
+    """A log line every few seconds from worker 0 (a tqdm bar does not survive line forwarding), and one
+    at its first step (with the process's age: benchmarks/startup_bench.py reads it)."""
 
     def __init__(self, batch_size: int, threads: int) -> None:
         self.batch_size, self.threads = batch_size, threads
         self.start = self.last = time.perf_counter()
         self.lock = threading.Lock()
+        self.first = True
 
     def __call__(self, thread: int, step: int, loss: float) -> None:
         now = time.perf_counter()
+        if self.first:
+            with self.lock:
+                first, self.first = self.first, False
+            if first:
+                from recps.launch import process_age
+
+                age = process_age()
+                log.info("first training step done (loss %.4f)%s", loss,
+                         f", {age:.2f} s after this process started" if age is not None else "")
         if now - self.last < _PROGRESS_EVERY_S:
             return
         with self.lock:

@@ -71,7 +71,7 @@ from recps.ps.roles import (
 )
 
 __all__ = ["launch", "LaunchResult", "LaunchError", "free_port", "main", "DEFAULT_GRACE_S", "TIMEOUT_EXIT_CODE",
-           "RESTART_ENV", "restart_count", "MAX_BACKOFF_S"]
+           "RESTART_ENV", "restart_count", "MAX_BACKOFF_S", "process_age"]
 
 logger = logging.getLogger(__name__)
 
@@ -163,6 +163,23 @@ def restart_count(environ: Mapping[str, str] | None = None) -> int:
         if int(value) > 0:
             return int(value)
     return 0
+
+
+def process_age() -> float | None:
+    """Seconds since this process started (fork, or exec's start), from /proc; None where there is none.
+    Start-up log lines report it (benchmarks/startup_bench.py reads them).
+
+    >>> 0.0 <= process_age() < 3600.0
+    True
+    """
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            started_ticks = int(f.read().rpartition(b")")[2].split()[19])  # field 22: starttime, in clock ticks
+        with open("/proc/uptime", "rb") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(0.0, uptime - started_ticks / os.sysconf("SC_CLK_TCK"))
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -22,6 +22,10 @@ metrics on the held-out test split, the baseline's on the same split when the ta
 
 from __future__ import annotations
 
+import time as _time
+
+_IMPORTING = _time.perf_counter()  # start-up phases (the launcher logs them: _log_startup)
+
 import json
 import logging
 import math
@@ -42,6 +46,7 @@ __all__ = ["main", "cli", "error_message", "summary_lines", "held_out_metric_nam
 log = logging.getLogger("recps.train")
 
 register_resolvers()
+_IMPORTED = _time.perf_counter()
 
 _FULL_ERROR = "HYDRA_FULL_ERROR"
 # cli() sets HYDRA_FULL_ERROR=1 so that Hydra raises what fails to it instead of printing a trace;
@@ -52,6 +57,7 @@ _cli_env: dict[str, Any] = {"set": False, "user": None}  # "error": what a singl
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float:
     """Trains, evaluates on the held-out split, writes metrics.json; returns cfg.objective."""
+    _startup.setdefault("composed", _time.perf_counter())
     with _users_environment():
         try:
             return _run(cfg)
@@ -77,6 +83,7 @@ def _run(cfg: DictConfig) -> float:
     quiet_libraries()
     hydra_cfg = HydraConfig.get()
     validate_config(cfg, overrides=list(hydra_cfg.overrides.task))  # before any data, process or heavy import
+    _log_startup()
     out_dir = Path(hydra_cfg.runtime.output_dir)
     if cfg.get("pipeline") is not None and str(cfg.pipeline.get("name", "none")) != "none":
         from recps.pipeline import run_pipeline
@@ -108,6 +115,24 @@ def _run(cfg: DictConfig) -> float:
                     cfg.objective, ", ".join(sorted(k for k, v in metrics.items() if isinstance(v, float))))
         return float("nan")
     return float(metrics[cfg.objective])
+
+
+_startup: dict[str, float] = {}
+
+
+def _log_startup() -> None:
+    """One line, the first run of this process only: how long python, the imports, Hydra's composition
+    and the config's checks took (benchmarks/startup_bench.py reads it)."""
+    if "checked" in _startup:
+        return
+    from recps.launch import process_age
+
+    now = _startup["checked"] = _time.perf_counter()
+    age = process_age()
+    before = f"python {age - (now - _IMPORTING):.2f} s, " if age is not None else ""
+    log.info("start-up %s: %simports %.2f s, Hydra's composition %.2f s, config checks %.2f s",
+             f"{age:.2f} s" if age is not None else "", before, _IMPORTED - _IMPORTING,
+             _startup["composed"] - _IMPORTED, now - _startup["composed"])
 
 
 def held_out_metric_names(cfg: DictConfig, metrics: dict[str, Any]) -> list[str]:

@@ -61,6 +61,10 @@ def run_pipeline(cfg: DictConfig, out_dir: Path) -> float:
     print and write the funnel's metrics; returns pipeline.objective (NaN in the cluster's processes)."""
     from recps.cluster import run_distributed
 
+    if cfg.get("stream") is not None and bool(cfg.stream.get("enabled", False)):
+        from recps.pipeline.stream import run_funnel_stream
+
+        return run_funnel_stream(cfg, out_dir)  # every stage pass by pass (recps.pipeline.stream)
     if cfg.ps.name not in ("sync", "async", "geo"):
         raise ConfigError(f"pipeline={cfg.pipeline.name} trains on the parameter server; ps={cfg.ps.name!r}: "
                           "drop ps=local (each stage's mode is pipeline.stages.<stage>.ps)")

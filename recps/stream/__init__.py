@@ -6,6 +6,7 @@ donefiles, committed atomically), recps.stream.worker (the loop, exactly-once re
 """
 
 from recps.stream.plan import Pass, StreamConfig, StreamPlan
-from recps.stream.worker import resume_point, run_stream, stream_work
+from recps.stream.worker import PassLoop, check_stream_out, resume_point, run_stream, stream_config, stream_work
 
-__all__ = ["Pass", "StreamConfig", "StreamPlan", "resume_point", "run_stream", "stream_work"]
+__all__ = ["Pass", "StreamConfig", "StreamPlan", "PassLoop", "check_stream_out", "resume_point", "run_stream",
+           "stream_config", "stream_work"]

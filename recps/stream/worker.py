@@ -43,7 +43,7 @@ from recps.errors import ConfigError
 from recps.stream.donefile import BASE_DONEFILE, DAY_MODEL_PASS, PATCH_DONEFILE, Donefiles, ModelRecord
 from recps.stream.plan import Pass, StreamConfig, StreamPlan, next_day
 
-__all__ = ["run_stream", "stream_work", "resume_point", "Resume", "enabled"]
+__all__ = ["run_stream", "stream_work", "resume_point", "Resume", "enabled", "PassLoop", "check_stream_out", "stream_config"]
 
 log = logging.getLogger("recps.stream")
 
@@ -561,3 +561,10 @@ def stream_work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequ
                        train_steps=sum(r["steps"] for r in passes), train_seconds=seconds)
         (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True, default=str) + "\n")
         return metrics
+
+
+# For pass loops over another trainer (recps.pipeline.stream: the funnel, every stage on the same servers):
+# the loop whose `_share`, `_evaluate` and `_train` a subclass replaces (its waits, saves, donefiles, day
+# ends and restarts stay these), and the launcher's checks of stream.out.
+PassLoop = _Loop
+check_stream_out = _check_out

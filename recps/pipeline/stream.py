@@ -1,0 +1,625 @@
+"""The streaming funnel (issue 16 point 7): `python -m recps.train pipeline=video_funnel stream=hourly ...`.
+
+Every stage of the funnel trains pass by pass from time-partitioned impressions (HDFS or any recps.fs URL),
+each stage in its own PS mode, on ONE set of servers for the whole stream. The pass loop is the stream's
+(recps.stream.worker.PassLoop: waits for the splits' donefiles, Paddle's save modes, donefiles, day ends,
+exactly-once restarts); this module gives it the funnel's three steps:
+
+    read     the pass's impression files (user_id, item_id, time, click, long_view; `write_world_passes`
+             writes a generated world's train impressions in that layout), every worker the whole pass
+    evaluate worker 0 runs the whole funnel as trained up to the previous pass on the world's held-out
+             requests (recps.pipeline.evaluate; seen items and item statistics from the passes before this
+             one); the other workers wait. The first pass of a fresh stream has no model yet: nothing is
+             evaluated. Each pass's record in <run dir>/stream_metrics.jsonl holds the metrics flat
+             (ndcg@10, stage/<stage>/pass_through, most_popular/ndcg@10, ...) and `evaluated_model`, the
+             pass whose exports were evaluated with their sha256
+    train    each stage in order on the pass's impressions (a ranker also on its upstream's candidates from
+             this pass's freshly trained upstream, as recps.pipeline.runner), its own mode's communicator
+             flushed (not closed: it trains again next pass), a barrier; then the stage is exported from
+             what the servers hold (<run dir>/funnel/<day>-<pass>/<stage>.pt, and the latest in
+             <run dir>/funnel/ for recps.pipeline.recommend) and, for recall, the item index rebuilt
+
+A pass's checkpoint, delta, base and day model (saved by PassLoop on worker 0 after every worker's
+pushes are applied) hold every stage's tables: `<stage>_<feature>` sparse tables and `<stage>_dense`
+dense tables live on the same servers, so one checkpoint covers the funnel and a restart of the same
+command resumes after the last recorded pass with every stage's rows, dense values and GEO replicas.
+
+Item statistics (the `exposures` feature) and the seen filter come from the passes read so far: what a
+production funnel knows at that time. Shapes: N impressions, U users, I items.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from recps import fs as rfs
+from recps.errors import ConfigError, DataError
+from recps.pipeline.config import StageSpec, check_data, pipeline_specs
+from recps.pipeline.data import FunnelData, csr_from_pairs, exposure_bucket
+from recps.pipeline.funnel import (EXPORT_DIR, Funnel, build_index, build_stage_model, dense_width, export_stage,
+                                   load_stage, stage_collection)
+from recps.pipeline.runner import _assign_flat, load_world, training_examples
+from recps.stream import PassLoop, check_stream_out, resume_point, stream_config
+
+__all__ = ["Impressions", "write_world_passes", "read_pass", "funnel_view", "run_funnel_stream",
+           "funnel_stream_work", "flat_metrics", "main"]
+
+log = logging.getLogger("recps.pipeline")
+
+PASS_FILE = "part-00000.parquet"
+COLUMNS = ("user_id", "item_id", "time", "click", "long_view")
+_EVAL_TIMEOUT_S = 3600.0  # how long the other workers wait for worker 0's evaluation of the funnel
+
+
+# ------------------------------------------------------------------------------ the pass files
+
+
+@dataclass(frozen=True)
+class Impressions:
+    """Impressions: users (N,), items (N,) int64, labels (N, 2) float32 (click, long_view)."""
+
+    users: torch.Tensor
+    items: torch.Tensor
+    labels: torch.Tensor
+
+    @staticmethod
+    def empty() -> "Impressions":
+        return Impressions(torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64), torch.zeros(0, 2))
+
+    def __len__(self) -> int:
+        return int(self.users.numel())
+
+    def __add__(self, other: "Impressions") -> "Impressions":
+        return Impressions(torch.cat([self.users, other.users]), torch.cat([self.items, other.items]),
+                           torch.cat([self.labels, other.labels]))
+
+
+def write_world_passes(world_dir: str, root: str, start_day: str, days: int, hours: int, split_interval: int = 60,
+                       layout: str = "hhmm", donefile: str = "_SUCCESS", overwrite: bool = False) -> dict[str, Any]:
+    """A generated video world's train impressions (recps.data.video_world, under `world_dir`) as a stream:
+    `days` days from `start_day`, each day's first `hours` hours in splits of `split_interval` minutes, split
+    s holding the impressions of the s-th of as many equal time windows over the world's train period (its
+    30 days compressed into the stream's splits, in time order). Each split folder gets PASS_FILE (parquet,
+    COLUMNS) and then its `donefile`, both written atomically. Raises FileExistsError before writing
+    anything when a split is complete already (unless `overwrite`). Returns {"splits": [...], "rows": [...]}."""
+    from recps.data.partitions import split_path
+    from recps.data.video_world import load
+    from recps.stream.plan import next_day, parse_day
+
+    day = parse_day(start_day, "start_day")
+    if days < 1 or not 1 <= hours <= 24 or split_interval < 1 or (60 * hours) % split_interval:
+        raise ConfigError(f"write_world_passes: days={days}, hours={hours}, split_interval={split_interval}; give "
+                          "days >= 1, hours in [1, 24] and a split_interval dividing the day's minutes")
+    folders = []
+    for _ in range(days):
+        folders += [split_path(root, day, m, layout) for m in range(0, 60 * hours, split_interval)]
+        day = next_day(day)
+    done = [f for f in folders if rfs.exists(rfs.join(f, donefile))]
+    if done and not overwrite:
+        raise FileExistsError(f"stream split {done[0]} is complete (its {donefile} exists); it is never "
+                              "overwritten: write elsewhere or pass overwrite=True (--overwrite)")
+    train = load(world_dir).train
+    times = train["time"].to_numpy(np.int64)
+    lo, span = int(times.min()), int(times.max()) - int(times.min()) + 1
+    split = (times - lo) * len(folders) // span  # (N,) the split of each impression
+    order = np.argsort(split, kind="stable")
+    bounds = np.searchsorted(split[order], np.arange(len(folders) + 1))
+    frame = train[list(COLUMNS)].iloc[order]
+    rows = []
+    for s, folder in enumerate(folders):
+        part = frame.iloc[bounds[s]:bounds[s + 1]]
+        buffer = io.BytesIO()
+        part.to_parquet(buffer, index=False)
+        rfs.write_atomic(rfs.join(folder, PASS_FILE), buffer.getvalue(), overwrite=True)
+        rfs.write_atomic(rfs.join(folder, donefile), b"", overwrite=True)  # last: the split is ready
+        rows.append(len(part))
+    log.info("stream of %s: %d splits under %s, %d impressions (%d to %d a split)", world_dir, len(folders), root,
+             sum(rows), min(rows), max(rows))
+    return {"splits": folders, "rows": rows}
+
+
+def read_pass(files: Sequence[str], num_users: int, num_items: int) -> Impressions:
+    """The impressions of a pass's files (parquet with COLUMNS); ids outside the world are a DataError
+    naming the file."""
+    import pandas as pd
+
+    parts = []
+    for f in files:
+        try:
+            frame = pd.read_parquet(io.BytesIO(rfs.read_bytes(f)), columns=list(COLUMNS))
+        except (ValueError, KeyError, OSError) as exc:
+            raise DataError(f"stream file {f}: not a funnel impressions file with columns {list(COLUMNS)} ({exc}); "
+                            "write the passes with recps.pipeline.stream.write_world_passes") from exc
+        users, items = frame["user_id"].to_numpy(np.int64), frame["item_id"].to_numpy(np.int64)
+        bad = (users < 0) | (users >= num_users) | (items < 0) | (items >= num_items)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise DataError(f"stream file {f} row {i}: user {users[i]}, item {items[i]} outside the world's "
+                            f"{num_users} users and {num_items} items; stream.root holds another world's passes "
+                            "than pipeline.world: write them from this world")
+        labels = np.stack([frame["click"].to_numpy(np.float32), frame["long_view"].to_numpy(np.float32)], 1)
+        parts.append(Impressions(torch.from_numpy(users), torch.from_numpy(items), torch.from_numpy(labels)))
+    out = Impressions.empty()
+    for p in parts:
+        out = out + p
+    return out
+
+
+def funnel_view(world: FunnelData, history: Impressions, current: Impressions | None = None) -> FunnelData:
+    """The world as the funnel knows it at a pass: seen items and the `exposures` item statistics from
+    `history` (+ `current`), training impressions `current` (None: `history`, what evaluation's
+    most-popular baseline counts). Users, items, held-out requests and the world's ideal are the world's."""
+    known = history if current is None else history + current
+    train = history if current is None else current
+    item_features = dict(world.item_features)
+    if "exposures" in item_features:
+        item_features["exposures"] = exposure_bucket(known.items, world.num_items)
+    return replace(world, item_features=item_features, train_user=train.users, train_item=train.items,
+                   train_labels=train.labels, seen=csr_from_pairs(known.users, known.items, world.num_users))
+
+
+def flat_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """evaluate_funnel's metrics as one flat dict of numbers: the funnel's as they are (ndcg@10),
+    `stage/<stage>/<metric>`, `<baseline>/<metric>`, `requests`, `positives`."""
+    out: dict[str, float] = {}
+    for k, v in (metrics.get("funnel") or {}).items():
+        out[k] = float(v)
+    for stage, row in (metrics.get("stages") or {}).items():
+        out.update({f"stage/{stage}/{k}": float(v) for k, v in row.items() if isinstance(v, (int, float))})
+    for name, row in (metrics.get("baselines") or {}).items():
+        out.update({f"{name}/{k}": float(v) for k, v in row.items() if isinstance(v, (int, float))})
+    for k in ("requests", "positives", "eval_seconds"):
+        if isinstance(metrics.get(k), (int, float)):
+            out[k] = float(metrics[k])
+    return out
+
+
+# ------------------------------------------------------------------------------------ a stage
+
+
+class _StageTrainer:
+    """One stage's model, dense table `<stage>_dense` and trainer, kept for the whole stream."""
+
+    def __init__(self, fleet, spec: StageSpec, specs: Sequence[StageSpec], role, timeout_s: float) -> None:
+        from hydra.utils import instantiate
+
+        from recps.trainer import dense_parameters
+
+        self.fleet, self.spec, self.role, self.timeout_s = fleet, spec, role, timeout_s
+        self.collection = stage_collection(spec)
+        self.num_dense = dense_width(spec, specs)
+        self.model = build_stage_model(spec, self.collection, self.num_dense)
+        task_cfg = OmegaConf.to_container(spec.task, resolve=True)
+        task_cfg.pop("objective", None)
+        self.task = instantiate(task_cfg, _convert_="all")
+        self.dense = [p for _, p in dense_parameters(self.model, self.collection)]
+        self.optimizer = instantiate(spec.optimizer)(self.dense)
+        self.named = {f"param{i}": p for i, p in enumerate(self.dense)}
+        self.table = f"{spec.name}_dense"
+        self.trainer = None
+
+    def create_table(self) -> None:
+        """The stage's dense table on the servers (every worker; the first one's values win)."""
+        self.fleet.client.create_dense_table(self.table, {n: p.detach() for n, p in self.named.items()},
+                                             optimizer=self.spec.mode.dense_rule(self.optimizer),
+                                             mode=self.spec.mode.name)
+
+    def server_values(self) -> torch.Tensor:
+        return self.fleet.client.pull_dense(self.table).wait(self.timeout_s)
+
+    def start(self) -> None:
+        """After the tables exist (and a resumed checkpoint was loaded): the servers' dense values, the
+        stage mode's updater, the trainer."""
+        from recps.trainer import Trainer
+
+        mode = self.spec.mode
+        _assign_flat(self.dense, self.server_values())  # every worker starts equal
+        updater = mode.dense_updater(self.named, self.optimizer, self.collection.communicator, self.table)
+        self.trainer = Trainer(self.model, self.collection, self.task, updater, threads=self.spec.threads,
+                               prefetch=mode.prefetches)
+
+    def fit(self, examples, seed: int, pass_name: str) -> dict[str, Any]:
+        """One pass of the stage on `examples` (this worker's shard), every push applied, all workers met."""
+        from recps.data.dataset import ExamplesSource
+        from recps.data.sharding import WorkerShards
+
+        s, mode = self.spec, self.spec.mode
+        if mode.name != "geo":  # sync / async: the servers hold the dense values (geo: the local replica trains on)
+            _assign_flat(self.dense, self.server_values())
+        source = WorkerShards(ExamplesSource(examples, shuffle=True, seed=seed), self.role.index, self.role.num_workers)
+        per_thread = -1
+        if mode.name == "sync":  # every thread of every worker takes the same steps (all read the same pass)
+            per_thread = min(source.shard_batches(s.batch_size, s.threads))
+        start = time.perf_counter()
+        steps = examples_n = 0
+        loss = float("nan")
+        if per_thread != 0:
+            stats = self.trainer.fit(source, s.batch_size, epochs=s.epochs, max_steps=s.max_steps, progress=False,
+                                     thread_steps_per_epoch=per_thread)
+            steps, examples_n, loss = stats.steps, stats.examples, stats.last_loss
+        else:
+            log.warning("stream pass %s: stage %s has fewer than %d batches of %d rows: not trained on it (sync)",
+                        pass_name, s.name, s.threads * self.role.num_workers, s.batch_size)
+        self.collection.communicator.flush()  # every push applied (geo: the last deltas); it trains again next pass
+        self.fleet.client.barrier(f"pipeline.stream.{pass_name}.{s.name}.trained", timeout=self.timeout_s)
+        seconds = time.perf_counter() - start
+        log.info("%s: pass %s stage %s (%s): %d steps, %d examples, loss %.4f", self.role.name, pass_name, s.name,
+                 mode.name, steps, examples_n, loss)
+        return {"mode": mode.name, "steps": steps, "examples": examples_n, "train_rows": len(examples),
+                "seconds": round(seconds, 3), "loss": loss}
+
+    def export(self, view: FunnelData) -> bytes:
+        """The stage as the servers hold it now (rows and dense values); this worker's own dense values
+        stay (geo's replica trains on from them)."""
+        own = [p.detach().clone() for p in self.dense]
+        _assign_flat(self.dense, self.server_values())
+        try:
+            with self.fleet.reading_servers():
+                return export_stage(self.spec, self.model, self.collection, view, self.num_dense)
+        finally:
+            _assign_flat(self.dense, torch.cat([p.reshape(-1) for p in own]) if own else torch.zeros(0))
+
+
+# ------------------------------------------------------------------------------------ the loop
+
+
+@dataclass
+class _Tables:
+    """What PassLoop reads of a job's collection: the sparse tables it saves, counts and shrinks."""
+
+    dims: dict[str, int]
+
+    def table_dims(self) -> dict[str, int]:
+        return self.dims
+
+
+@dataclass
+class _FunnelJob:
+    collection: _Tables
+    steps_done: int = 0
+    trainer: Any = None
+
+
+@dataclass
+class _PassData:
+    impressions: Impressions
+    files: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _PassStats:  # what PassLoop.run reads of a pass's training (recps.trainer.TrainStats' fields)
+    steps: int
+    examples: int
+    seconds: float
+    last_loss: float
+    positions: list
+
+    @property
+    def examples_per_sec(self) -> float:
+        return self.examples / self.seconds if self.seconds > 0 else 0.0
+
+
+class FunnelLoop(PassLoop):
+    """PassLoop with the funnel's read, evaluate and train (see the module docstring)."""
+
+    def __init__(self, cfg, role, out_dir: Path, fleet, strategy, config, resume, tables, *, specs, world,
+                 trainers: dict[str, _StageTrainer], history: Impressions, steps: int) -> None:
+        super().__init__(cfg, role, out_dir, _FunnelJob(_Tables({t: 0 for t in tables["sparse"]}), steps), fleet,
+                         strategy, config, resume, [*tables["sparse"], *tables["dense"]])
+        self.specs, self.world, self.trainers = specs, world, trainers
+        self.history = history
+        self.stages: dict[str, Any] = {}
+        self.index = None
+        self.model_pass: str | None = None  # the pass whose training the current exports hold
+        self.model_sha: dict[str, str] = {}
+        self.pending: dict[str, Any] = {}  # worker 0: what this pass's record gets beside PassLoop's fields
+        self.export_root = rfs.join(str(Path(out_dir).resolve()), EXPORT_DIR)
+
+    # -- the three steps ----------------------------------------------------------------------------
+
+    def _share(self, p):
+        from recps.stream.source import pass_files, wait_for_splits
+
+        c = self.config
+        folders = self.plan.split_folders(p)
+        waited = wait_for_splits(folders, c.data_donefile, sleep_s=c.data_sleep_second, timeout_s=c.wait_timeout_s)
+        files = pass_files(folders)
+        return _PassData(read_pass(files, self.world.num_users, self.world.num_items), files), waited, len(files)
+
+    def _evaluate(self, source: _PassData) -> dict[str, float]:
+        """Worker 0: the whole funnel as trained up to the previous pass, on the held-out requests."""
+        from recps.pipeline.evaluate import evaluate_funnel
+
+        if not self.stages:
+            self.pending = {"evaluated_model": None}  # a fresh stream's first pass: no model yet
+            return {}
+        out: dict[str, float] = {}
+        if self.role.index == 0:
+            funnel = Funnel(self.specs, self.stages, self.index, funnel_view(self.world, self.history))
+            metrics = evaluate_funnel(funnel, self.cfg)
+            metrics.pop("final_lists", None)
+            out = flat_metrics(metrics)
+            self.pending = {"evaluated_model": {"pass": self.model_pass, "sha256": dict(self.model_sha)}}
+            log.info("stream funnel, pass %d before training: ndcg@%d %.4f, hit_rate %.4f (the model of pass %s)",
+                     self.passes_done + 1, int(self.cfg.pipeline.top_n),
+                     out.get(f"ndcg@{int(self.cfg.pipeline.top_n)}", float("nan")), out.get("hit_rate", float("nan")),
+                     self.model_pass)
+        self.fleet.barrier(f"pipeline.stream.{len(self.history)}.evaluated", timeout=_EVAL_TIMEOUT_S)
+        return out
+
+    def _train(self, source: _PassData) -> _PassStats:
+        current = source.impressions
+        pass_name = f"{self.passes_done + 1}"
+        view = funnel_view(self.world, self.history, current)
+        seed = int(self.cfg.seed)
+        stages: dict[str, Any] = {}
+        index = None
+        trained: dict[str, Any] = {}
+        folder = rfs.join(self.export_root, f"pass-{self.passes_done + 1:05d}")
+        for s in self.specs:
+            funnel = Funnel(self.specs, stages, index, view) if stages else None
+            t = time.perf_counter()
+            examples = training_examples(s, self.specs, view, funnel, seed + s.index + 1000 * self.passes_done)
+            prepare_s = time.perf_counter() - t
+            trained[s.name] = self.trainers[s.name].fit(examples, seed + s.index + 1000 * self.passes_done, pass_name)
+            trained[s.name]["prepare_seconds"] = round(prepare_s, 3)
+            blob = self.trainers[s.name].export(view)
+            trained[s.name]["export_sha256"] = hashlib.sha256(blob).hexdigest()
+            if self.role.index == 0:
+                rfs.write_atomic(rfs.join(folder, f"{s.name}.pt"), blob, overwrite=True)
+                rfs.write_atomic(rfs.join(self.export_root, f"{s.name}.pt"), blob, overwrite=True)
+            stages[s.name] = load_stage(s, blob)
+            if s.is_retrieval:
+                vectors = stages[s.name].vectors(view, items=torch.arange(view.num_items))  # (I, E)
+                index = build_index(vectors, OmegaConf.to_container(self.cfg.pipeline.index, resolve=True))
+                if self.role.index == 0:
+                    index.save(rfs.join(self.export_root, "items.ann"), overwrite=True)
+        self.history = self.history + current
+        self.stages, self.index = stages, index
+        self.model_sha = {n: t["export_sha256"] for n, t in trained.items()}
+        self.pending["stages"] = trained
+        self.pending["exports"] = folder
+        steps = sum(t["steps"] for t in trained.values())
+        examples = sum(t["examples"] for t in trained.values())
+        seconds = sum(t["seconds"] for t in trained.values())
+        return _PassStats(steps, examples, seconds, trained[self.specs[-1].name]["loss"],
+                          [(self.passes_done, 0)] * self.specs[0].threads)
+
+    def _log(self, record: dict) -> None:
+        record.update(self.pending)
+        self.model_pass = f"{record['day']}/{record['pass']}"
+        self.pending = {}
+        super()._log(record)
+
+    def refresh(self) -> None:
+        """A resumed job: every stage exported from what the servers loaded (the next pass's evaluation
+        reads the model of the last recorded pass)."""
+        view = funnel_view(self.world, self.history)
+        for s in self.specs:
+            blob = self.trainers[s.name].export(view)
+            self.model_sha[s.name] = hashlib.sha256(blob).hexdigest()
+            self.stages[s.name] = load_stage(s, blob)
+            if s.is_retrieval:
+                vectors = self.stages[s.name].vectors(view, items=torch.arange(view.num_items))
+                self.index = build_index(vectors, OmegaConf.to_container(self.cfg.pipeline.index, resolve=True))
+        self.model_pass = self.resume.folder
+
+
+
+# ---------------------------------------------------------------------------------- the processes
+
+
+def _stage_tables(specs: Sequence[StageSpec]) -> dict[str, list[str]]:
+    sparse = [t for s in specs for t in stage_collection(s).table_dims()]
+    return {"sparse": sparse, "dense": [f"{s.name}_dense" for s in specs]}
+
+
+def _passes_before(config, stop) -> list:
+    """The stream's passes from its first one up to `stop` (excluded; None: all, up to stream.end_day)."""
+    from recps.stream.plan import StreamPlan
+
+    plan, out = StreamPlan(config), []
+    for day in plan.days(config.start_day):
+        for p in plan.passes_of_day(day):
+            if stop is not None and p == stop:
+                return out
+            out.append(p)
+    return out
+
+
+def funnel_stream_work(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -> dict[str, Any] | None:
+    """A worker of the streaming funnel (recps.cluster.run_role's `work`); worker 0 returns the metrics."""
+    import os
+
+    from recps.checkpoint import verify_ps_checkpoint
+    from recps.cluster import fleet_for, load_worker_state, on_this_machine
+    from recps.ps.fleet import DistributedStrategy
+    from recps.run import seed_everything
+    from recps.stream.plan import StreamPlan
+    from recps.stream.source import pass_files
+
+    config = stream_config(cfg)
+    resume = resume_point(config)  # before init_worker's barrier: worker 0 appends records only after it
+    specs = pipeline_specs(cfg)
+    world = data if isinstance(data, FunnelData) else load_world(cfg)
+    seed_everything(int(cfg.seed))
+    if on_this_machine(role):
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // role.num_workers))
+    tables = _stage_tables(specs)
+    timeout_s = max(float(s.mode.timeout_s) for s in specs) * 10
+    manifest = None
+    if resume.folder:
+        manifest = verify_ps_checkpoint(resume.folder, needed=[*tables["sparse"], *tables["dense"]],
+                                        worker_states=False)
+    history = Impressions.empty()
+    plan = StreamPlan(config)
+    for p in _passes_before(config, resume.next) if resume.folder else ():  # seen items, item statistics
+        history = history + read_pass(pass_files(plan.split_folders(p)), world.num_users, world.num_items)
+    with fleet_for(cfg, role) as fleet:
+        trainers = {s.name: _StageTrainer(fleet, s, specs, role, timeout_s) for s in specs}
+        for s in specs:
+            fleet.add_collection(trainers[s.name].collection, mode=s.mode)
+        strategy = DistributedStrategy(mode=specs[0].mode, threads=specs[0].threads)
+        fleet.init_worker(strategy, load_from=resume.folder)  # every stage's sparse tables, loaded if resumed
+        for t in trainers.values():
+            t.create_table()
+        fleet.client.barrier("pipeline.stream.tables", timeout=timeout_s)
+        if manifest is not None:
+            if role.index == 0:  # the stages' dense tables of the checkpoint (init_worker loads the sparse ones)
+                fleet.client.load(resume.folder, tables=tables["dense"], timeout=timeout_s)
+            fleet.client.barrier("pipeline.stream.loaded", timeout=timeout_s)
+        for t in trainers.values():
+            t.start()
+        if manifest is not None:
+            workers = manifest["progress"].get("workers") or []
+            same = len(workers) == role.num_workers
+            files = [w["state_file"] for w in (workers[role.index:role.index + 1] if same else workers)
+                     if w.get("state_file")]
+            if files:  # geo: the replicas' state
+                load_worker_state(resume.folder, manifest, files, fleet)
+            log.info("%s resumes the streaming funnel %s from %s; next pass %s", role.name, config.root,
+                     resume.folder, resume.next.name if resume.next else "none")
+        loop = FunnelLoop(cfg, role, out_dir, fleet, strategy, config, resume, tables, specs=specs, world=world,
+                          trainers=trainers, history=history, steps=resume.steps)
+        if resume.folder:
+            loop.refresh()
+        records = loop.run()
+        fleet.close_communicators()
+        server_tables = {s.name: {t: fleet.client.table_spec(t)["mode"]
+                                  for t in [*trainers[s.name].collection.table_dims(), f"{s.name}_dense"]}
+                         for s in specs}
+        fleet.barrier("pipeline.stream.done", timeout=loop.timeout_s)
+        if role.index != 0:
+            return None
+        passes = [r for r in records if "pass" in r]
+        metrics: dict[str, Any] = {"stream": {"root": config.root, "out": config.out, "passes": records,
+                                              "resumed_from": resume.folder},
+                                   "pipeline": str(cfg.pipeline.name), "stage_order": [s.name for s in specs],
+                                   "server_tables": server_tables, "workers": role.num_workers,
+                                   "servers": role.num_servers,
+                                   "train_steps": sum(r["steps"] for r in passes),
+                                   "train_examples": sum(r["examples"] for r in passes)}
+        evaluated = [r for r in passes if r.get("eval")]
+        if evaluated:
+            metrics["funnel"] = evaluated[-1]["eval"]  # the last pass's, before training on it
+            metrics.update(evaluated[-1]["eval"])  # flat too: a sweep's objective
+        rfs.write_atomic(str(Path(out_dir) / "metrics.json"),
+                         json.dumps(metrics, indent=2, sort_keys=True, default=str) + "\n", overwrite=True)
+        return metrics
+
+
+def _fill_accessors(cfg: DictConfig, specs: Sequence[StageSpec]) -> None:
+    """stream=hourly sets the CTR accessor (what deltas, bases and shrink select by) on ps.table; a stage
+    whose ps.table.accessor is null takes it (the stages' ps groups are composed apart from cfg.ps)."""
+    accessor = cfg.ps.table.get("accessor")
+    for s in specs:
+        node = cfg.pipeline.stages[s.name].ps.table
+        if node.get("accessor") is None:
+            node.accessor = OmegaConf.create(OmegaConf.to_container(accessor, resolve=True))
+
+
+def _check(cfg: DictConfig) -> None:
+    """The combinations a streaming funnel refuses, before any process starts."""
+    from recps.config import cluster_checkpoint_every
+
+    steps, seconds = cluster_checkpoint_every(cfg)
+    if steps is not None or seconds is not None:
+        raise ConfigError("cluster.checkpoint_every is set with pipeline=... stream=hourly: the streaming funnel "
+                          "checkpoints every stage after a pass (stream.checkpoint_per_pass); drop "
+                          "cluster.checkpoint_every")
+    if cfg.trainer.get("resume"):
+        raise ConfigError(f"trainer.resume={cfg.trainer.resume} with stream=hourly: a stream resumes from its "
+                          f"records in stream.out ({cfg.stream.get('out')}); drop trainer.resume")
+    for name, stage in cfg.pipeline.stages.items():
+        if stage.ps.get("checkpoint_every_steps") or stage.ps.get("checkpoint_every_seconds"):
+            raise ConfigError(f"pipeline.stages.{name}.ps.checkpoint_every_*: the streaming funnel checkpoints "
+                              "after each pass (stream.checkpoint_per_pass); drop it")
+
+
+def run_funnel_stream(cfg: DictConfig, out_dir: Path) -> float:
+    """recps.pipeline.run_pipeline's entry with stream.enabled: check, launch (or be one of the cluster's
+    processes), print each pass's funnel metrics; returns pipeline.objective of the last evaluated pass."""
+    from recps.cluster import run_distributed
+
+    if cfg.ps.table.get("accessor") is None:
+        raise ConfigError("stream=hourly needs the tables' CTR accessor (deltas, bases and shrink select by it); "
+                          "ps.table.accessor is null: drop that override (stream=hourly sets it)")
+    config = stream_config(cfg)  # a bad stream key fails here, before any process starts
+    _check(cfg)
+    specs = pipeline_specs(cfg)  # a bad stage too
+    _fill_accessors(cfg, specs)
+
+    def before_launch(c, mode, d) -> None:
+        check_data(specs, load_world(c))
+        check_stream_out(c, config)
+
+    metrics = run_distributed(cfg, out_dir, work=funnel_stream_work, before_launch=before_launch)
+    if metrics is None:
+        return float("nan")
+    for line in summary_lines(metrics, int(cfg.pipeline.top_n)):
+        print(f"[recps] {line}")  # entry point: the lines a user reads
+    print(f"[recps] metrics: {Path(out_dir) / 'metrics.json'}, per pass: {Path(out_dir) / 'stream_metrics.jsonl'}")
+    value = metrics.get(str(cfg.pipeline.get("objective") or "ndcg@10"))
+    return float(value) if isinstance(value, (int, float)) else float("nan")
+
+
+def summary_lines(metrics: dict[str, Any], top_n: int = 10) -> list[str]:
+    """A line per pass: its funnel metrics before training, then each stage's mode and steps."""
+    lines = []
+    for r in (metrics.get("stream") or {}).get("passes") or ():
+        if "pass" not in r:
+            continue
+        e = r.get("eval") or {}
+        head = f"pass {r['day']}/{r['pass']}: "
+        if e:
+            head += (f"before training (model of {(r.get('evaluated_model') or {}).get('pass')}) "
+                     f"ndcg@{top_n}={e.get(f'ndcg@{top_n}', float('nan')):.4f} "
+                     f"hit_rate={e.get('hit_rate', float('nan')):.4f} "
+                     f"most_popular ndcg@{top_n}={e.get(f'most_popular/ndcg@{top_n}', float('nan')):.4f}; ")
+        else:
+            head += "no model before it; "
+        head += ", ".join(f"{n} {t.get('mode')} {t.get('steps')} steps" for n, t in (r.get("stages") or {}).items())
+        lines.append(head + f" ({r.get('pass_s', float('nan'))} s)")
+    return lines
+
+
+# ------------------------------------------------------------------------------------------ CLI
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """python -m recps.pipeline.stream --world DIR --root URL --start-day YYYYMMDD [--days N --hours H]"""
+    p = argparse.ArgumentParser(prog="python -m recps.pipeline.stream",
+                                description="Write a generated video world's train impressions as hourly passes.")
+    p.add_argument("--world", required=True, help="the world's folder (python -m recps.data.video_world --out)")
+    p.add_argument("--root", required=True, help="the stream's root (stream.root), any recps.fs URL")
+    p.add_argument("--start-day", required=True)
+    p.add_argument("--days", type=int, default=1)
+    p.add_argument("--hours", type=int, default=24)
+    p.add_argument("--split-interval", type=int, default=60)
+    p.add_argument("--layout", default="hhmm")
+    p.add_argument("--overwrite", action="store_true")
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    try:
+        out = write_world_passes(a.world, a.root, a.start_day, a.days, a.hours, a.split_interval, a.layout,
+                                 overwrite=a.overwrite)
+    except (ConfigError, DataError, FileExistsError) as e:
+        p.error(str(e))
+    print(json.dumps({"splits": len(out["splits"]), "rows": out["rows"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -324,6 +324,7 @@ class FunnelLoop(PassLoop):
         self.index = None
         self.model_pass: str | None = None  # the pass whose training the current exports hold
         self.model_sha: dict[str, str] = {}
+        self.model_from: str | None = None  # the checkpoint a resumed job's first evaluated model was loaded from
         self.pending: dict[str, Any] = {}  # worker 0: what this pass's record gets beside PassLoop's fields
         self.export_root = rfs.join(str(Path(out_dir).resolve()), EXPORT_DIR)
 
@@ -342,7 +343,9 @@ class FunnelLoop(PassLoop):
         """Worker 0: the whole funnel as trained up to the previous pass, on the held-out requests."""
         from recps.pipeline.evaluate import evaluate_funnel
 
-        if not self.stages:
+        if not self.stages and self.resume.folder and self.role.index == 0:
+            self.refresh()  # a resumed job (after PassLoop redid a day end cut short): the servers' model
+        if not self.stages and not (self.resume.folder and self.role.index != 0):
             self.pending = {"evaluated_model": None}  # a fresh stream's first pass: no model yet
             return {}
         out: dict[str, float] = {}
@@ -351,12 +354,14 @@ class FunnelLoop(PassLoop):
             metrics = evaluate_funnel(funnel, self.cfg)
             metrics.pop("final_lists", None)
             out = flat_metrics(metrics)
-            self.pending = {"evaluated_model": {"pass": self.model_pass, "sha256": dict(self.model_sha)}}
+            self.pending = {"evaluated_model": {"pass": self.model_pass, "sha256": dict(self.model_sha),
+                                                "loaded_from": self.model_from}}
+            self.model_from = None
             log.info("stream funnel, pass %d before training: ndcg@%d %.4f, hit_rate %.4f (the model of pass %s)",
                      self.passes_done + 1, int(self.cfg.pipeline.top_n),
                      out.get(f"ndcg@{int(self.cfg.pipeline.top_n)}", float("nan")), out.get("hit_rate", float("nan")),
                      self.model_pass)
-        self.fleet.barrier(f"pipeline.stream.{len(self.history)}.evaluated", timeout=_EVAL_TIMEOUT_S)
+        self.fleet.barrier(f"pipeline.stream.{self.passes_done + 1}.evaluated", timeout=_EVAL_TIMEOUT_S)
         return out
 
     def _train(self, source: _PassData) -> _PassStats:
@@ -404,8 +409,8 @@ class FunnelLoop(PassLoop):
         super()._log(record)
 
     def refresh(self) -> None:
-        """A resumed job: every stage exported from what the servers loaded (the next pass's evaluation
-        reads the model of the last recorded pass)."""
+        """A resumed job (worker 0, before its first pass's evaluation): every stage exported from what the
+        servers loaded, so that the evaluation reads the model of the last recorded pass."""
         view = funnel_view(self.world, self.history)
         for s in self.specs:
             blob = self.trainers[s.name].export(view)
@@ -414,7 +419,8 @@ class FunnelLoop(PassLoop):
             if s.is_retrieval:
                 vectors = self.stages[s.name].vectors(view, items=torch.arange(view.num_items))
                 self.index = build_index(vectors, OmegaConf.to_container(self.cfg.pipeline.index, resolve=True))
-        self.model_pass = self.resume.folder
+        self.model_pass = "/".join(str(self.resume.folder).rstrip("/").split("/")[-2:])  # <day>/<pass>
+        self.model_from = self.resume.folder
 
 
 
@@ -493,8 +499,6 @@ def funnel_stream_work(cfg: DictConfig, role, out_dir: Path, data=None, observer
                      resume.folder, resume.next.name if resume.next else "none")
         loop = FunnelLoop(cfg, role, out_dir, fleet, strategy, config, resume, tables, specs=specs, world=world,
                           trainers=trainers, history=history, steps=resume.steps)
-        if resume.folder:
-            loop.refresh()
         records = loop.run()
         fleet.close_communicators()
         server_tables = {s.name: {t: fleet.client.table_spec(t)["mode"]

@@ -1,12 +1,13 @@
 """The streaming funnel (issue 16 point 7): `python -m recps.train pipeline=video_funnel stream=hourly` on the
-real HDFS of tests/hdfs/, a tiny generated world written as a 2-pass stream (1 day x 2 hourly splits).
+real HDFS of tests/hdfs/, a tiny generated world written as a 2-pass stream (2 days x 1 hourly split),
+trained in two runs: day 1, then the same stream resumed for day 2.
 
 Checked: bad combinations fail before any process starts naming the key and the fix; each pass's record
 holds the whole funnel's metrics before its training (none before the first: no model yet); every stage
 trained on every pass in its own mode (the servers' tags) and its tables changed between the two pass
 checkpoints on HDFS (each checkpoint holds every stage's tables); pass 2's evaluation is pass 1's model:
-the metrics recomputed here from pass 1's exports equal the recorded ones; the donefile records one
-checkpoint per pass; rerunning the finished command trains nothing and records nothing twice."""
+after the restart, the exports of the reloaded model are pass 1's byte for byte and the metrics recomputed
+here from pass 1's exports equal the recorded ones; Paddle's donefiles record each pass and day once."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from recps.errors import ConfigError
 
 pytestmark = pytest.mark.slow
 
-DAY = "20261201"
+DAY, DAY2, DAY3 = "20261201", "20261202", "20261203"
 STAGES = {"recall": "geo", "coarse": "async", "fine": "async", "fusion": "sync"}
 TINY = [
     "pipeline=video_funnel", "stream=hourly", "cluster.workers=1",
@@ -36,11 +37,11 @@ TINY = [
     "pipeline.stages.fusion.inputs.candidates_per_user=5",
     *(f"pipeline.stages.{s}.inputs.candidate_users=0" for s in ("coarse", "fine", "fusion")),
     *(f"pipeline.stages.{s}.trainer.batch_size=128" for s in STAGES),
-    "pipeline.stages.recall.trainer.epochs=3", "pipeline.stages.coarse.trainer.epochs=1",
+    "pipeline.stages.recall.trainer.epochs=1", "pipeline.stages.coarse.trainer.epochs=1",
     "pipeline.stages.fine.trainer.epochs=1", "pipeline.stages.fusion.trainer.epochs=1",
     "pipeline.eval_users=0", "pipeline.eval_batch_users=128",
-    f"stream.start_day={DAY}", f"stream.end_day={DAY}", "stream.hours=2", "stream.data_sleep_second=0.2",
-    "stream.wait_timeout_s=60",
+    f"stream.start_day={DAY}", "stream.hours=1", "stream.data_sleep_second=0.2", "stream.wait_timeout_s=60",
+    "stream.shrink=false",  # the day end keeps every row: the resumed model is pass 1's exactly
 ]
 
 
@@ -65,15 +66,16 @@ def _train(args: list[str]) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("extra, key, fix", [
     (["cluster.checkpoint_every=50"], "cluster.checkpoint_every", "drop cluster.checkpoint_every"),
     (["trainer.resume=/tmp/x"], "trainer.resume=/tmp/x", "drop trainer.resume"),
-    (["stream.split_interval=7"], "stream.split_interval=7", "pick a divisor"),
+    (["stream.end_day=20261130"], "stream.end_day=20261130 is before stream.start_day", "stream.end_day"),
     (["pipeline.stages.fine.keep=100"], "pipeline.stages.fine.keep=100 is larger than its input",
      "lower pipeline.stages.fine.keep"),
 ])
 def test_bad_combinations_fail_before_any_process_starts(tmp_path, extra, key, fix):
     from recps.pipeline import run_pipeline
 
+    days = [] if any(x.startswith("stream.end_day=") for x in extra) else [f"stream.end_day={DAY}"]
     cfg = compose_config(_overrides(tmp_path / "world", str(tmp_path / "root"), str(tmp_path / "out"),
-                                    tmp_path / "run", *extra)[:-1])
+                                    tmp_path / "run", *days, *extra)[:-1])
     with pytest.raises(ConfigError) as info:
         run_pipeline(cfg, tmp_path / "run")
     assert key in str(info.value) and fix in str(info.value), str(info.value)
@@ -90,71 +92,72 @@ def _table(folder: str, table: str) -> tuple[torch.Tensor, torch.Tensor]:
     return saved.keys, saved.values
 
 
-def test_streaming_funnel_on_hdfs_two_passes(tmp_path, hdfs):
-    from recps.pipeline.evaluate import evaluate_funnel
+def test_streaming_funnel_on_hdfs_two_passes_across_a_restart(tmp_path, hdfs):
+    """Pass 1 (day 1) in one run, pass 2 (day 2) in a second run of the same stream, which resumes from
+    pass 1's checkpoint on HDFS: pass 2's evaluation is the model pass 1 trained, bit for bit."""
     from recps.pipeline.config import pipeline_specs
+    from recps.pipeline.evaluate import evaluate_funnel
     from recps.pipeline.funnel import Funnel, build_index, load_stage
     from recps.pipeline.runner import load_world
     from recps.pipeline.stream import flat_metrics, funnel_view, read_pass, write_world_passes
 
     base = f"{hdfs.url}/funnel-stream-{os.getpid()}-{tmp_path.name}"
     root, out = f"{base}/impressions", f"{base}/model"
-    world_dir, run = tmp_path / "world", tmp_path / "run"
-    args = _overrides(world_dir, root, out, run)
-    cfg = compose_config(args[:-1])
+    world_dir, run1, run2 = tmp_path / "world", tmp_path / "run1", tmp_path / "run2"
+    cfg = compose_config(_overrides(world_dir, root, out, run1)[:-1])
     world = load_world(cfg)  # generates the world (the launcher finds it there)
-    written = write_world_passes(str(world_dir), root, DAY, days=1, hours=2)
+    written = write_world_passes(str(world_dir), root, DAY, days=2, hours=1)
     assert len(written["splits"]) == 2 and sum(written["rows"]) == world.train_user.numel()
 
-    proc = _train(args)
-    records = [json.loads(line) for line in (run / "stream_metrics.jsonl").read_text().splitlines()]
-    assert [(r["day"], r["pass"]) for r in records] == [(DAY, 1), (DAY, 2)]
-    first, second = records
+    _train(_overrides(world_dir, root, out, run1, f"stream.end_day={DAY}"))
+    proc = _train(_overrides(world_dir, root, out, run2, f"stream.end_day={DAY2}"))  # resumes after pass 1
+    first = json.loads((run1 / "stream_metrics.jsonl").read_text())
+    records = [json.loads(line) for line in (run2 / "stream_metrics.jsonl").read_text().splitlines()]
+    assert [(r.get("day"), r.get("pass")) for r in records if "pass" in r] == [(DAY2, 1)]
+    second = records[-1]
     # The whole funnel evaluated before each pass's training: nothing to evaluate before the first.
-    assert first["eval"] == {} and first["evaluated_model"] is None
+    assert (first["day"], first["pass"], first["eval"], first["evaluated_model"]) == (DAY, 1, {}, None)
     e = second["eval"]
     for key in ("ndcg@10", "hr@10", "hit_rate", "stage/recall/pass_through", "stage/fine/auc",
                 "most_popular/ndcg@10", "recall_alone/ndcg@10", "ideal/ndcg@10"):
         assert key in e and 0.0 <= e[key] <= 1.0, (key, e.get(key))
     assert e["requests"] > 0
-    assert "before training (model of 20261201/1)" in proc.stdout
+    assert f"pass {DAY2}/1: before training (model of {DAY}/1)" in proc.stdout
     # Every stage trained on both passes, in its own mode, on one set of servers.
-    for r in records:
+    for r in (first, second):
         assert {n: t["mode"] for n, t in r["stages"].items()} == STAGES
         assert all(t["steps"] > 0 for t in r["stages"].values()), r["stages"]
-    metrics = json.loads((run / "metrics.json").read_text())
-    assert metrics["servers"] == 1
+    metrics = json.loads((run2 / "metrics.json").read_text())
+    assert metrics["servers"] == 1 and metrics["stream"]["resumed_from"] == f"{out}/{DAY}/1"
     assert {s: sorted(set(t.values())) for s, t in metrics["server_tables"].items()} == {
         s: [m] for s, m in STAGES.items()}
-    # A checkpoint per pass on HDFS, each holding every stage's tables, each changed by pass 2.
-    lines = rfs.read_bytes(f"{out}/donefile.txt").decode().splitlines()
-    passes = [line.split("\t") for line in lines if line.split("\t")[3] != "-1"]
-    assert [(p[0], p[3]) for p in passes] == [(DAY, "1"), (DAY, "2")]
-    ck1, ck2 = f"{out}/{DAY}/1", f"{out}/{DAY}/2"
+    # Paddle's records, each pass once: its checkpoint, then the day model; a delta and a base per day.
+    lines = [line.split("\t") for line in rfs.read_bytes(f"{out}/donefile.txt").decode().splitlines()]
+    assert [(x[0], x[3]) for x in lines] == [(DAY, "1"), (DAY2, "-1"), (DAY2, "1"), (DAY3, "-1")]
+    assert len(rfs.read_bytes(f"{out}/patch_donefile.txt").decode().splitlines()) == 2
+    assert len(rfs.read_bytes(f"{out}/base_donefile.txt").decode().splitlines()) == 2
+    # Each pass checkpoint holds every stage's tables, and pass 2 changed every one of them.
+    ck1, ck2 = f"{out}/{DAY}/1", f"{out}/{DAY2}/1"
     for stage in STAGES:
         for table in metrics["server_tables"][stage]:  # <stage>_d<D> (sparse), <stage>_dense
             k1, v1 = _table(ck1, table)
             k2, v2 = _table(ck2, table)
             assert v1.numel() > 0, table
             if k1.numel():  # sparse: the rows of pass 1's keys moved
-                common = torch.isin(k2, k1)
-                assert not torch.equal(v2[common], v1[torch.isin(k1, k2)]), f"{table} unchanged by pass 2"
+                assert not torch.equal(v2[torch.isin(k2, k1)], v1[torch.isin(k1, k2)]), f"{table} unchanged"
             else:
                 assert not torch.equal(v1, v2), f"{table} unchanged by pass 2"
-    # Pass 2 was evaluated with pass 1's model: recomputed here from pass 1's exports, the same metrics.
-    assert second["evaluated_model"]["pass"] == f"{DAY}/1"
-    assert second["evaluated_model"]["sha256"] == {n: t["export_sha256"] for n, t in first["stages"].items()}
+    # Pass 2 evaluated pass 1's model, reloaded from its checkpoint: the same exports byte for byte, and the
+    # metrics recomputed here from pass 1's exports are the recorded ones.
+    model = second["evaluated_model"]
+    assert model["pass"] == f"{DAY}/1" and model["loaded_from"] == ck1
+    assert model["sha256"] == {n: t["export_sha256"] for n, t in first["stages"].items()}
     specs = pipeline_specs(cfg)
-    stages = {s.name: load_stage(s, str(run / "funnel" / "pass-00001" / f"{s.name}.pt")) for s in specs}
+    stages = {s.name: load_stage(s, str(run1 / "funnel" / "pass-00001" / f"{s.name}.pt")) for s in specs}
     history = read_pass([f"{written['splits'][0]}/part-00000.parquet"], world.num_users, world.num_items)
-    view = funnel_view(load_world(cfg), history)
+    view = funnel_view(world, history)
     index = build_index(stages["recall"].vectors(view, items=torch.arange(view.num_items)),
                         dict(cfg.pipeline.index))
     again = flat_metrics(evaluate_funnel(Funnel(specs, stages, index, view), cfg))
     for key in ("ndcg@10", "hit_rate", "stage/coarse/auc", "most_popular/ndcg@10"):
         assert again[key] == pytest.approx(e[key], abs=1e-6), key
-    # Exactly once: the same command again finds every pass recorded, trains nothing, records nothing twice.
-    rerun = tmp_path / "rerun"
-    _train(_overrides(world_dir, root, out, rerun))
-    assert rfs.read_bytes(f"{out}/donefile.txt").decode().splitlines() == lines
-    assert json.loads((rerun / "metrics.json").read_text())["train_steps"] == 0

@@ -203,8 +203,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     t = time.perf_counter()
     data = load_world(compose_config(["pipeline=video_funnel", *base]))  # generated once, here; the runs read it
     world_s = time.perf_counter() - t
-    commit = _git("rev-parse", "--short", "HEAD")
-    dirty = _git("status", "--porcelain", "--", "recps", "conf", "models")
+    commit = args.commit or _git("rev-parse", "--short", "HEAD")
+    dirty = "" if args.commit else _git("status", "--porcelain", "--", "recps", "conf", "models")
     records = []
     for i, label in enumerate(labels):
         with tempfile.TemporaryDirectory(prefix=f"recps-funnel-{label}-", dir=args.tmp) as tmp:
@@ -363,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--recall-users", type=int, default=100)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="another override for every run")
     p.add_argument("--timeout", type=float, default=7200.0, help="seconds a run may take before it is stopped")
+    p.add_argument("--commit", default=None,
+                   help="the commit measured, when this checkout is a clean export of it (`git archive`), not a git tree")
     p.add_argument("--world-root", default=None, help="where the world is generated (default: the config's folder)")
     p.add_argument("--tmp", default=None, help="where run folders go (deleted after each run)")
     p.add_argument("--quick", action="store_true", help="100 users x 500 items, keep 100 -> 30 -> 15 -> 10, 1-2 epochs")

@@ -129,6 +129,53 @@ def test_checkpoint_every_sets_the_modes_checkpoints_and_may_not_contradict_them
     assert compose_config(["stream=hourly", "stream.root=/r", "stream.out=/o"]).cluster.restarts == 3
 
 
+# ------------------------------------------------------------------------- GEO's sync vs. training
+
+
+def test_geo_sync_writes_merged_values_only_between_a_threads_steps():
+    """A GEO sync adds the merged values into the replica's rows (read, add, write back); the TBE's
+    backward of a step in flight writes the same rows. One landing inside that write was lost for
+    good (a row of the counting model once ended with 8 of its 10 updates; a sync thread adding
+    zeros to the rows of a TBE that trains lost 122 updates in 5,000 steps). So a sync waits for the
+    steps in flight, and a step that begins meanwhile waits for the sync: here a sync started while
+    a step is between its forward and step_end ends only after it, and every update counts once."""
+    import threading
+
+    from recps.ps.modes import server_halves
+    from recps.ps.modes.geo import GeoMode
+    from recps.ps.node import PSClient, PSServer, TableConfig
+
+    sgd = {"name": "sgd", "lr": 1.0}
+    with PSServer(token="geo-gate", halves=server_halves()) as server, \
+            PSClient([server.endpoint], token="geo-gate", timeout_s=20.0) as client:
+        client.create_sparse_table("emb", dim=1, optimizer=sgd, initializer={"kind": "zeros"}, mode="geo")
+        geo = GeoMode(table=TableConfig(optimizer=sgd), k_steps=1000, background_sync=False, delta_scale=1.0,
+                      timeout_s=20.0).communicator(client)
+        keys = torch.tensor([3, 5, 5, 8])  # one bag each of 4 features; key 5 twice
+        offsets = torch.arange(5)
+
+        def step() -> torch.Tensor:
+            return geo.lookup_bags("emb", keys, offsets, 4)  # (1, 4): this thread is inside a step
+
+        step().sum().backward()  # step 1, ended
+        geo.step_end(0)
+        pooled = step()  # step 2: forward done, its backward not yet
+        synced = threading.Event()
+        sync = threading.Thread(target=lambda: (geo.sync(), synced.set()), daemon=True)
+        sync.start()
+        assert not synced.wait(0.5), "the sync wrote the rows while a step was in flight"
+        pooled.sum().backward()  # the fused SGD writes the rows now, no sync inside its write
+        geo.step_end(0)
+        assert synced.wait(10.0), "the sync did not go on after the step ended"
+        sync.join(10.0)
+        geo.flush()
+        rows = client.pull("emb", torch.tensor([3, 5, 8]), assume_unique=True).wait(10.0)[:, 0]
+        assert rows.tolist() == [-2.0, -4.0, -2.0]  # 2 steps: key 5 twice a step
+        with torch.no_grad():  # a forward without a backward (evaluation) keeps no sync waiting
+            step()
+        geo.sync()
+
+
 # ------------------------------------------------------------------------------- under recps.launch
 
 
@@ -290,15 +337,8 @@ def _children_by_rank(parent: int) -> dict[int, int]:
     return found
 
 
-# GEO under torchrun is not exactly-once yet: one run of the suite (2026-12-05, on 2 pytest processes)
-# ended with "1 of 12783 rows miscounted: 8.0 updates applied for 10 occurrences" (two updates lost
-# across a restart); it passed in every run alone. Open in issue 15; not strict, so a pass shows.
-GEO_TORCHRUN_LOSES = pytest.mark.xfail(strict=False, reason="GEO + torchrun elastic restart lost 2 of a "
-                                       "row's 10 updates once (issue 15, open)")
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["async", pytest.param("geo", marks=GEO_TORCHRUN_LOSES)])
+@pytest.mark.parametrize("mode", ["async", "geo"])
 def test_killed_server_then_worker_recovered_by_torchrun_elastic_restarts(tmp_path, mode, launch_output):
     """torchrun --max-restarts does the restarts (no recps.launch): rank 0 (server0) killed after a
     committed checkpoint, then rank 2 (worker1) after one of the restarted processes; each time they

@@ -52,7 +52,13 @@ PSEmbeddingBagCollection uses (TBE forward; backward updates the replica in plac
 
 Thread safety: every method may be called from several training threads. Slot assignment
 (lookup + insert) holds one lock per table; the TBE's forward and backward run outside it,
-Hogwild like local training. Growing a replica (capacity doubles) rebuilds the TBE over
+Hogwild like local training. A sync writes the merged values into the rows it synced (a
+read-modify-write) only while no training step is in flight (`_StepGate`): a thread is inside a
+step from its first `lookup_bags` (whose backward runs the TBE's fused optimizer) or dense step to
+its `step_end`, and a step that begins meanwhile waits for the write (microseconds). A backward
+landing inside that write was overwritten by it: the step's update was lost for good, on the
+servers too (a row of the recovery test's counting model ended with 8 of its 10 updates).
+Growing a replica (capacity doubles) rebuilds the TBE over
 larger buffers; a thread whose backward is in flight at that moment loses that step's
 update of the rows (rare: capacities start at `capacity` rows and double).
 
@@ -62,6 +68,7 @@ width, P = D rounded up to a multiple of 4 (TBE's width), B batch, Fg features o
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
@@ -141,6 +148,10 @@ class GeoDenseUpdater(LocalDenseUpdater):
         super().__init__(params, optimizer)
         self.communicator = communicator
 
+    def apply(self, grads) -> None:
+        self.communicator.begin_step()  # the step writes the params a sync writes too
+        super().apply(grads)
+
     def step_end(self, thread: int) -> None:
         self.communicator.step_end(thread)
 
@@ -152,6 +163,64 @@ class GeoDenseUpdater(LocalDenseUpdater):
     def load_state_dict(self, state: dict) -> None:
         with self._lock:
             self.optimizer.load_state_dict(state)
+
+
+class _StepGate:
+    """Training steps against a sync's write of the merged values into the replicas.
+
+    A training thread is inside from its first update of a step (`enter`: `lookup_bags`, whose
+    backward the TBE's fused optimizer runs on the rows, and a dense step) to its `step_end`
+    (`leave`). `folding()` waits until no other thread is inside and keeps new steps out while it
+    runs (a fold waiting goes first): no backward writes a row while a sync reads, adds to and
+    writes it back. Both waits are bounded by `timeout` and raise PSTimeoutError past it."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._inside = 0  # training threads inside a step
+        self._folds = 0  # syncs waiting to write or writing: steps that begin wait for them
+        self._local = threading.local()  # .inside: this thread is inside a step
+
+    def enter(self, timeout: float) -> None:
+        """This thread's step updates the replica from here to `leave` (idempotent within a step)."""
+        if getattr(self._local, "inside", False):
+            return
+        with self._cv:
+            if not self._cv.wait_for(lambda: self._folds == 0, timeout):
+                raise PSTimeoutError(f"geo: a training step waited {timeout:g} s for a delta sync to write the merged "
+                                     "values into the replica (it waits for the other threads' steps in flight); "
+                                     "a training thread is stuck inside a step, or raise ps.timeout_s")
+            self._inside += 1
+        self._local.inside = True
+
+    def leave(self) -> None:
+        """This thread's step is over: its updates of the replica have landed."""
+        if not getattr(self._local, "inside", False):
+            return
+        self._local.inside = False
+        with self._cv:
+            self._inside -= 1
+            self._cv.notify_all()
+
+    @contextlib.contextmanager
+    def folding(self, timeout: float):
+        """For the block, no other training thread is inside a step (the calling thread may be: it
+        runs the block, not a backward)."""
+        own = 1 if getattr(self._local, "inside", False) else 0
+        with self._cv:
+            self._folds += 1
+            if not self._cv.wait_for(lambda: self._inside == own, timeout):
+                self._folds -= 1
+                self._cv.notify_all()
+                raise PSTimeoutError(f"geo: a delta sync waited {timeout:g} s for {self._inside - own} training "
+                                     "thread(s) to end their step before writing the merged values into the "
+                                     "replica; a thread is stuck inside a step (a forward with gradients whose "
+                                     "step_end never came?), or raise ps.timeout_s")
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._folds -= 1
+                self._cv.notify_all()
 
 
 class _Replica:
@@ -282,8 +351,9 @@ class _Replica:
         self.rows[slots, : self.dim] = rows
         self.touched[slots] = True
 
-    def sync(self, scale: float, timeout: float | None) -> int:
-        """Push scale * deltas of touched rows, pull the merged values, fold them in; returns rows synced."""
+    def sync(self, scale: float, timeout: float | None, fold=None) -> int:
+        """Push scale * deltas of touched rows, pull the merged values, fold them in (within `fold`:
+        the communicator's _StepGate.folding, no training step in flight); returns rows synced."""
         with self.lock:
             slots = self.touched[: self.size].nonzero().squeeze(1)  # (K,)
             self.touched[slots] = False  # rows trained from here on are marked again
@@ -304,11 +374,10 @@ class _Replica:
                 self.shows.index_add_(0, slots, -shows)
                 self.clicks.index_add_(0, slots, -clicks)
         merged = self.client.pull(self.name, keys, assume_unique=True).wait(timeout)  # (K, D)
-        with self.lock:  # a growth in between moved the buffers; slots stay valid
+        with fold or contextlib.nullcontext(), self.lock:  # a growth in between moved the buffers; slots stay valid
             now = self.rows[slots, : self.dim]  # (K, D) includes training since `current` was read
-            # In place, one kernel: a training thread's TBE update of these rows (Hogwild, outside
-            # the lock) is kept, where writing back `now + ...` lost one landing between the read
-            # and the write (tests/ps/modes/test_geo.py's background-sync test failed 2-3 runs in 6).
+            # In place: the steps' updates since `current` was read stay. No backward runs now
+            # (`fold`): one landing inside this read-modify-write was overwritten, its update lost.
             self.rows[:, : self.dim].index_add_(0, slots, merged - current)
             self.synced[slots] = merged
             # A row trained while we synced keeps that work as its next delta: mark it again
@@ -342,13 +411,15 @@ class _DenseReplica:
                 p.add_(part) if add else p.copy_(part)
                 pos += n
 
-    def sync(self, scale: float, timeout: float | None) -> None:
+    def sync(self, scale: float, timeout: float | None, fold=None) -> None:
+        """As _Replica.sync, for the dense parameters (`fold`: no dense step in flight)."""
         current = self.flat()  # (N,)
         delta = current - self.synced  # (N,)
         if scale != 1.0:
             delta.mul_(scale)
         merged = self.client.push_dense(self.name, delta, return_values=True).wait(timeout)  # GeoServer adds it
-        self.assign(merged - current, add=True)
+        with fold or contextlib.nullcontext():
+            self.assign(merged - current, add=True)
         self.synced = merged
 
 
@@ -383,6 +454,7 @@ class GeoCommunicator:
         self.syncs = 0
         self._closed = False
         self._local = threading.local()  # per training thread: rows its step in flight trains
+        self._gate = _StepGate()  # training steps in flight vs a sync's write of merged values
         self.background_sync = self.k_steps > 1 if mode.background_sync is None else bool(mode.background_sync)
         self.local_init = bool(mode.local_init)
         if self.local_init:
@@ -481,6 +553,8 @@ class GeoCommunicator:
         """Fused path: (N,) keys, (Fg*B+1,) offsets -> pooled (B, Fg*D); the backward pass runs the
         TBE's fused optimizer on the replica. Each of the N keys is one show, with its (N,) click
         (None: none), sent with the next sync."""
+        if torch.is_grad_enabled():  # a backward will update the rows: this thread is inside a step
+            self.begin_step()
         replica = self._replica(table)
         with replica.lock:
             slots = replica.slots(keys, self.timeout_s)  # (N,)
@@ -513,6 +587,11 @@ class GeoCommunicator:
             raise PSError(f"geo: dense table {table!r} has no local replica; call attach_dense first")
         dense.assign(grads.reshape(-1).to(torch.float32) * -self.dense_lr, add=True)
 
+    def begin_step(self) -> None:
+        """The calling thread's step updates the replicas from here to its `step_end` (lookup_bags
+        calls it; a dense updater before its step): a sync's write of merged values waits for it."""
+        self._gate.enter(self.timeout_s)
+
     def step_end(self, thread: int) -> None:
         """Counts one worker step; the k-th starts a sync (on the sync thread, or in this thread
         without `background_sync`). Call it from the thread that trained the step, after its
@@ -524,6 +603,7 @@ class GeoCommunicator:
                     with replica.lock:
                         replica.touched[slots] = True
             pending.clear()
+        self._gate.leave()  # this step's updates have landed: a sync may write the rows
         if self._error is not None:
             self._raise_background_error()
         with self._lock:
@@ -540,9 +620,10 @@ class GeoCommunicator:
         """Push the deltas of every replica, pull merged values back (in the calling thread);
         returns the sparse rows synced."""
         with self._sync_lock:
-            rows = sum(r.sync(self.delta_scale, self.timeout_s) for r in list(self._replicas.values()))
+            rows = sum(r.sync(self.delta_scale, self.timeout_s, self._gate.folding(self.timeout_s))
+                       for r in list(self._replicas.values()))
             for dense in list(self._dense.values()):
-                dense.sync(self.dense_delta_scale, self.timeout_s)
+                dense.sync(self.dense_delta_scale, self.timeout_s, self._gate.folding(self.timeout_s))
             self.syncs += 1
             return rows
 

@@ -78,6 +78,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_GRACE_S = 5.0  # between SIGTERM and SIGKILL
 TIMEOUT_EXIT_CODE = 124  # as timeout(1)
 RESTART_ENV = "RECPS_RESTART_COUNT"  # which start of the cluster this is: 0, then 1.. after restarts
+MAX_RESTARTS_ENV = "RECPS_MAX_RESTARTS"  # `restarts`: the processes' errors say whether a restart follows
 _ELASTIC_RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"  # torchrun's (--max-restarts)
 MAX_BACKOFF_S = 30.0
 _POLL_S = 0.05
@@ -484,6 +485,7 @@ def launch(
     base_env = {k: v for k, v in os.environ.items() if k not in _ROLE_VARIABLES}
     base_env.update(env or {})
     base_env.setdefault("PYTHONUNBUFFERED", "1")  # children's lines show up as they are written
+    base_env[MAX_RESTARTS_ENV] = str(restarts)
     log_dir = os.fspath(log_dir) if log_dir is not None else None
     if log_dir:
         os.makedirs(log_dir, exist_ok=True)

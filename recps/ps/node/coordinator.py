@@ -13,7 +13,8 @@ was itself paused does not declare everyone dead on its first tick back. What a 
 reply carries reaches the peers (CoordinatorClient):
 - a peer declared dead (`dead`, `dead_why`: "server1 at tcp://... is dead: no heartbeat for ...")
   fails the peer that hears it (`failure`, `on_failure` listeners; the PSClient then fails every
-  call in flight at once), since the job cannot finish without it (no automatic restarts);
+  call in flight at once), since this run of the job cannot finish without it; the message says
+  what follows (`restart_note`: the launcher's restart from the last committed checkpoint, or none);
 - the dead peer itself, if it comes back, is told (`declared_dead`) and fails;
 - the coordinator's own loss (server 0 dead or stalled): a peer whose heartbeats go unanswered
   for `dead_after_s` + `heartbeat_s` (its own stalls excepted) fails naming server0, so the
@@ -56,6 +57,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from concurrent.futures import Future
@@ -64,13 +66,46 @@ from dataclasses import dataclass, field
 from recps.errors import ConfigError, PSError, PSTimeoutError
 from recps.ps.transport import TransportClient, TransportServer
 
-__all__ = ["Coordinator", "CoordinatorClient", "DEFAULT_DEAD_AFTER_S", "STALL_S", "StallClock", "tcp_endpoint"]
+__all__ = ["Coordinator", "CoordinatorClient", "DEFAULT_DEAD_AFTER_S", "STALL_S", "StallClock", "tcp_endpoint",
+           "MAX_RESTARTS_ENV", "restart_note"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_DEAD_AFTER_S = 10.0
 _REPLY_MARGIN_S = 2.0  # a client waits this much longer than the coordinator, to get its message
 STALL_S = 1.5  # a watcher's tick this late means its own process stalled: leases restart from its resume
+# What a launcher that restarts failed jobs tells its processes (recps.launch sets both: `--restarts`,
+# cluster.restarts, and which start this is; torchrun --max-restarts its TORCHELASTIC_* pair).
+MAX_RESTARTS_ENV = "RECPS_MAX_RESTARTS"  # recps.launch.MAX_RESTARTS_ENV (this layer does not import it)
+_RESTARTERS = ((MAX_RESTARTS_ENV, "RECPS_RESTART_COUNT", "cluster.restarts"),
+               ("TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RESTART_COUNT", "torchrun --max-restarts"))
+
+
+def restart_note(environ=None) -> str:
+    """What follows a failure of this process's job, for its error messages, from what its launcher
+    put in the environment: recps.launch (cluster.restarts) and torchrun --max-restarts say how many
+    restarts the job has and which start this is; nothing there: no automatic restart.
+
+    >>> restart_note({"RECPS_MAX_RESTARTS": "2", "RECPS_RESTART_COUNT": "1"})
+    'the launcher restarts the job from its last committed checkpoint (restart 2 of cluster.restarts=2)'
+    >>> restart_note({"TORCHELASTIC_MAX_RESTARTS": "1", "TORCHELASTIC_RESTART_COUNT": "1"})
+    'no restart left (the 1 of torchrun --max-restarts=1 is used): the job fails; raise torchrun --max-restarts to restart it again'
+    >>> restart_note({})
+    'no automatic restart (cluster.restarts=0): the job fails; set cluster.restarts=N (or torchrun --max-restarts=N) to restart it from its last committed checkpoint'
+    """
+    env = os.environ if environ is None else environ
+    for most_name, count_name, knob in _RESTARTERS:
+        most, count = env.get(most_name, ""), env.get(count_name, "") or "0"
+        if not (most.isdigit() and count.isdigit()) or int(most) == 0:
+            continue
+        most, count = int(most), int(count)
+        if count < most:
+            return (f"the launcher restarts the job from its last committed checkpoint (restart {count + 1} of "
+                    f"{knob}={most})")
+        used = "is" if most == 1 else "are"
+        return f"no restart left (the {most} of {knob}={most} {used} used): the job fails; raise {knob} to restart it again"
+    return ("no automatic restart (cluster.restarts=0): the job fails; set cluster.restarts=N (or torchrun "
+            "--max-restarts=N) to restart it from its last committed checkpoint")
 
 
 class StallClock:
@@ -601,9 +636,9 @@ class CoordinatorClient:
                 if silent > lease and self.failure is None:
                     self._fail(("server0",), PSError(
                         f"{self._coordinator_name()} is dead or stalled: no answer to {self.name}'s heartbeats for "
-                        f"{silent:.1f} s (cluster.dead_after_s={self._dead_after_s:g}); the job cannot go on without "
-                        "its coordinator (no automatic restarts); see server0's log, or raise cluster.dead_after_s "
-                        "if such pauses are expected"))
+                        f"{silent:.1f} s (cluster.dead_after_s={self._dead_after_s:g}); this run of the job cannot go "
+                        f"on without its coordinator: {restart_note()}; see server0's log, or raise "
+                        "cluster.dead_after_s if such pauses are expected"))
                 continue
             clock.last = last_ok = time.monotonic()
             self._heartbeat_failing, warned = False, False
@@ -617,12 +652,13 @@ class CoordinatorClient:
             if meta.get("declared_dead") is not None:
                 self._fail((self.name,), PSError(
                     f"{self.name} was declared dead by the coordinator ({meta['declared_dead']}); this process "
-                    "stalled or lost the network longer than that, and the job has failed without it"))
+                    f"stalled or lost the network longer than that, and this run of the job failed without it: "
+                    f"{restart_note()}"))
             elif dead:
                 why = json.loads(str(meta.get("dead_why") or "{}"))
                 self._fail(dead, PSError(
-                    f"{why.get(dead[0], dead[0] + ' is dead')}; the job cannot finish without it "
-                    "(no automatic restarts)"))
+                    f"{why.get(dead[0], dead[0] + ' is dead')}; this run of the job cannot finish without it: "
+                    f"{restart_note()}"))
 
     def deregister(self, timeout_s: float = 2.0, why: str = "") -> None:
         """Leave the cluster (stops heartbeats); errors are logged, not raised. Skipped when the

@@ -105,6 +105,49 @@ def test_silent_peer_is_declared_dead_and_barriers_fail_naming_it():
         assert "server1 at tcp://127.0.0.1:7001 is dead: no heartbeat" in str(w0.failure)
 
 
+@pytest.mark.parametrize("environ, note", [
+    ({"RECPS_MAX_RESTARTS": "2", "RECPS_RESTART_COUNT": "0"},
+     "the launcher restarts the job from its last committed checkpoint (restart 1 of cluster.restarts=2)"),
+    ({"RECPS_MAX_RESTARTS": "0", "RECPS_RESTART_COUNT": "0"}, "no automatic restart (cluster.restarts=0): the job "
+     "fails; set cluster.restarts=N (or torchrun --max-restarts=N) to restart it from its last committed checkpoint"),
+    ({"TORCHELASTIC_MAX_RESTARTS": "4", "TORCHELASTIC_RESTART_COUNT": "4"},
+     "no restart left (the 4 of torchrun --max-restarts=4 are used): the job fails; raise torchrun --max-restarts"),
+])
+def test_a_dead_peer_fails_the_others_saying_whether_the_launcher_restarts_the_job(monkeypatch, environ, note):
+    """The failure every peer hears says what follows, from what its launcher put in its environment
+    (recps.launch: RECPS_MAX_RESTARTS = cluster.restarts, RECPS_RESTART_COUNT; torchrun: its pair)."""
+    from recps.launch import MAX_RESTARTS_ENV
+    from recps.ps.node.coordinator import MAX_RESTARTS_ENV as NODE_MAX_RESTARTS_ENV
+
+    assert MAX_RESTARTS_ENV == NODE_MAX_RESTARTS_ENV  # the launcher sets what the nodes read
+    for name in ("RECPS_MAX_RESTARTS", "RECPS_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RESTART_COUNT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    with Coordinator(num_servers=1, num_workers=1, token=TOKEN, dead_after_s=2.0, heartbeat_s=0.1) as coord:
+        peer(coord, "server", 0, "tcp://127.0.0.1:7000", heartbeats=False)  # never heartbeats
+        worker = peer(coord, "worker", 0, heartbeats=True)
+        deadline = time.monotonic() + 10.0
+        while worker.failure is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "server0 at tcp://127.0.0.1:7000 is dead: no heartbeat" in str(worker.failure)
+        assert f"this run of the job cannot finish without it: {note}" in str(worker.failure)
+
+
+def test_recps_launch_tells_its_processes_how_many_restarts_the_job_has():
+    import io
+
+    from recps.launch import launch
+
+    code = ("import os, time; print('restarts', os.environ['RECPS_MAX_RESTARTS'], os.environ['RECPS_RESTART_COUNT'], "
+            "flush=True); os.environ['RECPS_ROLE'] == 'server' and time.sleep(60)")
+    output = io.StringIO()
+    assert launch([sys.executable, "-c", code], servers=1, workers=1, timeout=60, grace=2, output=output,
+                  restarts=3).ok
+    assert sorted(line for line in output.getvalue().splitlines() if "restarts" in line) == [
+        "[server0] restarts 3 0", "[worker0] restarts 3 0"]
+
+
 def test_worker_that_left_fails_barriers_naming_it():
     with Coordinator(num_servers=1, num_workers=2, token=TOKEN, heartbeat_s=0.05) as coord:
         server = peer(coord, "server", 0, "tcp://127.0.0.1:7000", heartbeats=True)

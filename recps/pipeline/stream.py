@@ -603,25 +603,37 @@ def summary_lines(metrics: dict[str, Any], top_n: int = 10) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """python -m recps.pipeline.stream --world DIR --root URL --start-day YYYYMMDD [--days N --hours H]"""
+    """python -m recps.pipeline.stream --root URL --start-day YYYYMMDD [--days N --hours H] [OVERRIDES ...]
+
+    The world of the training command's own overrides (pipeline=video_funnel pipeline.world.users=...:
+    generated under pipeline.world.dir if it is not there yet) written as the stream's passes."""
+    from recps.config import compose_config
+
     p = argparse.ArgumentParser(prog="python -m recps.pipeline.stream",
                                 description="Write a generated video world's train impressions as hourly passes.")
-    p.add_argument("--world", required=True, help="the world's folder (python -m recps.data.video_world --out)")
     p.add_argument("--root", required=True, help="the stream's root (stream.root), any recps.fs URL")
-    p.add_argument("--start-day", required=True)
+    p.add_argument("--start-day", required=True, help="YYYYMMDD (stream.start_day)")
     p.add_argument("--days", type=int, default=1)
-    p.add_argument("--hours", type=int, default=24)
-    p.add_argument("--split-interval", type=int, default=60)
-    p.add_argument("--layout", default="hhmm")
+    p.add_argument("--hours", type=int, default=24, help="stream.hours")
+    p.add_argument("--split-interval", type=int, default=60, help="stream.split_interval (minutes)")
+    p.add_argument("--layout", default="hhmm", help="stream.layout")
     p.add_argument("--overwrite", action="store_true")
+    p.add_argument("overrides", nargs="*", help="the training command's overrides: pipeline=video_funnel "
+                   "pipeline.world.users=... (the world they name is generated if needed)")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     try:
-        out = write_world_passes(a.world, a.root, a.start_day, a.days, a.hours, a.split_interval, a.layout,
-                                 overwrite=a.overwrite)
+        cfg = compose_config(a.overrides)
+        world = cfg.get("pipeline", {}).get("world") or {}
+        if world.get("_target_") != "recps.pipeline.data.video_world":
+            raise ConfigError(f"pipeline.world._target_={world.get('_target_')!r}: the passes are written from a "
+                              "generated video world; give pipeline=video_funnel (and its pipeline.world.* overrides)")
+        load_world(cfg)  # generates it under pipeline.world.dir when it is not there
+        out = write_world_passes(str(cfg.pipeline.world.dir), a.root, a.start_day, a.days, a.hours,
+                                 a.split_interval, a.layout, overwrite=a.overwrite)
     except (ConfigError, DataError, FileExistsError) as e:
         p.error(str(e))
-    print(json.dumps({"splits": len(out["splits"]), "rows": out["rows"]}))
+    print(json.dumps({"world": str(cfg.pipeline.world.dir), "splits": len(out["splits"]), "rows": out["rows"]}))
     return 0
 
 

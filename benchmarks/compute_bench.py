@@ -30,6 +30,22 @@ examples/s as the issue states them, then the same ratios per CPU-second ("per C
 Prints one JSON record per probe and run as it ends, then a Markdown table; writes every record,
 the CPU (model name, flags that matter, cores), the medians and the targets to --out
 (default benchmarks/results/compute_bench.json).
+
+On a GPU (issue 17.1), one short prepared run: `--device cuda` (in .venv-gpu, `make setup-gpu`)
+
+    .venv-gpu/bin/python -m benchmarks.compute_bench --device cuda [--rows 100000] [--rounds 1] [--precisions fp32]
+
+fails at once, naming the fix, where this process cannot train on CUDA (recps.device.check_device);
+else each round takes, the devices alternating (cuda first in odd rounds):
+1. FBGEMM TBE forward + backward keys/s (ps=local's collection, its fused row-wise Adagrad update
+   included): 26 features x one key per bag, `--tbe-batch` bags per feature, D=16, on cuda and on cpu;
+2. CTR-DNN and DLRM in ps=local, 1 thread (`device=cuda` / `device=cpu`, the real CLI's job in a fresh
+   process), each precision: examples/s and AUC on the same generated data;
+3. GEO and async, 1 server + 1 worker x 1 thread: the worker on the GPU (`device=cuda`) against CPU
+   server processes, and the same run with `device=cpu`.
+The table gives per configuration the medians on both devices, the GPU's speedup and its AUC minus
+the CPU's; --out defaults to benchmarks/results/compute_bench_cuda.json. No GPU figure of this project
+has been measured yet (no GPU was available to the sessions that wrote it): README "GPU".
 """
 
 from __future__ import annotations
@@ -48,7 +64,8 @@ from typing import Any
 from benchmarks.ps_throughput import ROOT, run_one
 
 __all__ = ["CONFIGS", "PRECISIONS", "cpu_info", "flop_per_example", "ctr_dnn_flop_per_example", "peak_probe",
-           "run", "summarize", "table", "main"]
+           "run", "summarize", "table", "main", "GPU_MODELS", "GPU_PS_CONFIGS", "tbe_keys_per_second", "cuda_run",
+           "cuda_summarize", "cuda_table"]
 
 CONFIGS = {  # name: (ps mode, topology)
     "local-1T": ("local", "1Px1T"),
@@ -278,11 +295,160 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------------------ --device cuda
+
+GPU_MODELS = ("ctr_dnn", "dlrm")  # ps=local, 1 thread, on cuda and on cpu
+GPU_PS_CONFIGS = {"geo-1S+1Wx1T": ("geo", "1S+1Wx1T"), "async-1S+1Wx1T": ("async", "1S+1Wx1T")}  # a GPU worker, CPU servers
+
+
+def tbe_keys_per_second(device: str, batch: int = 4096, features: int = 26, dim: int = 16, rows: int = 100_000,
+                        steps: int = 50, warmup: int = 5) -> dict[str, Any]:
+    """FBGEMM TBE forward + backward of ps=local's collection (recps.nn.LocalEmbeddingBagCollection: one
+    batched lookup, the fused row-wise Adagrad update in backward) on `device`, in this process: keys per
+    second over `steps` steps of `features` x `batch` bags of one key each (uniform keys, 4 batches in turn)."""
+    import torch
+    from torchrec import KeyedJaggedTensor
+
+    from recps.device import check_device
+    from recps.nn import LocalEmbeddingBagCollection
+
+    dev = check_device(device)
+    names = [f"C{i}" for i in range(1, features + 1)]
+    collection = LocalEmbeddingBagCollection(names, dim, rows, device=dev, init_std=0.01)
+    g = torch.Generator().manual_seed(0)
+    kjts = [KeyedJaggedTensor(keys=names, values=torch.randint(0, 2 ** 40, (features * batch,), generator=g),
+                              lengths=torch.ones(features * batch, dtype=torch.int64)).to(dev) for _ in range(4)]
+    upstream = torch.randn(batch, features * dim, generator=g).to(dev)  # d loss / d pooled (B, F*D)
+    synchronize = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    for i in range(warmup):
+        collection(kjts[i % 4]).values().backward(upstream)
+    synchronize()
+    start = time.perf_counter()
+    for i in range(steps):
+        collection(kjts[i % 4]).values().backward(upstream)
+    synchronize()
+    seconds = time.perf_counter() - start
+    return {"kind": "tbe", "device": dev.type, "batch": batch, "features": features, "dim": dim, "rows": rows,
+            "steps": steps, "seconds": round(seconds, 4), "keys_per_sec": round(batch * features * steps / seconds),
+            "threads": torch.get_num_threads()}
+
+
+def _gpu_info() -> dict[str, Any]:
+    import torch
+    from importlib import metadata
+
+    versions = {}
+    for package in ("torch", "fbgemm-gpu", "fbgemm-gpu-cpu", "torchrec"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            pass
+    return {"name": torch.cuda.get_device_name(0), "count": torch.cuda.device_count(), "cuda": torch.version.cuda,
+            "packages": versions}
+
+
+def cuda_run(rows: int = 100_000, vocab: int = 1_000_000, rounds: int = 1, seed: int = 0, k_steps: int = 100,
+             batch: int = 512, tbe_batch: int = 4096, data_root: str | os.PathLike | None = None, echo=print,
+             precisions: tuple[str, ...] = PRECISIONS, device: str = "cuda") -> dict[str, Any]:
+    """`--device cuda` (see the module docstring). Raises ConfigError before anything runs where this
+    process cannot train on CUDA. Returns {"gpu", "cpu", "records", "summary"}. `device`: the one compared
+    with the CPU; "cpu" runs every step of it without a GPU (its records say cpu for both sides: a check
+    of this script, never a GPU figure)."""
+    from recps.device import check_device
+
+    check_device(device)  # the reason and the fix, before any data or process
+    if not precisions or any(p not in PRECISIONS for p in precisions):
+        raise ValueError(f"precisions {list(precisions)}; pick from {list(PRECISIONS)}")
+    records: list[dict[str, Any]] = []
+    keys = ("mode", "topology", "examples_per_sec", "auc", "logloss", "examples_per_cpu_second", "train_examples",
+            "train_seconds", "wall_s", "load_1min_before", "load_1min_after")
+
+    def train(config: str, mode: str, topology: str, model: str, side: str, precision: str, rnd: int) -> None:
+        on = device if side == "cuda" else "cpu"
+        r = run_one(mode, topology, rows, vocab, seed, k_steps, [f"device={on}", f"trainer.precision={precision}"],
+                    model=model, batch=batch, data_root=data_root)
+        rec = {"kind": "train", "config": config, "model": model, "device": side, "ran_on": on, "precision": precision,
+               "round": rnd, **{k: r.get(k) for k in keys}}
+        records.append(rec)
+        echo(json.dumps(rec))
+
+    for rnd in range(1, rounds + 1):
+        devices = ("cuda", "cpu") if rnd % 2 else ("cpu", "cuda")
+        order = tuple(p for p in (PRECISIONS if rnd % 2 else PRECISIONS[::-1]) if p in precisions)
+        for side in devices:
+            rec = {**tbe_keys_per_second(device if side == "cuda" else "cpu", batch=tbe_batch), "round": rnd}
+            rec["device"] = side
+            records.append(rec)
+            echo(json.dumps(rec))
+        for model in GPU_MODELS:
+            for precision in order:
+                for side in devices:
+                    train(f"{model} local-1T", "local", "1Px1T", model, side, precision, rnd)
+        for name, (mode, topology) in GPU_PS_CONFIGS.items():
+            for side in devices:
+                train(f"ctr_dnn {name}", mode, topology, "ctr_dnn", side, "fp32", rnd)
+    gpu = _gpu_info() if device != "cpu" else {"name": "none (device=cpu: a check of the script)", "count": 0,
+                                               "cuda": None, "packages": {}}
+    return {"benchmark": f"compute_bench --device {device}", "gpu": gpu, "cpu": cpu_info(), "rows": rows,
+            "vocab_per_slot": vocab, "batch": batch, "rounds": rounds, "records": records,
+            "summary": cuda_summarize(records)}
+
+
+def cuda_summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per TBE shape and per (config, precision): the medians on cuda and cpu, the GPU's speedup, and
+    (training) the median AUCs and cuda's minus cpu's."""
+    out: dict[str, Any] = {"tbe": {}, "train": {}}
+    tbe = [r for r in records if r["kind"] == "tbe"]
+    for shape in sorted({(r["batch"], r["features"], r["dim"]) for r in tbe}):
+        by = {d: [r["keys_per_sec"] for r in tbe if (r["batch"], r["features"], r["dim"]) == shape and r["device"] == d]
+              for d in ("cuda", "cpu")}
+        med = {d: round(statistics.median(v)) if v else None for d, v in by.items()}
+        out["tbe"][f"B={shape[0]} F={shape[1]} D={shape[2]}"] = {
+            "cuda_keys_per_sec": med["cuda"], "cpu_keys_per_sec": med["cpu"],
+            "speedup": round(med["cuda"] / med["cpu"], 2) if med["cuda"] and med["cpu"] else None}
+    runs = [r for r in records if r["kind"] == "train"]
+    for config in dict.fromkeys(r["config"] for r in runs):
+        for precision in PRECISIONS:
+            mine = {d: [r for r in runs if r["config"] == config and r["precision"] == precision and r["device"] == d]
+                    for d in ("cuda", "cpu")}
+            if not any(mine.values()):
+                continue
+            rate = {d: round(statistics.median(r["examples_per_sec"] for r in v)) if v else None for d, v in mine.items()}
+            auc = {d: round(statistics.median(r["auc"] for r in v), 4) if v else None for d, v in mine.items()}
+            out["train"].setdefault(config, {})[precision] = {
+                "cuda_examples_per_sec": rate["cuda"], "cpu_examples_per_sec": rate["cpu"],
+                "speedup": round(rate["cuda"] / rate["cpu"], 2) if rate["cuda"] and rate["cpu"] else None,
+                "cuda_auc": auc["cuda"], "cpu_auc": auc["cpu"],
+                "auc_cuda_minus_cpu": round(auc["cuda"] - auc["cpu"], 4) if auc["cuda"] is not None and auc["cpu"] is not None else None}
+    return out
+
+
+def cuda_table(result: dict[str, Any]) -> str:
+    """Markdown of `cuda_run`'s summary."""
+    s, gpu = result["summary"], result["gpu"]
+    lines = [f"GPU: {gpu['name']} (CUDA {gpu['cuda']}; {gpu['packages']}); CPU: {result['cpu']['model']}, "
+             f"{result['cpu']['cores']} cores. {result['rows']:,} rows, batch {result['batch']}.", "",
+             "| TBE fwd+bwd | cuda keys/s | cpu keys/s | speedup |", "|---|---|---|---|"]
+    for shape, v in s["tbe"].items():
+        lines.append(f"| {shape} | {v['cuda_keys_per_sec']:,} | {v['cpu_keys_per_sec']:,} | {v['speedup']}x |")
+    lines += ["", "| config | precision | cuda examples/s | cpu examples/s | speedup | cuda AUC | cpu AUC | AUC cuda - cpu |",
+              "|---|---|---|---|---|---|---|---|"]
+    for config, both in s["train"].items():
+        for precision, v in both.items():
+            lines.append(f"| {config} | {precision} | {v['cuda_examples_per_sec']} | {v['cpu_examples_per_sec']} | "
+                         f"{v['speedup']} | {v['cuda_auc']} | {v['cpu_auc']} | {v['auc_cuda_minus_cpu']} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: the GPU run (module docstring); cpu: the roofline run")
+    parser.add_argument("--rows", type=int, default=None, help="default 200000 (cpu), 100000 (cuda)")
     parser.add_argument("--vocab", type=int, default=1_000_000)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=None, help="default 2 (cpu), 1 (cuda)")
+    parser.add_argument("--batch", type=int, default=512, help="--device cuda: trainer.batch_size")
+    parser.add_argument("--tbe-batch", type=int, default=4096, help="--device cuda: bags per feature of the TBE probe")
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--precisions", default=",".join(PRECISIONS), help="fp32,bf16 (default) or one of them")
     parser.add_argument("--seed", type=int, default=0)
@@ -291,7 +457,8 @@ def main(argv=None) -> int:
     parser.add_argument("--probe-reps", type=int, default=10)
     parser.add_argument("--probe-trials", type=int, default=5)
     parser.add_argument("--data-dir", default=None, help="where the generated data is cached (default datasets/generated)")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "compute_bench.json"))
+    parser.add_argument("--out", default=None, help="default benchmarks/results/compute_bench.json "
+                        "(--device cuda: compute_bench_cuda.json)")
     parser.add_argument("--summarize", metavar="JSON", help="print the table of a saved run's records (no run)")
     parser.add_argument("--probe-child", help=argparse.SUPPRESS)  # JSON [size, dtype, reps, trials]: one probe, here
     args = parser.parse_args(argv)
@@ -303,10 +470,27 @@ def main(argv=None) -> int:
         result["summary"], result["targets"] = summarize(result["records"])
         print(table(result))
         return 0
-    result = run(args.rows, args.vocab, args.rounds, args.configs.split(","), args.seed, args.k_steps,
+    echo = lambda line: print(line, flush=True)  # noqa: E731
+    if args.device == "cuda":
+        from recps.device import check_device
+        from recps.errors import ConfigError
+
+        try:
+            check_device("cuda")
+        except ConfigError as exc:  # one line, before anything ran
+            print(f"compute_bench --device cuda: {exc}", file=sys.stderr)
+            return 2
+        result = cuda_run(args.rows or 100_000, args.vocab, args.rounds or 1, args.seed, args.k_steps, args.batch,
+                          args.tbe_batch, args.data_dir, echo=echo, precisions=tuple(args.precisions.split(",")))
+        out = Path(args.out or ROOT / "benchmarks" / "results" / "compute_bench_cuda.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1) + "\n")
+        print(cuda_table(result))
+        return 0
+    result = run(args.rows or 200_000, args.vocab, args.rounds or 2, args.configs.split(","), args.seed, args.k_steps,
                  args.probe_size, args.probe_reps, args.probe_trials, args.data_dir,
-                 echo=lambda line: print(line, flush=True), precisions=tuple(args.precisions.split(",")))
-    out = Path(args.out)
+                 echo=echo, precisions=tuple(args.precisions.split(",")))
+    out = Path(args.out or ROOT / "benchmarks" / "results" / "compute_bench.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({"cpu": result["cpu"]}))

@@ -261,6 +261,10 @@ def _check_values(cfg: DictConfig) -> None:
     device = str(cfg.device)
     if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
         raise ConfigError(f"device={device!r}: use cpu or cuda (cuda:N for one GPU)")
+    if device != "cpu":  # torch only then: a CPU run's launcher need not import it here
+        from recps.device import check_device
+
+        check_device(device)  # CUDA build, a GPU torch sees, fbgemm-gpu's CUDA build; else the fix
     for path in ("progress", "checkpoint.save"):
         if not isinstance(OmegaConf.select(cfg, path), bool):
             raise ConfigError(f"{path}={OmegaConf.select(cfg, path)!r}: use true or false")
@@ -326,9 +330,7 @@ def check_cluster_config(cfg: DictConfig) -> None:
     calls it before anything starts)."""
     if cfg.ps.name not in PS_MODES:
         raise ConfigError(f"ps={cfg.ps.name!r} is not a parameter-server mode {PS_MODES}")
-    if cfg.device != "cpu":
-        raise ConfigError(f"ps={cfg.ps.name} trains on CPU workers in this build, device={cfg.device!r}; "
-                          "set device=cpu (or ps=local for GPU training)")
+    # device=cuda: the workers compute on their GPU, the servers stay CPU processes (_check_values checks it)
     if cfg.cluster.name != "local":
         raise ConfigError(f"cluster={cfg.cluster.name!r} is unknown; use cluster=local (started processes with "
                           "role variables act as their role under it)")

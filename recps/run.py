@@ -21,6 +21,7 @@ from recps.checkpoint import load_checkpoint, save_checkpoint
 from recps.config import MODEL_ENGINE_KEYS, MODEL_INJECTED, TASK_ENGINE_KEYS, check_target_args
 from recps.data.dataset import PreparedData, prepare_data
 from recps.debug.dump import build_dump, check_debug_config
+from recps.device import check_device
 from recps.errors import ConfigError
 from recps.job import Job  # re-exported: recps.run.Job
 from recps.metrics.groups import check_evaluation_groups, evaluate_pointwise
@@ -57,8 +58,9 @@ def build_collection(cfg: DictConfig, feature_names: list[str], embedding_dim: i
         if sequence:
             return PSEmbeddingCollection([EmbeddingConfig(name=f"t_{f}", embedding_dim=embedding_dim,
                                                           num_embeddings=int(num_embeddings or 2**31 - 1),
-                                                          feature_names=[f]) for f in feature_names])
-        return PSEmbeddingBagCollection.from_features(feature_names, embedding_dim)
+                                                          feature_names=[f]) for f in feature_names],
+                                         device=cfg.device)
+        return PSEmbeddingBagCollection.from_features(feature_names, embedding_dim, device=cfg.device)
     if ps.name != "local":
         raise ConfigError(f"ps={ps.name!r} is not one of local, sync, async, geo; pick one of them")
     opt = ps.table.optimizer
@@ -91,8 +93,7 @@ def build_job(cfg: DictConfig, data: PreparedData | None = None) -> Job:
     check_target_args(cfg.optimizer, "optimizer", injected=("params",))
     check_metrics_config(cfg.get("metrics"))
     check_debug_config(cfg.get("debug"))
-    if cfg.device != "cpu" and not torch.cuda.is_available():
-        raise ConfigError(f"device={cfg.device!r} but torch sees no GPU; set device=cpu or run `make setup-gpu`")
+    device = check_device(cfg.device)  # cuda: a CUDA build that sees a GPU, else the fix
     precision = check_precision(cfg.trainer.get("precision", "fp32"), str(cfg.device))  # before any data is read
     seed_everything(int(cfg.seed))
     data = data or prepare_dataset(cfg.dataset, seed=int(cfg.seed))
@@ -108,7 +109,7 @@ def build_job(cfg: DictConfig, data: PreparedData | None = None) -> Job:
     injected: dict[str, Any] = {"embedding_collection" if sequence else "embedding_bag_collection": collection}
     if "dense_in_features" in takes:
         injected["dense_in_features"] = schema.num_dense
-    model = instantiate(model_cfg, **injected, _convert_="all")
+    model = instantiate(model_cfg, **injected, _convert_="all").to(device)  # the CPU: no copy
     task_cfg = OmegaConf.to_container(cfg.task, resolve=True)
     for key in TASK_ENGINE_KEYS:
         task_cfg.pop(key, None)

@@ -42,6 +42,7 @@ from recps.data.batch import Batch
 from recps.data.dataset import ExamplesSource
 from recps.data.sharding import WorkerShards
 from recps.errors import ConfigError
+from recps.nn.placement import BatchPlacement
 from recps.observer import TrainObserver  # re-exported: recps.trainer.TrainObserver
 from recps.ps.modes.dense import LocalDenseUpdater  # re-exported: recps.trainer.LocalDenseUpdater (ps=local)
 
@@ -393,6 +394,9 @@ class Trainer:
         self.observers = list(observers)
         self.prefetch = prefetch
         self._replicas = [thread_replica(model, collection) for _ in range(threads)]
+        # device=cuda: each thread's batches are copied up one step ahead (recps.nn.placement); on
+        # the CPU the batches as they are. The KJT goes where the collection reads its keys.
+        self.placement = BatchPlacement(device, getattr(collection, "input_device", None))
 
     def fit(self, source: BatchSource, batch_size: int, epochs: int = 1, max_steps: int = -1,
             progress: bool = True, first_epoch: int = 0, thread_steps_per_epoch: int = -1,
@@ -484,6 +488,7 @@ class Trainer:
                     done = skipped[thread] if epoch == first_epoch else 0
                     if done:
                         batches = itertools.islice(batches, done, None)
+                    batches = self.placement(batches)
                     positions[thread] = (epoch, done)
                     for taken, (batch, following) in enumerate(_with_next(batches), start=done):
                         if stop.is_set():
@@ -597,7 +602,7 @@ class Trainer:
         probs, targets = [], []
         self.model.eval()
         try:
-            for batch in source.batches(batch_size, 0, 1, 0):
+            for batch in self.placement(source.batches(batch_size, 0, 1, 0)):
                 with self.precision.autocast():  # as trained
                     output = self.task.forward(self.model, batch)
                 probs.append(self.task.predict(self.precision.to_fp32(output)))
@@ -606,7 +611,7 @@ class Trainer:
             self.model.train()
         if not probs:
             raise ConfigError("the evaluation split is empty; give dataset.test files or a test_fraction > 0")
-        return torch.cat(probs), torch.cat(targets)
+        return torch.cat(probs).cpu(), torch.cat(targets).cpu()  # on the host (the CPU: themselves)
 
 
 def _thread_batches(source, batch_size: int, threads: int) -> list[int] | None:

@@ -1,5 +1,5 @@
 """Suite-wide fixtures: `hdfs`, a real Apache Hadoop 2.7.3 HDFS on 127.0.0.1 (tests/hdfs/), and
-`in_process_cluster`, a PS job's server 0 and worker 0 in this process."""
+`in_process_cluster`, a PS job's server 0 and worker 0 in this process, and `device` ("cpu", "cuda")."""
 
 from __future__ import annotations
 
@@ -218,3 +218,24 @@ def launch_output() -> Callable[..., set[str]]:
     """follow_launch, for tests that read a launched job's output as it runs."""
     return follow_launch
 
+
+
+# ------------------------------------------------------------------------------------ device
+
+CUDA_SKIP_REASON = "no CUDA device: torch.cuda.is_available() is False"
+
+
+@pytest.fixture(params=["cpu", "cuda"])
+def device(request) -> str:
+    """"cpu", then "cuda": a test that takes it runs its device-dependent lines on both (issue 17:
+    every such line runs on the CPU in CI). The cuda half skips, with CUDA_SKIP_REASON, only where
+    torch sees no GPU; RECPS_REQUIRE_CUDA=1 (a GPU machine's run) turns that skip into a failure."""
+    if request.param == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            if os.environ.get("RECPS_REQUIRE_CUDA") == "1":
+                pytest.fail(f"RECPS_REQUIRE_CUDA=1 but {CUDA_SKIP_REASON} (torch {torch.__version__}); "
+                            "run the suite with .venv-gpu/bin/python on the GPU machine (make setup-gpu)")
+            pytest.skip(CUDA_SKIP_REASON)
+    return request.param

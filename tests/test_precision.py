@@ -143,8 +143,9 @@ def test_the_cli_refuses_fp8_in_one_line(tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: device=cuda is valid")
-@pytest.mark.parametrize("mode,fix", [("local", "set device=cpu or run `make setup-gpu`"),
-                                      ("async", "set device=cpu (or ps=local for GPU training)")])
+@pytest.mark.parametrize("mode,fix", [(mode, "torch.cuda.is_available() is False on this machine") for mode in ("local", "async")]
+                         + [("async", "run `make setup-gpu` and train with .venv-gpu/bin/python (torch's CUDA build "
+                                      "with fbgemm-gpu's), or set device=cpu")])
 def test_device_cuda_without_a_gpu_names_the_fix(tmp_path, mode, fix):
     """On a CPU-only machine device=cuda fails at once with one line naming the fix, before any data
     is generated or process started."""

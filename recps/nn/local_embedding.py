@@ -43,7 +43,9 @@ class LocalEmbeddingBagCollection(nn.Module):
         optimizer: "sgd", "adagrad" or "rowwise_adagrad".
         lr: learning rate; eps: Adagrad epsilon.
         init_std: rows start uniform in ±init_std·√3 (std init_std); 0 keeps torchrec's default.
-        device: "cpu" or "cuda".
+        device: "cpu" or "cuda" ("cuda:N"): where the rows live and the TBE computes (FBGEMM's CPU
+            TBE, or its CUDA TBE: EmbeddingLocation.DEVICE, ComputeDevice.CUDA); the batch's KJT
+            must be there too (`input_device`, recps.nn.placement).
     """
 
     def __init__(
@@ -68,6 +70,7 @@ class LocalEmbeddingBagCollection(nn.Module):
                 f"num_embeddings={num_embeddings}, embedding_dim={embedding_dim}; both must be >= 1"
             )
         self.feature_names = list(feature_names)
+        self.input_device = torch.device(device)  # where forward() reads the KJT: the TBE's device
         self.embedding_dim = int(embedding_dim)
         self.num_embeddings = int(num_embeddings)
         self.padded_dim = -(-self.embedding_dim // 4) * 4
@@ -92,13 +95,21 @@ class LocalEmbeddingBagCollection(nn.Module):
             tables=padded,
             optimizer_type=EMBEDDING_OPTIMIZERS[optimizer],
             optimizer_kwargs=kwargs,
-            device=torch.device(device),
+            device=self.input_device,
         )
+        if self.input_device.type != "cpu":
+            # torchrec drew the rows' first values with the GPU's generator, where on the CPU it draws
+            # them with the host's: the same draws here keep the host's generator where a CPU run has
+            # it, so that the rows below and the dense layers built next start as on the CPU.
+            for weight in self.fused.state_dict().values():
+                torch.empty(weight.shape, dtype=weight.dtype).uniform_()
         if init_std > 0:
             bound = init_std * math.sqrt(3.0)
             with torch.no_grad():
                 for weight in self.fused.state_dict().values():
-                    weight.uniform_(-bound, bound)
+                    # Drawn on the host (torch's CPU generator) and copied: a GPU's rows start equal to
+                    # the CPU's (the same draws as an in-place uniform_ on the CPU, which this is there).
+                    weight.copy_(torch.empty(weight.shape, dtype=weight.dtype).uniform_(-bound, bound))
         self._lookup = _single_lookup(self.fused, self.feature_names)
 
     def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:

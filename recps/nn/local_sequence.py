@@ -66,6 +66,7 @@ class LocalEmbeddingCollection(nn.Module):
         self.bags = LocalEmbeddingBagCollection(feature_names, embedding_dim, num_embeddings, optimizer=optimizer,
                                                 lr=lr, eps=eps, init_std=init_std, device=device)
         self.feature_names = list(self.bags.feature_names)
+        self.input_device = self.bags.input_device  # where forward() reads the KJT
         self.embedding_dim = self.bags.embedding_dim
         self._configs = [EmbeddingConfig(name=c.name, embedding_dim=c.embedding_dim, num_embeddings=c.num_embeddings,
                                          feature_names=list(c.feature_names))

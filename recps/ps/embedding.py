@@ -46,6 +46,13 @@ GEO: a communicator that trains a local replica itself (`FusedBagLookup`, see
 recps.ps.modes.geo) gets the ids and offsets and returns the pooled output; its TBE's
 fused optimizer updates the replica in the backward pass.
 
+Device (`device=cuda`: the worker computes on its GPU, the servers stay CPU processes). Keys are
+host data: the KJT stays on the host (`input_device`), where keys are salted, de-duplicated and
+pulled. The pulled rows (U, D), the inverse (N,) and the offsets are copied up through pinned
+host memory (recps.device.to_device, non-blocking), pooled by FBGEMM's kernel on the GPU, and
+d loss / d rows comes back down (to_host) before the push. GEO's replica lives on the device
+(`bind` places it: recps.ps.modes.geo). On the CPU every one of these copies is the tensor itself.
+
 Shapes: B batch, F features (Fg of one PS table), D embedding dim, N keys in the batch,
 U unique keys.
 
@@ -81,6 +88,7 @@ from torch import nn
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig, PoolingType
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 
+from recps.device import same_device, to_device, to_host
 from recps.errors import ConfigError, PSError
 from recps.splitmix import splitmix64
 from recps.ps.table.keys import unique_keys
@@ -168,7 +176,7 @@ class _PushGrads(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        grad = grad.contiguous()  # (U, D) summed over the batch's uses
+        grad = to_host(grad.contiguous())  # (U, D) summed over the batch's uses; from a GPU: copied down
         if ctx.shows is None:
             ctx.push(ctx.table, ctx.keys, grad)
         else:
@@ -245,9 +253,11 @@ class _Prefetch:
 class _PSCollectionBase(nn.Module):
     """What both collections share: tables, the communicator binding, key salting per batch."""
 
-    def __init__(self, configs, communicator, prefix: str, where: str) -> None:
+    def __init__(self, configs, communicator, prefix: str, where: str, device: str | torch.device = "cpu") -> None:
         super().__init__()
         self._where = where
+        self.device = torch.device(device)  # where the output is computed (rows copied up)
+        self.input_device = torch.device("cpu")  # where forward() reads the KJT: keys are host data
         self.ps_tables = _group_tables(configs, prefix, where)
         self.feature_names = [f for t in self.ps_tables for f in t.features]  # group order
         self.communicator = communicator
@@ -264,7 +274,8 @@ class _PSCollectionBase(nn.Module):
         if clicks is None:
             self._clicks.pop(ident, None)
             return
-        self._clicks[ident] = clicks.detach().reshape(-1).to(torch.float32).clamp(0.0, 1.0)  # (B,)
+        # (B,) on the host, where the keys' statistics are counted (labels on a GPU: copied down)
+        self._clicks[ident] = to_host(clicks.detach().reshape(-1)).to(torch.float32).clamp(0.0, 1.0)
 
     def _batch_clicks(self, batch: int) -> torch.Tensor | None:
         """This thread's clicks (B,), if set and made for a batch of `batch` examples."""
@@ -323,7 +334,11 @@ class _PSCollectionBase(nn.Module):
 
     def bind(self, communicator) -> None:
         """Sets (or replaces) the communicator: Fleet binds it in init_worker; evaluation may bind a
-        reader of the servers' values."""
+        reader of the servers' values. A communicator that keeps a local replica (GEO) places it on
+        this collection's device."""
+        place = getattr(communicator, "place_replicas", None)
+        if place is not None:
+            place(self.device)
         self.communicator = communicator
 
     def table_dims(self) -> dict[str, int]:
@@ -409,8 +424,11 @@ class _PSCollectionBase(nn.Module):
                 each = None if lengths is None else self._occurrence_clicks(table, lengths, batch, inverse.numel())
                 clicks = (torch.zeros(u) if each is None
                           else torch.bincount(inverse, weights=each, minlength=u).to(torch.float32))  # (U,)
-            rows = _PushGrads.apply(rows.requires_grad_(True), communicator.push, table.name, uniq, shows, clicks)
-        return rows, inverse
+            rows = _PushGrads.apply(to_device(rows, self.device).requires_grad_(True), communicator.push,
+                                    table.name, uniq, shows, clicks)
+        else:
+            rows = to_device(rows, self.device)
+        return rows, to_device(inverse, self.device)  # (U, D), (N,) where the pooling runs
 
 
 class PSEmbeddingBagCollection(_PSCollectionBase):
@@ -425,8 +443,9 @@ class PSEmbeddingBagCollection(_PSCollectionBase):
     order, values (B, F*D).
     """
 
-    def __init__(self, tables: Sequence[EmbeddingBagConfig], communicator=None, prefix: str = "embedding") -> None:
-        super().__init__(tables, communicator, prefix, "PSEmbeddingBagCollection")
+    def __init__(self, tables: Sequence[EmbeddingBagConfig], communicator=None, prefix: str = "embedding",
+                 device: str | torch.device = "cpu") -> None:
+        super().__init__(tables, communicator, prefix, "PSEmbeddingBagCollection", device)
         self._configs = list(tables)
         config_order = [f for c in self._configs for f in c.feature_names]
         self._dims = {f: int(c.embedding_dim) for c in self._configs for f in c.feature_names}
@@ -443,11 +462,12 @@ class PSEmbeddingBagCollection(_PSCollectionBase):
 
     @classmethod
     def from_features(cls, feature_names: Sequence[str], embedding_dim: int, communicator=None,
-                      num_embeddings: int = 2**31 - 1, prefix: str = "embedding") -> "PSEmbeddingBagCollection":
+                      num_embeddings: int = 2**31 - 1, prefix: str = "embedding",
+                      device: str | torch.device = "cpu") -> "PSEmbeddingBagCollection":
         """One table `t_<feature>` of width `embedding_dim` per feature (as the local collection)."""
         configs = [EmbeddingBagConfig(name=f"t_{f}", embedding_dim=int(embedding_dim), num_embeddings=num_embeddings,
                                       feature_names=[f]) for f in feature_names]
-        return cls(configs, communicator, prefix)
+        return cls(configs, communicator, prefix, device)
 
     def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
         return list(self._configs)
@@ -466,9 +486,12 @@ class PSEmbeddingBagCollection(_PSCollectionBase):
                 pooled.append(communicator.lookup_bags(table.name, keys, offsets, len(table.features), **stats))
                 continue
             rows, inverse = self._rows(table, keys, pull, lengths, batch)
+            offsets = to_device(offsets, self.device)
             pooled.append(pool_sum(rows, inverse, offsets, len(table.features)))  # (B, Fg*D)
         values = pooled[0] if len(pooled) == 1 else torch.cat(pooled, dim=1)  # (B, F*D) group order
         if self._columns is not None:
+            if not same_device(self._columns.device, values.device):
+                self._columns = self._columns.to(values.device)  # once: it stays there
             values = values.index_select(1, self._columns)  # (B, F*D) config order
         return KeyedTensor(keys=self._out_keys, length_per_key=[self._dims[f] for f in self._out_keys],
                            values=values)
@@ -480,8 +503,9 @@ class PSEmbeddingCollection(_PSCollectionBase):
     forward(features: KJT of raw int64 keys) -> {feature: JaggedTensor(values (N_f, D), lengths (B,))}.
     """
 
-    def __init__(self, tables: Sequence[EmbeddingConfig], communicator=None, prefix: str = "embedding") -> None:
-        super().__init__(tables, communicator, prefix, "PSEmbeddingCollection")
+    def __init__(self, tables: Sequence[EmbeddingConfig], communicator=None, prefix: str = "embedding",
+                 device: str | torch.device = "cpu") -> None:
+        super().__init__(tables, communicator, prefix, "PSEmbeddingCollection", device)
         self._configs = list(tables)
 
     def embedding_configs(self) -> list[EmbeddingConfig]:
@@ -493,8 +517,9 @@ class PSEmbeddingCollection(_PSCollectionBase):
         for (table, keys, lengths), pull in zip(parts, pulled):
             rows, inverse = self._rows(table, keys, pull, lengths, batch)
             looked = rows.index_select(0, inverse)  # (N, D); backward scatters into (U, D)
-            per_feature = lengths.view(len(table.features), batch)  # (Fg, B)
+            per_feature = lengths.view(len(table.features), batch)  # (Fg, B) on the host
             sizes = per_feature.sum(1).tolist()
-            for feature, chunk, lens in zip(table.features, looked.split(sizes), per_feature):
+            on_device = to_device(per_feature, self.device)  # (Fg, B) with the values
+            for feature, chunk, lens in zip(table.features, looked.split(sizes), on_device):
                 out[feature] = JaggedTensor(values=chunk, lengths=lens)
         return {f: out[f] for c in self._configs for f in c.feature_names}

@@ -309,7 +309,7 @@ class Fleet:
                                                 capacity=t.capacity, mode=mode.name)
         opt = self._optimizer
         if opt is not None:
-            self.client.create_dense_table(DENSE_TABLE, {n: p.detach() for n, p in opt.named_params().items()},
+            self.client.create_dense_table(DENSE_TABLE, {n: p.detach().cpu() for n, p in opt.named_params().items()},
                                            optimizer=opt.rule, mode=s.mode.name)
         self.client.barrier("recps.init_worker", timeout=self.connect_timeout_s)  # tables exist everywhere
         if load_from is not None:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from recps.config import PROJECT_ROOT
 
@@ -103,3 +104,36 @@ def test_tiny_run_end_to_end(tmp_path):
     assert {t["target"].split(" ")[0] for t in result["targets"]} >= {"local-1T", "geo-1S+2Wx1T", "async"}
     assert "| local-1T | fp32 |" in proc.stdout and "| target | value | met |" in proc.stdout
     assert (mine.stat().st_mtime_ns if mine.exists() else None) == before
+
+
+# ------------------------------------------------------------------------------ --device cuda
+
+
+def test_cuda_summary_medians_speedups_and_auc_differences():
+    tbe = [{"kind": "tbe", "device": d, "batch": 8, "features": 2, "dim": 4, "keys_per_sec": v}
+           for d, v in (("cuda", 900), ("cuda", 1100), ("cpu", 100), ("cpu", 300))]
+    train = [{"kind": "train", "config": "ctr_dnn local-1T", "device": d, "precision": "fp32", "examples_per_sec": v,
+              "auc": a} for d, v, a in (("cuda", 4000, 0.75), ("cpu", 1000, 0.7510))]
+    s = compute_bench.cuda_summarize(tbe + train)
+    assert s["tbe"] == {"B=8 F=2 D=4": {"cuda_keys_per_sec": 1000, "cpu_keys_per_sec": 200, "speedup": 5.0}}
+    assert s["train"]["ctr_dnn local-1T"]["fp32"] == {
+        "cuda_examples_per_sec": 4000, "cpu_examples_per_sec": 1000, "speedup": 4.0, "cuda_auc": 0.75,
+        "cpu_auc": 0.751, "auc_cuda_minus_cpu": -0.001}
+    table = compute_bench.cuda_table({"summary": s, "gpu": {"name": "G", "cuda": "12", "packages": {}},
+                                      "cpu": {"model": "C", "cores": 2}, "rows": 10, "batch": 8})
+    assert "| B=8 F=2 D=4 | 1,000 | 200 | 5.0x |" in table
+    assert "| ctr_dnn local-1T | fp32 | 4000 | 1000 | 4.0 | 0.75 | 0.751 | -0.001 |" in table
+
+
+def test_tbe_probe_counts_keys_of_forward_and_backward():
+    r = compute_bench.tbe_keys_per_second("cpu", batch=16, features=3, dim=4, rows=50, steps=2, warmup=1)
+    assert (r["kind"], r["device"], r["batch"], r["features"], r["steps"]) == ("tbe", "cpu", 16, 3, 2)
+    assert r["keys_per_sec"] == pytest.approx(16 * 3 * 2 / r["seconds"], rel=0.01)  # seconds rounded to 0.1 ms
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: --device cuda runs")
+def test_device_cuda_without_cuda_stops_before_any_run(capsys):
+    assert compute_bench.main(["--device", "cuda", "--out", "/nonexistent/never-written.json"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("compute_bench --device cuda: device='cuda': torch.cuda.is_available() is False")
+    assert "make setup-gpu" in err

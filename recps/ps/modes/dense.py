@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from recps.device import to_device, to_host
 from recps.errors import ConfigError, PSError
 
 __all__ = ["flatten", "assign_flat", "torch_optimizer_rule", "LocalDenseUpdater", "PSDenseUpdater"]
@@ -34,7 +35,10 @@ def flatten(tensors: Sequence[torch.Tensor | None], like: Sequence[torch.Tensor]
 
 
 def assign_flat(params: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
-    """Copy (N,) values into `params` in order (in place: the threads' replicas alias them)."""
+    """Copy (N,) values into `params` in order (in place: the threads' replicas alias them); values
+    from the servers go up to the params' device in one copy (the CPU: no copy)."""
+    if params:
+        flat = to_device(flat, params[0].device)
     pos = 0
     with torch.no_grad():
         for p in params:
@@ -114,7 +118,7 @@ class PSDenseUpdater:
         self._seen = None  # what was copied last: the sync step, or the async values object
 
     def apply(self, grads: Sequence[torch.Tensor | None]) -> None:
-        self.communicator.push_dense(self.table, flatten(grads, self.params))  # (N,)
+        self.communicator.push_dense(self.table, to_host(flatten(grads, self.params)))  # (N,) on the host
 
     def step_end(self, thread: int) -> None:
         self.communicator.step_end(thread)

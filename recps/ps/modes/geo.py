@@ -50,6 +50,13 @@ row-wise Adagrad in torch, for PSEmbeddingCollection); `lookup_bags` is the fuse
 PSEmbeddingBagCollection uses (TBE forward; backward updates the replica in place);
 `pull_dense` / `push_dense` read / SGD-step the attached dense params.
 
+Device (`device=cuda`): the replica's rows, their optimizer state and their synced copy live on
+the worker's GPU, in a CUDA TBE (EmbeddingLocation.DEVICE, ComputeDevice.CUDA) with the same fused
+optimizer; the key index, the touched marks and the statistics stay on the host, where the keys
+are. Slots and offsets are copied up per lookup, deltas down and merged values up per sync
+(recps.device). The collection that binds this communicator places the replicas (`place_replicas`);
+on the CPU every copy is the tensor itself.
+
 Thread safety: every method may be called from several training threads. Slot assignment
 (lookup + insert) holds one lock per table; the TBE's forward and backward run outside it,
 Hogwild like local training. A sync writes the merged values into the rows it synced (a
@@ -77,6 +84,7 @@ from dataclasses import dataclass
 
 import torch
 
+from recps.device import same_device, to_device, to_host
 from recps.errors import ConfigError, PSError, PSTimeoutError
 from recps.ps.modes.base import Mode, OnArrivalServer, check_int, has_accessor
 from recps.ps.modes.dense import LocalDenseUpdater
@@ -227,8 +235,10 @@ class _Replica:
     """One PS sparse table's local replica (see the module docstring)."""
 
     def __init__(self, name: str, dim: int, optimizer: str, lr: float, eps: float, capacity: int, client,
-                 initializer: Initializer | None = None, seed: int = 0, statistics: bool = False) -> None:
+                 initializer: Initializer | None = None, seed: int = 0, statistics: bool = False,
+                 device: torch.device = torch.device("cpu")) -> None:
         self.name, self.dim, self.client = name, dim, client
+        self.device = device  # of the rows, their state and synced copy (the TBE's); the rest is on the host
         self.statistics = statistics  # the servers' table keeps shows and clicks (an accessor)
         self.initializer, self.seed = initializer, seed  # None: first-seen rows are pulled
         self.width = -(-dim // 4) * 4  # P: TBE rows are multiples of 4 wide; pad columns stay 0
@@ -246,13 +256,13 @@ class _Replica:
 
     def _alloc(self, capacity: int) -> None:
         self.capacity = capacity
-        self.weights = torch.zeros(capacity * self.width)  # (C*P,) the TBE's host buffer
-        self.state = torch.zeros(capacity)  # (C,) row-wise Adagrad accumulator, the TBE's momentum1
+        self.weights = torch.zeros(capacity * self.width, device=self.device)  # (C*P,) the TBE's buffer
+        self.state = torch.zeros(capacity, device=self.device)  # (C,) row-wise Adagrad accumulator, the TBE's momentum1
         # Every write of ours goes through `.data` views: same memory, but no autograd version
         # bump, so a sync or a new row never fails another thread's TBE backward (Hogwild).
         self.rows = self.weights.data.view(capacity, self.width)  # (C, P)
         self.state_rows = self.state.data  # (C,)
-        self.synced = torch.zeros(capacity, self.dim)  # (C, D) values at the last sync
+        self.synced = torch.zeros(capacity, self.dim, device=self.device)  # (C, D) values at the last sync
         self.slot_keys = torch.empty(capacity, dtype=torch.int64)  # (C,)
         self.touched = torch.zeros(capacity, dtype=torch.bool)  # (C,) trained since the last sync
         counted = capacity if self.statistics else 0  # only a table with an accessor counts
@@ -296,12 +306,20 @@ class _Replica:
             buffers = {"weights": self.weights}
             if self.optimizer == "rowwise_adagrad":
                 buffers["momentum1"] = self.state
+            gpu = self.device.type == "cuda"
+            where = {"device": self.device} if gpu else {"preallocated_host_buffers": buffers}
             tbe = SplitTableBatchedEmbeddingBagsCodegen(
-                [(self.capacity, self.width, EmbeddingLocation.HOST, ComputeDevice.CPU)],
+                [(self.capacity, self.width, EmbeddingLocation.DEVICE if gpu else EmbeddingLocation.HOST,
+                  ComputeDevice.CUDA if gpu else ComputeDevice.CPU)],
                 feature_table_map=[0] * num_features, optimizer=fused[self.optimizer],
                 learning_rate=self._tbe_lr, eps=self._tbe_eps, pooling_mode=PoolingMode.SUM,
-                bounds_check_mode=BoundsCheckMode.NONE, preallocated_host_buffers=buffers,
+                bounds_check_mode=BoundsCheckMode.NONE, **where,
             )
+            if gpu:
+                # A CUDA TBE allocates its own weights_dev / momentum1_dev (buffers it reads at every
+                # call): the replica's take their place, shared by its TBEs as the host buffers are.
+                for name, buffer in buffers.items():
+                    setattr(tbe, f"{name}_dev", buffer)
             self._tbes[num_features] = tbe
         return tbe
 
@@ -316,6 +334,7 @@ class _Replica:
                 rows = self.initializer(new_keys, self.dim, self.seed)  # (M, D)
             else:
                 rows = self.client.pull(self.name, new_keys, assume_unique=True).wait(timeout)  # (M, D)
+            rows = to_device(rows, self.device)
             m, start = new_keys.numel(), self.size
             if start + m > self.capacity:
                 self._grow(start + m)
@@ -341,6 +360,7 @@ class _Replica:
 
     def apply_grads(self, slots: torch.Tensor, grads: torch.Tensor) -> None:
         """The local optimizer on unique `slots` (K,) with gradients (K, D), as the TBE would."""
+        marked, slots, grads = slots, to_device(slots, self.device), to_device(grads, self.device)
         rows = self.rows[slots, : self.dim]  # (K, D)
         if self.optimizer == "sgd":
             rows.sub_(grads, alpha=self.lr)
@@ -349,7 +369,7 @@ class _Replica:
             self.state_rows[slots] = state
             rows.sub_(grads * (self.lr / (state.sqrt() + self.eps)).unsqueeze(1))
         self.rows[slots, : self.dim] = rows
-        self.touched[slots] = True
+        self.touched[marked] = True
 
     def sync(self, scale: float, timeout: float | None, fold=None) -> int:
         """Push scale * deltas of touched rows, pull the merged values, fold them in (within `fold`:
@@ -363,26 +383,27 @@ class _Replica:
             shows, clicks = (self.shows[slots], self.clicks[slots]) if self.statistics else (None, None)
         if slots.numel() == 0:
             return 0
-        current = self.rows[slots, : self.dim]  # (K, D) a copy
-        delta = current - self.synced[slots]  # (K, D)
+        at = to_device(slots, self.device)  # (K,) where the rows are
+        current = self.rows[at, : self.dim]  # (K, D) a copy
+        delta = current - self.synced[at]  # (K, D)
         if scale != 1.0:
             delta.mul_(scale)
         # GeoServer adds the delta, and the shows and clicks to the rows' statistics (not scaled).
-        self.client.push(self.name, keys, delta, shows=shows, clicks=clicks, assume_unique=True).wait(timeout)
+        self.client.push(self.name, keys, to_host(delta), shows=shows, clicks=clicks, assume_unique=True).wait(timeout)
         if self.statistics:
             with self.lock:  # sent: off the rows (what was counted since stays for the next sync)
                 self.shows.index_add_(0, slots, -shows)
                 self.clicks.index_add_(0, slots, -clicks)
-        merged = self.client.pull(self.name, keys, assume_unique=True).wait(timeout)  # (K, D)
+        merged = to_device(self.client.pull(self.name, keys, assume_unique=True).wait(timeout), self.device)  # (K, D)
         with fold or contextlib.nullcontext(), self.lock:  # a growth in between moved the buffers; slots stay valid
-            now = self.rows[slots, : self.dim]  # (K, D) includes training since `current` was read
+            now = self.rows[at, : self.dim]  # (K, D) includes training since `current` was read
             # In place: the steps' updates since `current` was read stay. No backward runs now
             # (`fold`): one landing inside this read-modify-write was overwritten, its update lost.
-            self.rows[:, : self.dim].index_add_(0, slots, merged - current)
-            self.synced[slots] = merged
+            self.rows[:, : self.dim].index_add_(0, at, merged - current)
+            self.synced[at] = merged
             # A row trained while we synced keeps that work as its next delta: mark it again
             # (steps whose forward came before the sync's clear are re-marked in step_end too).
-            self.touched[slots[(now != current).any(dim=1)]] = True
+            self.touched[slots[to_host((now != current).any(dim=1))]] = True
         return slots.numel()
 
 
@@ -417,7 +438,8 @@ class _DenseReplica:
         delta = current - self.synced  # (N,)
         if scale != 1.0:
             delta.mul_(scale)
-        merged = self.client.push_dense(self.name, delta, return_values=True).wait(timeout)  # GeoServer adds it
+        merged = self.client.push_dense(self.name, to_host(delta), return_values=True).wait(timeout)  # GeoServer adds it
+        merged = to_device(merged, current.device)  # (N,) where the params are
         with fold or contextlib.nullcontext():
             self.assign(merged - current, add=True)
         self.synced = merged
@@ -447,6 +469,7 @@ class GeoCommunicator:
         self.delta_scale = average if mode.delta_scale is None else float(mode.delta_scale)
         self.dense_delta_scale = average if mode.dense_delta_scale is None else float(mode.dense_delta_scale)
         self._replicas: dict[str, _Replica] = {}
+        self.device = torch.device("cpu")  # of the replicas' rows (place_replicas)
         self._dense: dict[str, _DenseReplica] = {}
         self._lock = threading.Lock()  # replicas dict, step counter
         self._sync_lock = threading.Lock()  # one sync at a time
@@ -484,9 +507,22 @@ class GeoCommunicator:
                         initializer = Initializer(**spec["initializer"])
                     replica = _Replica(table, int(spec["dim"]), self._opt_name, self._lr, self._eps,
                                        self.capacity, self.client, initializer, int(spec.get("seed", 0)),
-                                       statistics=bool(spec.get("accessor")))
+                                       statistics=bool(spec.get("accessor")), device=self.device)
                     self._replicas[table] = replica
         return replica
+
+    def place_replicas(self, device: str | torch.device) -> None:
+        """The sparse replicas live on `device` (a collection binding this communicator calls it with
+        its own); before the first lookup. Raises PSError when replicas exist on another device."""
+        device = torch.device(device)
+        if same_device(device, self.device):
+            return
+        with self._lock:
+            if self._replicas:
+                raise PSError(f"geo: the replicas of tables {sorted(self._replicas)} live on {self.device}; a "
+                              f"collection on {device} cannot train them; bind collections of one device to "
+                              "this communicator (device= of recps.ps.embedding's collections)")
+            self.device = device
 
     def attach_dense(self, table: str, params: Mapping[str, torch.Tensor]) -> None:
         """Use `params` (name -> the trainer's shared tensors, every parameter of dense table
@@ -500,7 +536,7 @@ class GeoCommunicator:
         for name, replica in list(self._replicas.items()):
             with replica.lock:
                 n = replica.size
-                out[name] = {"keys": replica.slot_keys[:n].clone(), "state": replica.state_rows[:n].clone()}
+                out[name] = {"keys": replica.slot_keys[:n].clone(), "state": to_host(replica.state_rows[:n]).clone()}
         return out
 
     def load_state_dict(self, state: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
@@ -514,10 +550,11 @@ class GeoCommunicator:
             values = self.client.pull(name, keys, assume_unique=True).wait(self.timeout_s)  # (K, D)
             with replica.lock:
                 slots = replica.slots(keys, self.timeout_s)
-                replica.rows[slots, : replica.dim] = values
-                replica.synced[slots] = values
+                at, values = to_device(slots, replica.device), to_device(values, replica.device)
+                replica.rows[at, : replica.dim] = values
+                replica.synced[at] = values
                 replica.touched[slots] = False
-                replica.state_rows[slots] = accumulators
+                replica.state_rows[at] = to_device(accumulators, replica.device)
 
     def replica_rows(self, table: str) -> int:
         """Rows the replica of `table` holds (the worker's share of the table, never all of it)."""
@@ -531,7 +568,7 @@ class GeoCommunicator:
         replica = self._replica(table)
         with replica.lock:
             slots = replica.slots(keys, self.timeout_s)
-            return replica.rows[slots, : replica.dim]  # (K, D) a copy
+            return replica.rows[to_device(slots, replica.device), : replica.dim]  # (K, D) a copy, where the replica is
 
     def counts_statistics(self, table: str) -> bool:
         """Whether `table` keeps shows and clicks (its servers' table has an accessor)."""
@@ -568,7 +605,7 @@ class GeoCommunicator:
         if pending is None:
             pending = self._local.pending = []
         pending.append((replica, generation, slots))
-        pooled = tbe(slots, offsets)  # (B, Fg*P)
+        pooled = tbe(to_device(slots, replica.device), to_device(offsets, replica.device))  # (B, Fg*P)
         if replica.width != replica.dim:
             batch = pooled.shape[0]
             pooled = pooled.view(batch, num_features, replica.width)[:, :, : replica.dim]  # (B, Fg, D)

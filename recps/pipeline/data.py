@@ -158,7 +158,13 @@ def exposure_bucket(items: torch.Tensor, num_items: int) -> torch.Tensor:
 def movielens(ratings: str, movies: str, test_fraction: float = 0.2, click_rating: float = 4.0,
               long_view_rating: float = 4.5, max_users: int = 0, seed: int = 0) -> FunnelData:
     """MovieLens latest-small (or any ratings/movies pair in its layout) as funnel data; see the module doc.
-    `max_users` > 0 keeps the first that many users (tests)."""
+    The items are every movie of `movies` (recall retrieves over all of them). `max_users` > 0 keeps the
+    first that many users (tests)."""
+    import io
+
+    import pandas as pd
+
+    from recps import fs as rfs
     from recps.data.interactions import read_movies, read_ratings
 
     if not 0.0 < float(test_fraction) < 1.0:
@@ -171,7 +177,12 @@ def movielens(ratings: str, movies: str, test_fraction: float = 0.2, click_ratin
         frame = frame[keep]
         raw_user = raw_user[keep]
     user_ids, user = np.unique(raw_user, return_inverse=True)
-    item_ids, item = np.unique(frame["movieId"].to_numpy(np.int64), return_inverse=True)
+    # The catalogue: every movie of the movies file (rated or not, with genres or "(no genres listed)"), so
+    # recall retrieves over all of them; a rating of a movie the movies file lacks adds it.
+    listed = pd.read_csv(io.BytesIO(rfs.read_bytes(str(movies))), usecols=["movieId"])["movieId"].to_numpy(np.int64)
+    rated = frame["movieId"].to_numpy(np.int64)
+    item_ids = np.union1d(listed, rated)
+    item = np.searchsorted(item_ids, rated)
     rating = frame["rating"].to_numpy(np.float64)
     order = np.lexsort((frame["timestamp"].to_numpy(np.int64), user))
     user, item, rating = user[order], item[order], rating[order]

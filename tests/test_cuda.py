@@ -30,7 +30,7 @@ from recps.data.reader import Examples, TensorBatches
 from recps.device import check_device, to_device, to_host
 from recps.errors import ConfigError
 from recps.nn import BatchPlacement
-from recps.ps.embedding import PSEmbeddingBagCollection, salted_keys
+from recps.ps.embedding import PSEmbeddingBagCollection, pool_sum, salted_keys
 from recps.ps.modes import server_halves
 from recps.ps.modes.dense import PSDenseUpdater
 from recps.ps.modes.geo import GeoMode
@@ -120,6 +120,27 @@ def test_batch_placement_moves_every_batch_in_order(device, sparse_on_host):
 
 
 # ----------------------------------------------- PS collections on the device against plain torch
+
+
+def test_pool_sum_pads_widths_the_gpu_kernels_refuse(device):
+    """FBGEMM's GPU kernels take row widths that are multiples of 4: pool_sum pads D=9 rows to 12 there
+    (pad=None: on a GPU) and slices the output back; the padded path (pad=True, run here on `device`)
+    equals F.embedding_bag on the CPU, values and row gradients."""
+    dev = check_device(device)
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randn(30, 9, generator=g)
+    lengths = torch.randint(0, 4, (3 * 5,), generator=g)  # 3 features x B=5, some bags empty
+    inverse = torch.randint(0, 30, (int(lengths.sum()),), generator=g)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+    up = torch.randn(5, 27, generator=g)
+    mine = to_device(rows, dev).requires_grad_(True)
+    out = pool_sum(mine, to_device(inverse, dev), to_device(offsets, dev), 3, pad=True)  # (5, 27)
+    (grad,) = torch.autograd.grad((out * to_device(up, dev)).sum(), mine)
+    ref_rows = rows.clone().requires_grad_(True)
+    ref = F.embedding_bag(inverse, ref_rows, offsets[:-1], mode="sum").view(3, 5, 9).transpose(0, 1).reshape(5, 27)
+    (ref_grad,) = torch.autograd.grad((ref * up).sum(), ref_rows)
+    torch.testing.assert_close(out.detach().cpu(), ref.detach())
+    torch.testing.assert_close(grad.cpu(), ref_grad)
 
 
 class ReferenceEBC(nn.Module):

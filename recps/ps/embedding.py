@@ -184,7 +184,8 @@ class _PushGrads(torch.autograd.Function):
         return None, None, None, None, None, None
 
 
-def pool_sum(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor, num_features: int) -> torch.Tensor:
+def pool_sum(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor, num_features: int,
+             pad: bool | None = None) -> torch.Tensor:
     """Sum-pooled bags over pulled rows, all features in one FBGEMM kernel.
 
     Args:
@@ -192,10 +193,17 @@ def pool_sum(rows: torch.Tensor, inverse: torch.Tensor, offsets: torch.Tensor, n
         inverse: (N,) int64 row of each key.
         offsets: (Fg*B + 1,) int64 bag boundaries, feature-major as in a KJT.
         num_features: Fg.
+        pad: pool rows zero-padded to P (D rounded up to a multiple of 4) and slice the output back:
+            FBGEMM's GPU kernels take widths that are multiples of 4 only. None: on a GPU when D is not.
     Returns:
         (B, Fg*D) float32; an empty bag pools to zeros.
     """
     num_rows, dim = rows.shape
+    width = -(-dim // 4) * 4  # P
+    if (rows.device.type != "cpu" if pad is None else pad) and width != dim:
+        padded = pool_sum(torch.nn.functional.pad(rows, (0, width - dim)), inverse, offsets, num_features, pad=False)
+        batch = padded.shape[0]
+        return padded.view(batch, num_features, width)[:, :, :dim].reshape(batch, num_features * dim)  # (B, Fg*D)
     dev = rows.device
     weights_offsets = torch.zeros(num_features, dtype=torch.int64, device=dev)  # every feature reads table 0
     d_offsets = torch.arange(0, (num_features + 1) * dim, dim, dtype=torch.int32, device=dev)  # (Fg+1,)

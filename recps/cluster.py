@@ -97,7 +97,8 @@ def run_distributed(cfg: DictConfig, out_dir: Path, *, work=None, before_launch=
     role = environment_role(cfg)
     if role is None:
         (before_launch or _before_launch)(cfg, mode, Path(out_dir))
-        return _launch_local(cfg, Path(out_dir))
+        # A job of its own (stream, pipeline) execs its processes; the default one forks them (preloaded).
+        return _launch_local(cfg, Path(out_dir), preloaded=work is None and before_launch is None)
     _role_logging(role)
     from recps.launch import process_age
 
@@ -290,7 +291,25 @@ def _generate_data(cfg: DictConfig) -> None:
     ensure_split(ds["dir"], int(gen.pop("train_rows")), int(gen.pop("test_rows")), seed=int(gen.pop("seed", 0)), **gen)
 
 
-def _launch_local(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
+def _forked_process(cfg: DictConfig, out_dir: Path):
+    """What `python -m recps.train` of the job's config (child_command) does, for a process that recps.launch
+    forks from this one instead: this process imported torch, fbgemm, torchrec and the model, composed and
+    checked the config, so the child starts at its role (in its environment). An error a user can cause
+    ends it as recps.train's does (its one-line message on stderr, exit 1); any other, with its traceback."""
+
+    def run() -> int:
+        cfg.progress = False
+        try:
+            run_distributed(cfg, out_dir)
+        except RecpsError as exc:  # the process's top (recps.train.cli's message, which the launcher quotes)
+            sys.stderr.write(f"recps.train: {type(exc).__name__}: {exc}\n")
+            return 1
+        return 0
+
+    return run
+
+
+def _launch_local(cfg: DictConfig, out_dir: Path, preloaded: bool = False) -> dict[str, Any]:
     from recps.checkpoint import is_committed
     from recps.launch import LaunchError, launch
     from recps.run import checkpoint_dir
@@ -324,7 +343,8 @@ def _launch_local(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     try:
         result = launch(command, servers=int(c.servers), workers=int(c.workers),
                         timeout=None if c.timeout_s is None else float(c.timeout_s), host=str(c.host), output=tee,
-                        restarts=int(c.get("restarts", 0) or 0), on_restart=on_restart)
+                        restarts=int(c.get("restarts", 0) or 0), on_restart=on_restart,
+                        fork=_forked_process(cfg, out_dir) if preloaded else None)
     finally:
         tee.close()
     if not result.ok:
@@ -449,6 +469,23 @@ class ProgressLog:
                  step * self.batch_size / (now - self.start), loss)
 
 
+def _worker_data(cfg: DictConfig, role):
+    """This worker's training rows only, parsed by it (recps.data.dataset.WorkerExamplesSource: the same
+    batches as every row's source gives its threads), and the test rows where it evaluates (worker 0;
+    every worker with trainer.observers, which may read them); None where the data set or the task
+    needs every row (a dataset _target_, a test_fraction split, a task that binds the data)."""
+    from hydra.utils import get_object
+
+    from recps.data.dataset import prepare_data, worker_parses_its_shards
+
+    ds = OmegaConf.to_container(cfg.dataset, resolve=True)
+    if not worker_parses_its_shards(ds) or hasattr(get_object(str(cfg.task._target_)), "bind"):
+        return None
+    threads = int(cfg.trainer.threads)
+    return prepare_data(ds, seed=int(cfg.seed), worker=(role.index, role.num_workers, threads),
+                        test=role.index == 0 or bool(cfg.trainer.get("observers")))
+
+
 def _work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence = ()) -> dict[str, Any] | None:
     import torch
 
@@ -459,6 +496,8 @@ def _work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence =
     from recps.run import build_job, checkpoint_dir, evaluate, training_observers
     from recps.trainer import planned_steps
 
+    if data is None:
+        data = _worker_data(cfg, role)
     job = build_job(cfg, data)  # the same data, model, task and trainer as ps=local, over a PS-backed collection
     job.trainer.observers = [*job.trainer.observers, *observers]
     strategy = DistributedStrategy(ps_mode(cfg), threads=int(cfg.trainer.threads))

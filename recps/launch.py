@@ -34,6 +34,16 @@ even by `kill -9`: on Linux each child asks the kernel for SIGKILL when its pare
 pipe, kills every child's process group (grandchildren included). Not covered: grandchildren
 that leave their process group (setsid, daemons).
 
+A preloaded image (`launch(..., fork=target)`, as `recps.train` does): each child is forked from
+the launcher, which has imported torch, fbgemm, torchrec and the models and composed the config
+already, and runs `target()` instead of exec'ing the command (saving each process its python
+start, imports and config: about 3 CPU-seconds on the 2-core development machine,
+benchmarks/RESULTS.md "Start-up"); everything above holds for it (its own process group,
+the parent-death signal, output forwarded or logged, the same environment and exit codes). It
+forks only when that is safe (`can_fork`: no other thread in this process but numpy's BLAS pool
+and jemalloc's background thread, whose libraries handle a fork; no OpenMP team yet); else, and
+with RECPS_LAUNCH_FORK=0, it execs the command as usual.
+
 The same from Python (e.g. `recps.train cluster=local`):
 
     result = launch([sys.executable, "-m", "my_job"], servers=1, workers=2, timeout=600)
@@ -43,7 +53,9 @@ The same from Python (e.g. `recps.train cluster=local`):
 from __future__ import annotations
 
 import argparse
+import ctypes
 import dataclasses
+import io
 import logging
 import os
 import secrets
@@ -54,6 +66,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass
 from typing import IO, Callable, Mapping, Sequence, TextIO
 
@@ -71,7 +84,7 @@ from recps.ps.roles import (
 )
 
 __all__ = ["launch", "LaunchResult", "LaunchError", "free_port", "main", "DEFAULT_GRACE_S", "TIMEOUT_EXIT_CODE",
-           "RESTART_ENV", "restart_count", "MAX_BACKOFF_S", "process_age"]
+           "RESTART_ENV", "restart_count", "MAX_BACKOFF_S", "process_age", "FORK_ENV", "can_fork", "note_fork_safe_threads"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +94,7 @@ RESTART_ENV = "RECPS_RESTART_COUNT"  # which start of the cluster this is: 0, th
 MAX_RESTARTS_ENV = "RECPS_MAX_RESTARTS"  # `restarts`: the processes' errors say whether a restart follows
 _ELASTIC_RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"  # torchrun's (--max-restarts)
 MAX_BACKOFF_S = 30.0
+FORK_ENV = "RECPS_LAUNCH_FORK"  # "0": always exec the command, even when launch() was given a `fork` target
 _POLL_S = 0.05
 _REAP_TIMEOUT_S = 5.0  # a SIGKILLed process is normally gone in milliseconds; D-state ones may take longer
 _READER_JOIN_S = 2.0
@@ -183,6 +197,45 @@ def process_age() -> float | None:
     return max(0.0, uptime - started_ticks / os.sysconf("SC_CLK_TCK"))
 
 
+_fork_safe_threads: frozenset[str] = frozenset()
+_FORK_SAFE_NAMES = ("jemalloc_bg_thd",)  # pyarrow's jemalloc: its fork handlers stop and restart it
+
+
+def note_fork_safe_threads() -> None:
+    """Takes the native threads this process runs now as safe to fork with: an entry point calls it
+    right after its imports, when the only ones are the BLAS pool numpy started (OpenBLAS stops it
+    around a fork and starts it again when needed). Any thread started later prevents `can_fork`."""
+    global _fork_safe_threads
+    try:
+        _fork_safe_threads = frozenset(os.listdir("/proc/self/task"))
+    except OSError:
+        _fork_safe_threads = frozenset()
+
+
+def can_fork() -> bool:
+    """Whether a child forked now may run Python without exec'ing: no other Python thread, and no native
+    thread but those `note_fork_safe_threads` took and jemalloc's (a thread holding a lock at the fork,
+    e.g. an OpenMP team's or hdfs-native's runtime, would deadlock the child); Linux only."""
+    if not hasattr(os, "fork") or not sys.platform.startswith("linux") or threading.active_count() > 1:
+        return False
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return False
+    me = str(threading.get_native_id())
+    for task in tasks:
+        if task == me or task in _fork_safe_threads:
+            continue
+        try:
+            with open(f"/proc/self/task/{task}/comm", encoding="utf-8") as f:
+                name = f.read().strip()
+        except OSError:  # it has just exited
+            continue
+        if name not in _FORK_SAFE_NAMES:
+            return False
+    return True
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free on `host` right now (the OS picks it; another process may take it later).
 
@@ -260,6 +313,10 @@ class _Guardian:
     def watch(self, pgid: int) -> None:
         self._send(f"{pgid}\n")
 
+    def fileno(self) -> int:
+        """Its stdin pipe's end here (a forked child closes it: only our death may close it)."""
+        return self.proc.stdin.fileno()
+
     def close(self) -> None:
         self._send("done\n")
         try:
@@ -277,7 +334,7 @@ class _Guardian:
 class _Child:
     name: str
     is_worker: bool
-    proc: subprocess.Popen
+    proc: subprocess.Popen | _Forked
     log: IO[bytes] | None = None
     reader: threading.Thread | None = None
     returncode: int | None = None
@@ -287,6 +344,107 @@ class _Child:
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+
+class _Forked:
+    """A child forked from this process (no exec), with the part of subprocess.Popen that launch uses."""
+
+    def __init__(self, pid: int, stdout: IO[bytes] | None) -> None:
+        self.pid, self.stdout, self.returncode = pid, stdout, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: as Popen, an unknown code reads 0
+                self.returncode = 0
+            else:
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)  # -N: killed by signal N
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"forked child {self.pid}", timeout)
+            time.sleep(_POLL_S)
+        return self.returncode
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _fork(target: Callable[[], int | None], env: Mapping[str, str], out_fd: int, close: Sequence[int]) -> int:
+    """Fork a child that runs `target()` as a fresh process of `env` would, its stdout and stderr on
+    `out_fd`; returns its pid. The child closes `close` (the launcher's pipes to the guardian and to
+    the other children) and exits with target's return value (a traceback and 1 on an exception)."""
+    parent = os.getpid()
+    for stream in (sys.stdout, sys.stderr):  # nothing of ours is written twice by the child
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    pid = os.fork()
+    if pid:
+        try:
+            os.setpgid(pid, pid)  # also done by the child: whichever runs first
+        except OSError:
+            pass
+        return pid
+    code = 1
+    try:  # the child: never returns into the launcher's frames
+        os.setpgid(0, 0)
+        _die_with_parent(parent)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out_fd, 1)
+        os.dup2(out_fd, 2)
+        for fd in {null, out_fd, *close}:
+            if fd > 2:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.environ.clear()
+        os.environ.update(env)
+        # PYTHONUNBUFFERED's streams on the new descriptors; no log handler of the launcher's.
+        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
+                                      line_buffering=True, write_through=True)
+        sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
+                                      line_buffering=True, write_through=True)
+        for handler in logging.root.handlers[:]:
+            logging.root.removeHandler(handler)
+        result = target()
+        code = result if isinstance(result, int) else 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:  # noqa: BLE001 (the child's top: what a fresh interpreter prints)
+        traceback.print_exc()
+    finally:
+        try:
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _die_with_parent(parent: int) -> None:
+    """PR_SET_PDEATHSIG(SIGKILL) for this child (as _DEATH_SIGNAL_EXEC); if `parent` died already, die now."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(ctypes.c_int(1), ctypes.c_ulong(signal.SIGKILL), ctypes.c_ulong(0),
+                                                ctypes.c_ulong(0), ctypes.c_ulong(0))
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _forward(child_name: str, pipe: IO[bytes], output: TextIO | None, lock: threading.Lock) -> None:
@@ -384,10 +542,12 @@ def _start(
     command: Sequence[str],
     base_env: Mapping[str, str],
     log_dir: str | None,
-    output: TextIO | None,
-    lock: threading.Lock,
     guardian: _Guardian,
+    fork: Callable[[], int | None] | None = None,
+    close: Sequence[int] = (),
 ) -> _Child:
+    """Start one child (forked to run `fork`, when given and safe; else exec'ing `command`). Its output
+    is read by `_read`, started once every child of the start is up (no thread runs at the forks)."""
     env = dict(base_env)
     env.update(role.to_env())
     restarted = base_env.get(RESTART_ENV, "0") != "0"  # a restart appends to the first start's log
@@ -395,31 +555,52 @@ def _start(
     try:
         if shutil.which(command[0]) is None:
             raise FileNotFoundError(f"no such program: {command[0]!r}")
-        # No preexec_fn (Python code between fork and exec deadlocks when another thread of this
-        # process holds a lock at the fork, e.g. hdfs-native's runtime): the child leads its own
-        # group (process_group=0, done in C) and a tiny exec wrapper sets the parent-death signal.
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _DEATH_SIGNAL_EXEC, str(os.getpid()), *command],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log if log is not None else subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            process_group=0,
-            close_fds=True,
-        )
+        if fork is not None and os.environ.get(FORK_ENV, "1") != "0" and can_fork():
+            proc = _start_forked(fork, env, log, [guardian.fileno(), *close])
+        else:
+            # No preexec_fn (Python code between fork and exec deadlocks when another thread of this
+            # process holds a lock at the fork, e.g. hdfs-native's runtime): the child leads its own
+            # group (process_group=0, done in C) and a tiny exec wrapper sets the parent-death signal.
+            proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", _DEATH_SIGNAL_EXEC, str(os.getpid()), *command],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log if log is not None else subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                process_group=0,
+                close_fds=True,
+            )
     except OSError as e:
         if log is not None:
             log.close()
         raise ConfigError(f"cannot start {role.name}: {command[0]!r}: {e}; check the command after '--'") from None
     guardian.watch(proc.pid)  # the child leads its own group: pgid == pid
     child = _Child(role.name, role.is_worker, proc, log=log)
-    if log is None:
-        child.reader = threading.Thread(
-            target=_forward, args=(role.name, proc.stdout, output, lock), name=f"recps-launch-{role.name}", daemon=True
-        )
-        child.reader.start()
-    logger.info("started %s (pid %d)", role.name, proc.pid)
+    logger.info("started %s (pid %d)%s", role.name, proc.pid, " forked from this image" if isinstance(proc, _Forked) else "")
     return child
+
+
+def _start_forked(target: Callable[[], int | None], env: Mapping[str, str], log: IO[bytes] | None,
+                  close: Sequence[int]) -> _Forked:
+    if log is not None:
+        return _Forked(_fork(target, env, log.fileno(), close), None)
+    read, write = os.pipe()
+    try:
+        pid = _fork(target, env, write, [read, *close])
+    except BaseException:
+        os.close(read)
+        raise
+    finally:
+        os.close(write)
+    return _Forked(pid, os.fdopen(read, "rb"))
+
+
+def _read(child: _Child, output: TextIO | None, lock: threading.Lock) -> None:
+    """Forward the child's output on a thread of its own (nothing to do when it writes to a log file)."""
+    if child.log is None:
+        child.reader = threading.Thread(target=_forward, args=(child.name, child.proc.stdout, output, lock),
+                                        name=f"recps-launch-{child.name}", daemon=True)
+        child.reader.start()
 
 
 def _check_count(name: str, value: object) -> int:
@@ -443,6 +624,7 @@ def launch(
     restarts: int = 0,
     backoff: float = 1.0,
     on_restart: Callable[[int, LaunchResult], str | None] | None = None,
+    fork: Callable[[], int | None] | None = None,
 ) -> LaunchResult:
     """Run `servers` + `workers` copies of `command` with their roles; return when the cluster is done.
 
@@ -468,6 +650,10 @@ def launch(
         backoff: seconds before the first restart, doubled for each next one (at most MAX_BACKOFF_S).
         on_restart: called with (restart number from 1, the failed start's result) before each
             restart; what it returns (e.g. "from checkpoint .../step-40") joins the restart's log line.
+        fork: what each child runs when it is forked from this process instead of exec'ing `command`
+            (the preloaded image in the module docstring; it must do what `command` does with the
+            child's environment): returns the exit code. Used when `can_fork()` and not
+            RECPS_LAUNCH_FORK=0, per start (a restart may exec).
     """
     command = [os.fspath(part) for part in command]
     if not command:
@@ -494,7 +680,7 @@ def launch(
     recovered: list[str] = []
     for attempt in range(restarts + 1):
         result = _launch_once(command, servers, workers, {**base_env, RESTART_ENV: str(attempt)}, deadline, timeout,
-                              log_dir, token, host, grace, output)
+                              log_dir, token, host, grace, output, fork)
         if result.ok or result.timed_out or attempt == restarts:
             break
         delay = min(backoff * 2**attempt, MAX_BACKOFF_S)
@@ -514,7 +700,7 @@ def launch(
 
 def _launch_once(command: list[str], servers: int, workers: int, base_env: dict[str, str], deadline: float | None,
                  timeout: float | None, log_dir: str | None, token: str, host: str, grace: float,
-                 output: TextIO | None) -> LaunchResult:
+                 output: TextIO | None, fork: Callable[[], int | None] | None = None) -> LaunchResult:
     """One start of the cluster, supervised until it is done (launch's loop restarts it)."""
     coordinator = f"[{host}]:{free_port(host)}" if ":" in host else f"{host}:{free_port(host)}"
     roles = [Role("server", i, servers, workers, coordinator, host, token) for i in range(servers)]
@@ -529,7 +715,11 @@ def _launch_once(command: list[str], servers: int, workers: int, base_env: dict[
     guardian = _Guardian()
     try:
         for role in roles:
-            children.append(_start(role, command, base_env, log_dir, output, lock, guardian))
+            theirs = [fd for c in children for fd in (c.proc.stdout.fileno() if c.proc.stdout else -1,
+                                                       c.log.fileno() if c.log else -1) if fd >= 0]
+            children.append(_start(role, command, base_env, log_dir, guardian, fork, theirs))
+        for child in children:
+            _read(child, output, lock)
         while failed is None:
             for child in children:
                 if _has_exited(child) and child.returncode != 0 and failed is None:

@@ -39,6 +39,7 @@ from typing import Any, Iterator
 import hydra
 from omegaconf import DictConfig
 
+import recps.launch as _launch
 from recps.config import composition_error_message, register_resolvers, validate_config
 
 __all__ = ["main", "cli", "error_message", "summary_lines", "held_out_metric_names"]
@@ -47,6 +48,7 @@ log = logging.getLogger("recps.train")
 
 register_resolvers()
 _IMPORTED = _time.perf_counter()
+_launch.note_fork_safe_threads()  # numpy's BLAS pool: the launcher may fork its cluster from this image
 
 _FULL_ERROR = "HYDRA_FULL_ERROR"
 # cli() sets HYDRA_FULL_ERROR=1 so that Hydra raises what fails to it instead of printing a trace;
@@ -82,7 +84,8 @@ def _run(cfg: DictConfig) -> float:
 
     quiet_libraries()
     hydra_cfg = HydraConfig.get()
-    validate_config(cfg, overrides=list(hydra_cfg.overrides.task))  # before any data, process or heavy import
+    with _one_torch_thread():
+        validate_config(cfg, overrides=list(hydra_cfg.overrides.task))  # before any data, process or heavy import
     _log_startup()
     out_dir = Path(hydra_cfg.runtime.output_dir)
     if cfg.get("pipeline") is not None and str(cfg.pipeline.get("name", "none")) != "none":
@@ -118,6 +121,23 @@ def _run(cfg: DictConfig) -> float:
 
 
 _startup: dict[str, float] = {}
+
+
+@contextmanager
+def _one_torch_thread() -> Iterator[None]:
+    """Torch ops of the block (the checks build metric states) run on this thread: no OpenMP team starts,
+    so a launcher may still fork its cluster's processes (recps.launch.can_fork; a child forked after a
+    team started would hang in its first parallel op). torch's thread count is restored after it."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _log_startup() -> None:

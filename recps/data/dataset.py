@@ -15,11 +15,12 @@ from typing import Any, Iterator, Mapping
 import torch
 
 from recps.data.batch import Batch
-from recps.data.reader import Examples, TensorBatches, load_tensors
+from recps.data.reader import Examples, TabularReader, TensorBatches, empty_examples, load_tensors
 from recps.data.schema import Schema
 from recps.errors import ConfigError
 
-__all__ = ["ExamplesSource", "PreparedData", "ensure_generated", "prepare_data", "split_examples"]
+__all__ = ["ExamplesSource", "WorkerExamplesSource", "PreparedData", "ensure_generated", "prepare_data", "split_examples",
+           "worker_parses_its_shards"]
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,39 @@ class ExamplesSource:
                                 shuffle=self.shuffle, seed=self.seed)
         batches.epoch = epoch
         return iter(batches)
+
+
+class WorkerExamplesSource(ExamplesSource):
+    """The training rows of one worker only, parsed by it alone: worker w of W with T threads trains
+    shards wT .. wT+T-1 of W*T (recps.data.sharding.WorkerShards), i.e. the rows r with
+    (r // T) % W == w. Its batches are those an ExamplesSource over every row gives for those shards,
+    bit for bit: thread t's rows are its local shard t of T in the same order, shuffled with the
+    global shard's seed. `len()` is every worker's rows (the files' total), as the shard plans need."""
+
+    def __init__(self, examples: Examples, total_rows: int, worker: int, workers: int, threads: int,
+                 shuffle: bool = True, seed: int = 0) -> None:
+        super().__init__(examples, shuffle, seed)
+        self.total_rows, self.worker, self.workers, self.threads = total_rows, worker, workers, threads
+
+    def __len__(self) -> int:
+        return self.total_rows
+
+    def batches(self, batch_size: int, shard_index: int, num_shards: int, epoch: int) -> Iterator[Batch]:
+        t, w = self.threads, self.worker
+        if num_shards != self.workers * t or not w * t <= shard_index < (w + 1) * t:
+            raise ConfigError(f"shard {shard_index} of {num_shards}: this source holds worker {w} of {self.workers}'s "
+                              f"rows only (shards {w * t}..{(w + 1) * t - 1} of {self.workers * t}); a layout of "
+                              "other workers or threads reads the data set again (recps.cluster does)")
+        batches = TensorBatches(self.examples, batch_size, shard_index=shard_index - w * t, num_shards=t,
+                                shuffle=self.shuffle, seed=self.seed, seed_shard=shard_index)
+        batches.epoch = epoch
+        return iter(batches)
+
+
+def worker_parses_its_shards(cfg: Mapping[str, Any]) -> bool:
+    """Whether a PS worker may parse only its own training rows of this dataset config (prepare_data's
+    `worker=`): tabular files with test files of their own (a test_fraction splits every row first)."""
+    return not cfg.get("_target_") and bool(cfg.get("test")) and not float(cfg.get("test_fraction") or 0.0)
 
 
 @dataclass
@@ -86,8 +120,13 @@ def ensure_generated(cfg: Mapping[str, Any]) -> Any:
     return test_info
 
 
-def prepare_data(cfg: Mapping[str, Any], seed: int = 0) -> PreparedData:
-    """Generates (if configured), parses and splits the data a dataset config names."""
+def prepare_data(cfg: Mapping[str, Any], seed: int = 0, worker: tuple[int, int, int] | None = None,
+                 test: bool = True) -> PreparedData:
+    """Generates (if configured), parses and splits the data a dataset config names.
+
+    worker=(w, W, T): parse only worker w's training rows (of W workers with T threads each;
+    a WorkerExamplesSource; `worker_parses_its_shards(cfg)` must hold). test=False: no test rows
+    (a worker that does not evaluate)."""
     schema = Schema.from_config(cfg["schema"])
     best_auc = best_aucs = None
     test_info = ensure_generated(cfg)
@@ -96,6 +135,21 @@ def prepare_data(cfg: Mapping[str, Any], seed: int = 0) -> PreparedData:
         best_aucs = dict(getattr(test_info, "best_aucs", None) or {}) or None  # per label, multi-label generators
         log.info("synthetic data in %s: best reachable test AUC %s", cfg["dir"], best_aucs or round(best_auc, 4))
     budget = cfg.get("error_budget", 0.01)
+    shuffle = bool(cfg.get("shuffle", True))
+    if worker is not None:
+        if not worker_parses_its_shards(cfg):
+            raise ConfigError(f"dataset {cfg.get('name')!r}: a worker's own rows need tabular train and test files "
+                              "(no _target_, no test_fraction); read the whole data set instead")
+        w, workers, threads = worker
+        reader = TabularReader(list(cfg["train"]), schema, batch_size=1, shard_index=w, num_shards=workers,
+                               shard_width=threads, error_budget=budget)
+        parts = [part.row_major() for part in reader.chunks()]
+        mine = Examples.cat(parts) if parts else empty_examples(schema)
+        source = WorkerExamplesSource(mine, reader.stats.all_rows, w, workers, threads, shuffle, seed)
+        held_out = load_tensors(list(cfg["test"]), schema, error_budget=budget) if test else empty_examples(schema)
+        log.info("dataset %s: %d train rows (worker %d's %d of %d), %d test rows", cfg.get("name"), len(source), w,
+                 len(mine), len(source), len(held_out))
+        return PreparedData(schema, source, ExamplesSource(held_out, False, seed), best_auc, best_aucs)
     train = load_tensors(list(cfg["train"]), schema, error_budget=budget)
     test_paths = list(cfg.get("test") or [])
     fraction = float(cfg.get("test_fraction") or 0.0)
@@ -107,6 +161,5 @@ def prepare_data(cfg: Mapping[str, Any], seed: int = 0) -> PreparedData:
         raise ConfigError(f"dataset {cfg.get('name')!r} has no test files and test_fraction=0; "
                           "set dataset.test or dataset.test_fraction")
     log.info("dataset %s: %d train rows, %d test rows", cfg.get("name"), len(train), len(test))
-    shuffle = bool(cfg.get("shuffle", True))
     return PreparedData(schema, ExamplesSource(train, shuffle, seed), ExamplesSource(test, False, seed), best_auc,
                         best_aucs)

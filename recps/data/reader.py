@@ -212,7 +212,8 @@ class TensorBatches:
     """Batches sliced from pre-parsed `Examples`, with no per-example Python work.
 
     Shard k of n takes rows k, k + n, k + 2n, ... (the same rule as TabularReader).
-    With shuffle=True, each iteration draws a new order from (seed, shard, epoch).
+    With shuffle=True, each iteration draws a new order from (seed, shard, epoch); `seed_shard`
+    names another shard for it (a worker's rows alone: recps.data.dataset.WorkerExamplesSource).
 
     Example:
         >>> ex = Examples(("c",), torch.zeros(5, 0), torch.arange(5).view(5, 1), torch.zeros(5, 1))
@@ -230,9 +231,11 @@ class TensorBatches:
         drop_last: bool = False,
         shuffle: bool = False,
         seed: int = 0,
+        seed_shard: int | None = None,
     ) -> None:
         _check_batching(batch_size, shard_index, num_shards)
         self.examples = examples
+        self.seed_shard = shard_index if seed_shard is None else seed_shard  # the shard the order is drawn for
         self.batch_size = batch_size
         self.shard_index = shard_index
         self.num_shards = num_shards
@@ -250,7 +253,7 @@ class TensorBatches:
         ex = self.examples
         rows = torch.arange(self.shard_index, len(ex), self.num_shards)  # (R,)
         if self.shuffle:
-            g = torch.Generator().manual_seed(_seed(self.seed, self.shard_index, self.epoch))
+            g = torch.Generator().manual_seed(_seed(self.seed, self.seed_shard, self.epoch))
             rows = rows.index_select(0, torch.randperm(rows.numel(), generator=g))
         self.epoch += 1
         contiguous = not self.shuffle and self.num_shards == 1
@@ -439,6 +442,7 @@ class ReaderStats:
     """Counts of one iteration of a reader (this shard only)."""
 
     rows: int = 0  # rows kept
+    all_rows: int = 0  # well-formed rows read, every shard's (the files' total)
     bad_rows: int = 0  # rows skipped
     files: int = 0  # files finished
     first_bad: list[str] = dataclasses.field(default_factory=list)  # "file:line (reason)" of the first few
@@ -582,6 +586,8 @@ class TabularReader:
         schema: the columns and parsing options.
         batch_size: B; the last batch may be smaller unless drop_last.
         shard_index, num_shards: this reader keeps rows with global index % num_shards == shard_index.
+        shard_width: ... with (global index // shard_width) % num_shards == shard_index instead: runs of
+            shard_width rows (a worker of num_shards keeps the rows of its shard_width threads' shards).
         error_budget: bad rows tolerated: a float in [0, 1] is a fraction of the rows read
             (judged after 10,000 rows and at the end), an int >= 0 a count.
         drop_last: drop the last incomplete batch.
@@ -604,6 +610,7 @@ class TabularReader:
         *,
         shard_index: int = 0,
         num_shards: int = 1,
+        shard_width: int = 1,
         error_budget: float | int = 0.01,
         drop_last: bool = False,
         shuffle_buffer: int = 0,
@@ -626,6 +633,8 @@ class TabularReader:
             raise ConfigError(f"shuffle_buffer={shuffle_buffer!r} must be >= 0")
         if threads < 1 or block_size < 1:
             raise ConfigError(f"threads={threads!r} and block_size={block_size!r} must be positive")
+        if isinstance(shard_width, bool) or not isinstance(shard_width, int) or shard_width < 1:
+            raise ConfigError(f"shard_width={shard_width!r} must be a positive integer (rows per run of a shard)")
         if schema.format != "parquet" and not schema.header and not schema.columns:
             raise ConfigError(
                 "dataset.schema.header=false needs dataset.schema.columns (every column in file order); set it"
@@ -635,6 +644,7 @@ class TabularReader:
         self.batch_size = batch_size
         self.shard_index = shard_index
         self.num_shards = num_shards
+        self.shard_width = shard_width
         self.error_budget = error_budget
         self.drop_last = drop_last
         self.shuffle_buffer = shuffle_buffer
@@ -721,8 +731,9 @@ class TabularReader:
                     if batch is None:
                         continue
                     n = batch.num_rows
-                    picked = np.arange((self.shard_index - global_row) % self.num_shards, n, self.num_shards)
+                    picked = self._picked(global_row, n)
                     global_row += n
+                    self.stats.all_rows = global_row
                     if picked.size:
                         part = batch if picked.size == n else batch.take(pa.array(picked))
                         converting.append(pool.submit(self._convert, part, parsed, picked))
@@ -743,6 +754,13 @@ class TabularReader:
                 future.cancel()
             pool.shutdown(wait=False, cancel_futures=True)
             raw.close()
+
+    def _picked(self, first: int, n: int) -> np.ndarray:
+        """Which of the n rows from global index `first` on are this shard's (int64 positions)."""
+        if self.shard_width == 1:
+            return np.arange((self.shard_index - first) % self.num_shards, n, self.num_shards)
+        at = np.arange(first, first + n, dtype=np.int64)  # (n,)
+        return np.flatnonzero((at // self.shard_width) % self.num_shards == self.shard_index)
 
     def _result(self, future: Future) -> Any:
         try:
@@ -917,7 +935,7 @@ class TabularReader:
         for line, fields, text in parsed.dropped:
             if len(state.dropped) < _MISMATCH_LINES:
                 state.dropped.append((line, fields))
-            if line % self.num_shards == self.shard_index:
+            if (line // self.shard_width) % self.num_shards == self.shard_index:
                 self._record_bad(f"{state.src.name}:{line}", f"{fields} fields, expected {state.fields}", text)
         if parsed.error is not None:
             if state.rows == 0 and len(state.dropped) >= _MISMATCH_LINES:

@@ -43,6 +43,15 @@ sorted uniform draws over 30 days; the last `test_requests_per_user` requests ar
 (so a test item is never one the user saw in train). Labels: click = 1[u1 < P(click)],
 long_view = click · 1[u2 < σ(z_lv)].
 
+Random bucket (`random_items_per_user` = M > 0; the held-out evaluation the funnel is measured on):
+each user also gets M impressions from a uniform logging policy, M distinct items drawn uniformly
+from the items the user did not see in training, labelled by the same model. Every item is shown
+with the same probability M / (I - seen), whatever any list holds, so a list's hits among the
+bucket's clicks estimate (up to that constant) the clicks the list would get if shown: unbiased
+where the logged test clicks (exposed by the popularity-biased policy) reward imitating exposure.
+This is the random traffic production systems keep for counterfactual evaluation (as the
+random-exposure logs of Yahoo! R3, Coat and KuaiRand).
+
 Best reachable metrics (`world.metrics`, world.json "best"):
 
     auc.click, auc.long_view   the true P(click) / P(long view) against the test impressions'
@@ -84,6 +93,8 @@ sizes, SHA-256 of every file and the best metrics; `load` checks the checksums):
                           log_popularity (float32, log10 of popularity / max popularity),
                           p_click, p_long_view (float32: the truth, not features)
     seen_offsets.npy      (U + 1,) int64        seen_items.npy     sorted train items per user (CSR)
+    random.parquet        (only with random_items_per_user > 0) the random bucket, rows by user:
+                          user_id, item_id, click, long_view (int32), p_click, p_long_view (float32)
     recall/ratings.csv    userId, itemId, rating, timestamp: every clicked impression (train and
                           test; rating = 1 + long_view) in (user, time) order, for
                           recps.data.interactions (leave-last-out takes each user's last click)
@@ -167,7 +178,8 @@ _ITEM_BLOCK = 65536
 _USER_BLOCK = 1024
 _SCALE_PAIRS = 65536
 # purposes of the seeded generators (each its own stream)
-_P_CENTERS, _P_CREATORS, _P_ITEMS, _P_USERS, _P_SCALE, _P_EXPOSE, _P_LABELS, _P_TIMES = range(1, 9)
+_P_CENTERS, _P_CREATORS, _P_ITEMS, _P_USERS, _P_SCALE, _P_EXPOSE, _P_LABELS, _P_TIMES, _P_RANDOM, _P_RANDOM_LABELS = range(1, 11)
+RANDOM_COLUMNS = ("user_id", "item_id", "click", "long_view", "p_click", "p_long_view")
 
 
 @dataclass(frozen=True)
@@ -193,6 +205,9 @@ class VideoWorldConfig:
         exposure_relevance: the logging policy's weight on affinity (0: popularity only).
         candidate_factor: popularity candidates drawn per impression before resampling.
         metric_users: users (with a test positive) the ideal funnel's metrics average over.
+        random_items_per_user: M, each user's held-out random-bucket impressions: M distinct items drawn
+            uniformly from the items the user did not see in training (a uniform logging policy, the
+            random traffic counterfactual evaluation keeps), labelled by the same model (0: none).
     """
 
     users: int = 20_000
@@ -218,10 +233,12 @@ class VideoWorldConfig:
     exposure_relevance: float = 1.0
     candidate_factor: int = 8
     metric_users: int = 300
+    random_items_per_user: int = 0
 
     def __post_init__(self) -> None:
         ints = ("users", "items", "dim", "categories", "creators", "regions", "durations", "impressions_per_user",
-                "request_size", "test_requests_per_user", "history_length", "seed", "candidate_factor", "metric_users")
+                "request_size", "test_requests_per_user", "history_length", "seed", "candidate_factor", "metric_users",
+                "random_items_per_user")
         for name in ints:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or (
@@ -232,7 +249,7 @@ class VideoWorldConfig:
                      "impressions_per_user", "request_size", "candidate_factor"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"video_world {name}={getattr(self, name)}; use a value >= 1")
-        for name in ("test_requests_per_user", "history_length", "seed", "metric_users"):
+        for name in ("test_requests_per_user", "history_length", "seed", "metric_users", "random_items_per_user"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"video_world {name}={getattr(self, name)}; use a value >= 0")
         if self.impressions_per_user % self.request_size:
@@ -244,6 +261,10 @@ class VideoWorldConfig:
         if self.categories > self.creators:
             raise ConfigError(f"video_world categories={self.categories} > creators={self.creators}; set "
                               f"categories <= creators")
+        if 4 * self.random_items_per_user > self.items:
+            raise ConfigError(f"video_world random_items_per_user={self.random_items_per_user} > items/4 = "
+                              f"{self.items // 4}; lower it (the random bucket is a uniform sample of the catalogue; "
+                              f"a quarter of it measures a list's clicks as well as all of it)")
         n = self.per_user
         if self.items < 4 * n:
             raise ConfigError(f"video_world items={self.items} < 4 x the {n} distinct items each user is shown "
@@ -383,6 +404,7 @@ class VideoWorld:
     metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
     rates: dict[str, Any] = dataclasses.field(default_factory=dict)
     seconds: float = 0.0
+    random: pd.DataFrame = dataclasses.field(default_factory=lambda: pd.DataFrame({c: [] for c in RANDOM_COLUMNS}))
 
     @property
     def item_bias(self) -> np.ndarray:
@@ -569,6 +591,8 @@ def generate(cfg: VideoWorldConfig) -> VideoWorld:
                        np.zeros(cfg.users + 1, np.int64), np.zeros(0, np.int64))
     t1 = time.perf_counter()
     _impressions(world, popularity)
+    if cfg.random_items_per_user:
+        world.random = _random_bucket(world)
     t2 = time.perf_counter()
     world.metrics = {"auc": {"click": _exact_auc(world.test["p_click"].to_numpy(), world.test["click"].to_numpy()),
                              "long_view": _exact_auc(world.test["p_long_view"].to_numpy(),
@@ -653,6 +677,53 @@ def _impressions(world: VideoWorld, popularity: np.ndarray) -> None:
     world.seen_items = ti[order]
     world.seen_offsets = np.zeros(cfg.users + 1, np.int64)
     np.cumsum(np.bincount(tu, minlength=cfg.users), out=world.seen_offsets[1:])
+
+
+def _random_bucket(world: VideoWorld) -> pd.DataFrame:
+    """Each user's random-bucket impressions (RANDOM_COLUMNS, rows by user): M = random_items_per_user
+    distinct items drawn uniformly from the items the user did not see in training, labelled by the
+    label model (user blocks of 1,024; draws from the (seed, _P_RANDOM, block) stream, labels from
+    (seed, _P_RANDOM_LABELS, block)).
+
+    Sampler (vectorized per block): M + 2M²/I + impressions_per_user + 64 uniform draws per user, with
+    replacement (the expected repeats are M²/2I); a draw that repeats an earlier one or hits a seen item is
+    dropped; the first M left, in draw order, are the bucket (a uniform M-subset of the unseen items;
+    M <= I/4 leaves enough, else it fails naming the knob)."""
+    cfg = world.config
+    m, num = cfg.random_items_per_user, cfg.items
+    k = m + -(-2 * m * m // num) + cfg.impressions_per_user + 64
+    seen_keys = np.repeat(np.arange(cfg.users, dtype=np.int64), np.diff(world.seen_offsets)) * num + world.seen_items
+    parts = []
+    for b in range(-(-cfg.users // _USER_BLOCK)):
+        lo = b * _USER_BLOCK
+        users = np.arange(lo, min(cfg.users, lo + _USER_BLOCK), dtype=np.int64)  # (B,)
+        draws = _rng(cfg.seed, _P_RANDOM, b).integers(0, num, (users.shape[0], k))  # (B, k)
+        order = np.argsort(draws, axis=1, kind="stable")  # equal items: the earlier draw first
+        ranked = np.take_along_axis(draws, order, 1)
+        repeat = np.zeros_like(ranked, dtype=bool)
+        repeat[:, 1:] = ranked[:, 1:] == ranked[:, :-1]
+        drop = np.empty_like(repeat)
+        np.put_along_axis(drop, order, repeat, 1)  # (B, k) in draw order
+        keys = users[:, None] * num + draws  # (B, k); seen_keys is sorted (users, then items, ascending)
+        at = np.minimum(np.searchsorted(seen_keys, keys), max(0, seen_keys.shape[0] - 1))
+        drop |= seen_keys[at] == keys if seen_keys.shape[0] else False
+        if ((~drop).sum(1) < m).any():
+            raise DataError(f"video_world: a user of block {b} has fewer than {m} distinct unseen items among {k} "
+                            f"uniform draws; lower random_items_per_user={m}")
+        first = np.argsort(drop, axis=1, kind="stable")[:, :m]  # (B, M): the first M kept draws
+        shown = np.take_along_axis(draws, first, 1)  # (B, M)
+        uu = np.broadcast_to(users[:, None], shown.shape)
+        z_click, z_lv = (np.concatenate(z) for z in zip(*(world._pair_logits(uu[i:i + 128], shown[i:i + 128])
+                                                          for i in range(0, uu.shape[0], 128))))  # (B, M) each
+        p_click, p_lv_after = _sigmoid(z_click), _sigmoid(z_lv)
+        rl = _rng(cfg.seed, _P_RANDOM_LABELS, b)
+        u1, u2 = rl.random(shown.shape), rl.random(shown.shape)
+        click = (u1 < p_click).astype(np.int32)
+        parts.append({"user_id": uu.ravel().astype(np.int64), "item_id": shown.ravel().astype(np.int64),
+                      "click": click.ravel(), "long_view": (click * (u2 < p_lv_after)).astype(np.int32).ravel(),
+                      "p_click": p_click.ravel().astype(np.float32),
+                      "p_long_view": (p_click * p_lv_after).ravel().astype(np.float32)})
+    return pd.DataFrame({c: np.concatenate([p[c] for p in parts]) for c in RANDOM_COLUMNS})
 
 
 def topn_metrics(lists: np.ndarray, user_ids: np.ndarray, test: pd.DataFrame, k: int = 10) -> dict[str, float]:
@@ -768,6 +839,7 @@ def write(world: VideoWorld, out: str | os.PathLike) -> str:
         "test.parquet": _parquet_bytes(world.test[impression_cols]),
         "seen_offsets.npy": _npy_bytes(world.seen_offsets),
         "seen_items.npy": _npy_bytes(world.seen_items),
+        **({"random.parquet": _parquet_bytes(world.random[list(RANDOM_COLUMNS)])} if len(world.random) else {}),
         **_recall_files(world),
     }
     sums = {}
@@ -815,7 +887,9 @@ def load(out: str | os.PathLike, verify: bool = True) -> VideoWorld:
     meta = read_info(out)
     data = {}
     for name in ("users.parquet", "items.parquet", "user_factors.npy", "item_factors.npy", "train.parquet",
-                 "test.parquet", "seen_offsets.npy", "seen_items.npy"):
+                 "test.parquet", "seen_offsets.npy", "seen_items.npy", "random.parquet"):
+        if name == "random.parquet" and name not in meta["files"]:
+            continue  # a world without a random bucket
         path = fs.join(out, name)
         try:
             raw = _read(path)
@@ -829,7 +903,7 @@ def load(out: str | os.PathLike, verify: bool = True) -> VideoWorld:
     return VideoWorld(cfg, data["users.parquet"], data["items.parquet"], data["user_factors.npy"],
                       data["item_factors.npy"], data["train.parquet"], data["test.parquet"],
                       data["seen_offsets.npy"], data["seen_items.npy"], meta["best"], meta["rates"],
-                      float(meta["seconds"]))
+                      float(meta["seconds"]), **({"random": data["random.parquet"]} if "random.parquet" in data else {}))
 
 
 # ----------------------------------------------------------------------------- configs

@@ -86,7 +86,13 @@ class FunnelData:
         train_labels: (N, T) float32, columns `label_names` (click, long_view).
         seen: Csr over users: the items each user was exposed to in training (never recommended again).
         test_users: (R,) int64 users of the held-out requests.
-        test_positives: Csr over requests: the held-out items the user liked.
+        test_positives: Csr over requests: the held-out items the user liked (what the funnel is evaluated
+            on; `evaluated_on` names where they come from).
+        logged_positives: Csr over requests: the logged held-out positives, when test_positives are not
+            those (the generated world's random bucket); reported too (logged_* metrics). None otherwise.
+        test_shown: Csr over requests: every item the held-out requests showed (clicked or not): the rankers'
+            AUCs count only these (the others have no label). None: unknown (every candidate counts).
+        evaluated_on: "logged" (the held-out requests of the logging policy) or "random_bucket".
         ideal: (users (B,), n, exclude Csr) -> (B, n) item ids of the best list the world's model knows
             (None: real data, unknown).
         utility_ndcg: (users (B,), lists (B, n)) -> (B,) DCG of the lists' true utility over the ideal
@@ -103,6 +109,9 @@ class FunnelData:
     test_users: torch.Tensor
     test_positives: Csr
     label_names: tuple[str, ...] = ("click", "long_view")
+    logged_positives: Csr | None = None
+    test_shown: Csr | None = None
+    evaluated_on: str = "logged"
     ideal: Callable[[torch.Tensor, int, Csr], torch.Tensor] | None = field(default=None, repr=False)
     utility_ndcg: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = field(default=None, repr=False)
 
@@ -224,7 +233,8 @@ def video_world(dir: str, **config) -> FunnelData:
     launcher, when its world.json is not of this config) as funnel data: users (user_id, age, region,
     activity), items (item_id, category, creator, duration), train impressions with labels click and
     long_view, held-out requests (the test impressions the user clicked), the train-seen items, and the
-    world's ideal list (`ideal_topn`, seen items excluded)."""
+    world's ideal list (`ideal_topn`, seen items excluded). With a random bucket (`random_items_per_user` > 0)
+    the held-out positives are its clicks (`logged_positives`: the logged test clicks), else the test clicks."""
     from recps.data.video_world import VideoWorldConfig, ensure_world, load
 
     try:
@@ -236,9 +246,21 @@ def video_world(dir: str, **config) -> FunnelData:
     t = lambda frame, col: torch.from_numpy(frame[col].to_numpy(np.int64, copy=True))  # noqa: E731
     users, items, train, test = world.users, world.items, world.train, world.test
     clicked = test[test["click"].to_numpy() > 0]
-    test_users = np.unique(clicked["user_id"].to_numpy(np.int64))
-    request = np.searchsorted(test_users, clicked["user_id"].to_numpy(np.int64))
-    positives = csr_from_pairs(torch.from_numpy(request), t(clicked, "item_id"), int(test_users.size))
+    bucket = world.random
+    random_clicks = bucket[bucket["click"].to_numpy() > 0]
+    # requests: the users with a held-out positive (in the random bucket when the world has one)
+    test_users = np.unique((random_clicks if len(bucket) else clicked)["user_id"].to_numpy(np.int64))
+
+    def per_request(frame) -> Csr:
+        user = frame["user_id"].to_numpy(np.int64)
+        request = np.searchsorted(test_users, user)
+        ok = (request < test_users.size) & (test_users[np.minimum(request, test_users.size - 1)] == user)
+        return csr_from_pairs(torch.from_numpy(request[ok]), torch.from_numpy(frame["item_id"].to_numpy(np.int64)[ok]),
+                              int(test_users.size))
+
+    positives = per_request(random_clicks if len(bucket) else clicked)
+    logged = per_request(clicked) if len(bucket) else None
+    shown = per_request(bucket if len(bucket) else test)
     seen = Csr(torch.from_numpy(world.seen_offsets.astype(np.int64)), torch.from_numpy(world.seen_items.astype(np.int64)))
 
     def ideal(user_ids: torch.Tensor, n: int, exclude: Csr | None = None) -> torch.Tensor:
@@ -248,8 +270,9 @@ def video_world(dir: str, **config) -> FunnelData:
         return torch.from_numpy(world.utility_ndcg(user_ids.numpy(), lists.clamp(min=0).numpy(), world.seen))
 
     labels = torch.from_numpy(np.stack([train["click"].to_numpy(np.float32), train["long_view"].to_numpy(np.float32)], 1))
-    log.info("funnel data video_world: %d users, %d items, %d impressions, %d held-out requests (%d positives)",
-             len(users), len(items), len(train), test_users.size, len(clicked))
+    log.info("funnel data video_world: %d users, %d items, %d impressions, %d held-out requests (%d positives, %s)",
+             len(users), len(items), len(train), test_users.size, int(positives.items.numel()),
+             "random bucket" if len(bucket) else "logged")
     return FunnelData(
         name="video_world",
         user_features={f: t(users, f) for f in ("user_id", "age", "region", "activity")},
@@ -257,5 +280,6 @@ def video_world(dir: str, **config) -> FunnelData:
                        "exposures": exposure_bucket(t(train, "item_id"), len(items))},
         train_user=t(train, "user_id"), train_item=t(train, "item_id"), train_labels=labels,
         seen=seen, test_users=torch.from_numpy(test_users), test_positives=positives, ideal=ideal,
-        utility_ndcg=utility_ndcg,
+        utility_ndcg=utility_ndcg, logged_positives=logged, test_shown=shown,
+        evaluated_on="random_bucket" if len(bucket) else "logged",
     )

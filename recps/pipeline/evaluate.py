@@ -1,4 +1,4 @@
-"""The funnel's end-to-end evaluation on held-out requests (issue 16 point 5).
+"""The funnel's end-to-end evaluation on held-out requests (issue 16 point 5), merged over workers.
 
 For each held-out request (a test user and the items it liked afterwards) the trained funnel runs as it
 serves (recps.pipeline.funnel.Funnel.run: recall over the item index without seen items, then each
@@ -6,19 +6,31 @@ ranker on what it receives), and we report:
 
     per stage    pass_through: held-out positives that survive the stage / those that reached it
                  (recall: / all positives); hits: positives it kept
-    recall       recall@K and ndcg@K at its keep size K
+    recall       recall@K, ndcg@K and hr@K at its keep size K
     rankers      auc, gauc (grouped by user) and pnr (positive/negative order ratio) of its scores on
-                 the candidates it received, a positive = a held-out positive
-    funnel       ndcg@N, hr@N (a request with at least one positive in the final top N), recall@N;
-                 on a generated world utility_ndcg@N, the list's DCG of true utility over the ideal list's;
-                 agreement: the share of fine's top-k over recall's candidates (coarse skipped) that
-                 coarse kept (k: the stage after coarse's keep)
+                 the candidates it received that the held-out requests showed (all it received when
+                 the data does not say what was shown), label: the user clicked it
+    funnel       ndcg@N, hr@N (a request with a positive in the final top N, over requests with one),
+                 recall@N; on a generated world utility_ndcg@N, the list's DCG of true utility over
+                 the ideal list's; hit_rate: positives in the final list / all positives; agreement:
+                 the share of fine's top-k over recall's candidates (coarse skipped) that coarse kept
+                 (k: the stage after coarse's keep); logged_ndcg@N, logged_hr@N, logged_recall@N when
+                 the held-out positives are not the logged ones (below)
     baselines    most_popular (training clicks, seen items excluded), recall_alone (its top N),
-                 recall_plus_fine_without_coarse (the funnel with coarse skipped); on a generated world,
-                 ideal (the world's own best list)
+                 recall_without_<coarse> (the funnel with coarse skipped); on a generated world,
+                 ideal (the world's own best list); the same list metrics
 
-Ranking metrics come from recps.metrics (NDCGAtK, RecallAtK, GroupedAUC, PNR); hits are vectorized
-(request * I + item keys against the sorted positives' keys).
+Which held-out positives: `FunnelData.test_positives`. On the generated world with a random bucket
+(`random_items_per_user` > 0, datasets/video_world.md) they are the clicks of each user's random-bucket
+request: items shown uniformly at random among those the user has not seen, so a list's hits estimate the
+clicks it would get, unbiased by the logging policy; the logged test clicks (exposed by the
+popularity-biased policy, where imitating exposure scores) are `logged_positives`, reported as logged_*.
+On real data (MovieLens) the logged held-out ratings are the positives.
+
+Merged over workers (never pickled): worker w of W evaluates requests w, w + W, ...; every metric is a
+(numerator, denominator) sum in a recps.metrics.funnel.FunnelTally (a user's request is one row, on one
+worker, so GAUC and PNR decompose per user) and the rankers' AUCs are GroupedAUC columns; both merge
+through the `merger` (recps.metrics.ps_merger.PSMerger: the parameter servers' dense tables, raw bits).
 """
 
 from __future__ import annotations
@@ -30,14 +42,17 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from recps.metrics.grouped import PNR, GroupedAUC
-from recps.metrics.retrieval import NDCGAtK, RecallAtK
+from recps.metrics import funnel as fm
+from recps.metrics.collection import MetricCollection
+from recps.metrics.grouped import GroupedAUC
 from recps.pipeline.data import Csr
 from recps.pipeline.funnel import Funnel
 
-__all__ = ["evaluate_funnel", "hits", "most_popular"]
+__all__ = ["evaluate_funnel", "hits", "most_popular", "LISTS"]
 
 log = logging.getLogger("recps.pipeline")
+
+LISTS = ("final", "most_popular", "recall_alone", "without", "ideal")  # the lists every request's metrics cover
 
 
 def hits(lists: torch.Tensor, positives: Csr, num_items: int) -> torch.Tensor:
@@ -63,37 +78,37 @@ def most_popular(funnel: Funnel, users: torch.Tensor, n: int) -> torch.Tensor:
     return torch.where(rank.gather(1, picked) < take, out, torch.full_like(out, -1))
 
 
-class _ListMetrics:
-    """ndcg@N, recall@N, hr@N of ranked lists against positives."""
-
-    def __init__(self, n: int, utility=None) -> None:
-        self.n = n
-        self.utility_of = utility  # (users, lists) -> (B,) utility NDCG against the ideal list (generated data)
-        self.utility = 0.0
-        self.ndcg, self.recall = NDCGAtK(n), RecallAtK(n)
-        self.hit_requests = 0.0
-        self.requests = 0
-
-    def update(self, lists: torch.Tensor, targets: torch.Tensor, hit: torch.Tensor,
-               users: torch.Tensor | None = None) -> None:
-        if self.utility_of is not None and users is not None:
-            self.utility += float(self.utility_of(users, lists[:, : self.n]).sum())
-        self.ndcg.update_ranked(lists[:, : self.n], targets)
-        self.recall.update_ranked(lists[:, : self.n], targets)
-        self.hit_requests += float(hit[:, : self.n].any(1).sum())
-        self.requests += int(lists.shape[0])
-
-    def compute(self) -> dict[str, float]:
-        n = self.n
-        out = {f"ndcg@{n}": self.ndcg.compute(), f"hr@{n}": self.hit_requests / max(1, self.requests),
-               f"recall@{n}": self.recall.compute()}
-        if self.utility_of is not None:
-            out[f"utility_ndcg@{n}"] = self.utility / max(1, self.requests)
-        return out
+def _list_names(name: str, n: int, utility: bool, logged: bool) -> list[str]:
+    names = [f"{name}.ndcg@{n}", f"{name}.hr@{n}", f"{name}.recall@{n}"]
+    if utility:
+        names.append(f"{name}.utility_ndcg@{n}")
+    if logged:
+        names += [f"{name}.logged_ndcg@{n}", f"{name}.logged_hr@{n}", f"{name}.logged_recall@{n}"]
+    return names
 
 
-def evaluate_funnel(funnel: Funnel, cfg: DictConfig) -> dict[str, Any]:
-    """The metrics of the module docstring on the held-out requests of funnel.data."""
+def _list_pairs(name: str, lists: torch.Tensor, n: int, positives: Csr, logged: Csr | None,
+                utility: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    top = lists[:, :n]
+    out = {**fm.ndcg_at_k(top, positives.offsets, positives.items, n, f"{name}.ndcg@{n}"),
+           **fm.hit_rate(top, positives.offsets, positives.items, n, f"{name}.hr@{n}"),
+           **fm.recall_at_k(top, positives.offsets, positives.items, n, f"{name}.recall@{n}")}
+    if utility is not None:
+        out[f"{name}.utility_ndcg@{n}"] = torch.stack([utility.to(torch.float64).sum(),
+                                                      torch.tensor(float(lists.shape[0]), dtype=torch.float64)])
+    if logged is not None:
+        out.update({**fm.ndcg_at_k(top, logged.offsets, logged.items, n, f"{name}.logged_ndcg@{n}"),
+                    **fm.hit_rate(top, logged.offsets, logged.items, n, f"{name}.logged_hr@{n}"),
+                    **fm.recall_at_k(top, logged.offsets, logged.items, n, f"{name}.logged_recall@{n}")})
+    return out
+
+
+def evaluate_funnel(funnel: Funnel, cfg: DictConfig, merger: Any = None, worker: int = 0,
+                    workers: int = 1) -> dict[str, Any]:
+    """The metrics of the module docstring on the held-out requests of funnel.data: this worker's share
+    (requests worker, worker + workers, ...), merged with the others' through `merger` (every worker calls
+    this, a collective; None: one worker). Every worker returns the merged metrics; `final_lists` holds
+    this worker's requests' final lists."""
     data = funnel.data
     p = cfg.pipeline
     n = int(p.top_n)
@@ -102,86 +117,103 @@ def evaluate_funnel(funnel: Funnel, cfg: DictConfig) -> dict[str, Any]:
     requests = torch.arange(data.test_users.numel())
     if int(p.get("eval_users") or 0) > 0:
         requests = requests[: int(p.eval_users)]
+    total_requests = int(requests.numel())
+    requests = requests[worker::workers]
     batch = int(p.get("eval_batch_users") or 256)
     skip = specs[1].name if len(specs) > 2 else None  # coarse: the baseline without it
     after_skip = specs[2].name if skip else None
-    hits_of = {s.name: 0.0 for s in specs}
-    total_pos = 0.0
-    recall_lists = _ListMetrics(first.keep)
-    final_lists, alone, popular, no_coarse, ideal = (_ListMetrics(n, data.utility_ndcg) for _ in range(5))
-    rankers = {s.name: (GroupedAUC(name="auc"), GroupedAUC(name="gauc"), PNR()) for s in specs[1:]}
-    agree, agree_total = 0.0, 0.0
-    seconds = {s.name: 0.0 for s in specs}
+    has_utility = data.utility_ndcg is not None
+    logged_csr = data.logged_positives
+    lists = [name for name in LISTS if (name != "without" or skip) and (name != "ideal" or data.ideal is not None)]
+    names = ["positives", *(f"{s.name}.pass_through" for s in specs),
+             f"{first.name}.recall@{first.keep}", f"{first.name}.ndcg@{first.keep}", f"{first.name}.hr@{first.keep}",
+             *(f"{s.name}.{m}" for s in specs[1:] for m in ("gauc", "pnr")),
+             *(m for name in lists for m in _list_names(name, n, has_utility, logged_csr is not None)),
+             "hit_rate", *(f"seconds.{s.name}" for s in specs)]
+    if skip:
+        names.append("agreement")
+    tally = fm.FunnelTally(names, name="funnel")
+    aucs = MetricCollection([GroupedAUC(name=f"{s.name}.auc") for s in specs[1:]]) if len(specs) > 1 else None
     final_kept: list[torch.Tensor] = []  # the final lists, request by request (recommend is checked against them)
     start = time.perf_counter()
     for part in requests.split(batch):
         users = data.test_users[part]
         positives = data.test_positives.rows(part)
-        targets = positives.padded(-1)  # (B, P)
-        total_pos += float(positives.items.numel())
+        po, pi = positives.offsets, positives.items
+        logged = logged_csr.rows(part) if logged_csr is not None else None
+        shown = data.test_shown.rows(part) if data.test_shown is not None else None
         out = funnel.run(users, record_inputs=True)
+        npos = float(pi.numel())
+        tally.add({"positives": torch.tensor([npos, float(users.numel())], dtype=torch.float64)})  # (sum, requests)
+        received = None
         for s in specs:
-            seconds[s.name] += out.seconds[s.name]
-            kept_hits = hits(out.kept[s.name], positives, data.num_items)
-            hits_of[s.name] += float(kept_hits.sum())
+            tally.add({f"seconds.{s.name}": torch.tensor([out.seconds[s.name], float(users.numel())],
+                                                         dtype=torch.float64)})
+            kept = out.kept[s.name]
+            tally.add(fm.pass_through(received, kept, po, pi, f"{s.name}.pass_through"))
+            received = kept
             if s.upstream is not None:
-                received = out.inputs[s.name]
-                valid = received >= 0
-                labels = hits(received, positives, data.num_items)[valid].to(torch.float32)
-                scores = out.input_scores[s.name][valid]
-                groups = users.unsqueeze(1).expand_as(received)[valid]
-                auc, gauc, pnr = rankers[s.name]
-                auc.update(scores, labels, torch.zeros_like(groups))
-                gauc.update(scores, labels, groups)
-                pnr.update(scores, labels, groups)
+                cands = out.inputs[s.name]  # (B, K_in) what the ranker received
+                if shown is not None:  # only what the held-out requests showed has a label
+                    cands = torch.where(hits(cands, shown, data.num_items), cands, torch.full_like(cands, -1))
+                scores = out.input_scores[s.name].nan_to_num(neginf=-1e30)
+                tally.add(fm.ranker_counts(cands, scores, po, pi, prefix=f"{s.name}."))
+                valid = cands >= 0
+                labels = hits(cands, positives, data.num_items)[valid].to(torch.float32)
+                aucs[f"{s.name}.auc"].update(scores[valid], labels, torch.zeros(int(valid.sum()), dtype=torch.int64))
         recall_kept = out.kept[first.name]
-        recall_lists.update(recall_kept, targets, hits(recall_kept, positives, data.num_items))
+        k = first.keep
+        tally.add({**fm.recall_at_k(recall_kept, po, pi, k, f"{first.name}.recall@{k}"),
+                   **fm.ndcg_at_k(recall_kept, po, pi, k, f"{first.name}.ndcg@{k}"),
+                   **fm.hit_rate(recall_kept, po, pi, k, f"{first.name}.hr@{k}")})
         top = out.kept[final.name]
         final_kept.append(top)
-        final_lists.update(top, targets, hits(top, positives, data.num_items), users)
-        alone.update(recall_kept, targets, hits(recall_kept, positives, data.num_items), users)
-        pop = most_popular(funnel, users, n)
-        popular.update(pop, targets, hits(pop, positives, data.num_items), users)
+        tally.add({"hit_rate": torch.stack([fm.hits(top, po, pi).sum().to(torch.float64),
+                                            torch.tensor(npos, dtype=torch.float64)])})
+        shown_lists = {"final": top, "recall_alone": recall_kept[:, :n], "most_popular": most_popular(funnel, users, n)}
         if skip:
             without = funnel.run(users, skip={skip})
-            w_final = without.kept[final.name]
-            no_coarse.update(w_final, targets, hits(w_final, positives, data.num_items), users)
-            top = without.kept[after_skip]  # (B, k) fine's top over recall's candidates
-            valid = top >= 0
-            coarse_kept = out.kept[skip]
-            rows = torch.arange(users.numel()).unsqueeze(1)
-            in_coarse = torch.isin(rows * data.num_items + top, rows * data.num_items + coarse_kept)
-            agree += float((in_coarse & valid).sum())
-            agree_total += float(valid.sum())
+            shown_lists["without"] = without.kept[final.name]
+            tally.add(fm.agreement(out.kept[skip], without.kept[after_skip], specs[2].keep, "agreement"))
         if data.ideal is not None:
-            best = data.ideal(users, n, data.seen.rows(users))
-            ideal.update(best, targets, hits(best, positives, data.num_items), users)
+            shown_lists["ideal"] = data.ideal(users, n, data.seen.rows(users))
+        for name, lst in shown_lists.items():
+            utility = data.utility_ndcg(users, lst[:, :n]) if has_utility else None
+            tally.add(_list_pairs(name, lst, n, positives, logged, utility))
     wall = time.perf_counter() - start
+    if merger is not None:
+        tally = fm.merge_tally(tally, merger)
+        if aucs is not None:
+            aucs = merger.merge(aucs)
+    v = tally.values()
+    state = tally.state()
+    num = lambda key: float(state[key][0])  # noqa: E731
     stages: dict[str, dict[str, Any]] = {}
-    reached = total_pos
     for s in specs:
-        row: dict[str, Any] = {"keep": s.keep, "pass_through": hits_of[s.name] / reached if reached else float("nan"),
-                               "hits": hits_of[s.name]}
+        row: dict[str, Any] = {"keep": s.keep, "pass_through": v[f"{s.name}.pass_through"],
+                               "hits": num(f"{s.name}.pass_through")}
         if s.upstream is None:
-            row.update(recall_lists.compute())
+            row.update({f"{m}@{s.keep}": v[f"{s.name}.{m}@{s.keep}"] for m in ("recall", "ndcg", "hr")})
         else:
-            auc, gauc, pnr = rankers[s.name]
-            row.update(auc=auc.compute(), gauc=gauc.compute(), pnr=pnr.compute())
+            row.update(auc=aucs[f"{s.name}.auc"].compute(), gauc=v[f"{s.name}.gauc"], pnr=v[f"{s.name}.pnr"])
         stages[s.name] = row
-        reached = hits_of[s.name]
-    funnel_metrics: dict[str, Any] = dict(final_lists.compute())
-    funnel_metrics["hit_rate"] = hits_of[final.name] / total_pos if total_pos else float("nan")
+
+    def list_metrics(name: str) -> dict[str, float]:
+        prefix = f"{name}."
+        return {key[len(prefix):]: value for key, value in v.items() if key.startswith(prefix)}
+
+    funnel_metrics: dict[str, Any] = list_metrics("final")
+    funnel_metrics["hit_rate"] = v["hit_rate"]
     if skip:
-        funnel_metrics["agreement"] = agree / agree_total if agree_total else float("nan")
-    baselines = {"most_popular": popular.compute(), "recall_alone": alone.compute()}
-    if skip:
-        baselines[f"recall_without_{skip}"] = no_coarse.compute()
-    if data.ideal is not None:
-        baselines["ideal"] = ideal.compute()
-    users_n = int(requests.numel())
-    latency = {s.name: 1000.0 * seconds[s.name] / max(1, users_n) for s in specs}
+        funnel_metrics["agreement"] = v["agreement"]
+    baselines = {("recall_without_" + skip if name == "without" else name): list_metrics(name)
+                 for name in lists if name != "final"}
+    users_n = int(round(float(state["positives"][1])))
+    seconds = {s.name: num(f"seconds.{s.name}") for s in specs}
+    latency = {s.name: 1000.0 * v[f"seconds.{s.name}"] for s in specs}
     return {"stages": stages, "funnel": funnel_metrics, "baselines": baselines, "requests": users_n,
-            "positives": total_pos, "eval_seconds": wall,
-            "latency_ms_per_user": latency, "users_per_sec": users_n / max(1e-9, sum(seconds.values())),
+            "requests_asked": total_requests, "positives": num("positives"), "eval_seconds": wall,
+            "evaluated_on": data.evaluated_on, "latency_ms_per_user": latency,
+            "users_per_sec": users_n / max(1e-9, sum(seconds.values())),
             "final_lists": {"users": data.test_users[requests].tolist(),
                             "items": (torch.cat(final_kept) if final_kept else torch.zeros(0, n)).tolist()}}

@@ -8,6 +8,7 @@ training data and `recps.pipeline.recommend` all score with the same code:
 
     recall   user vectors (B, E) -> index.search(k=keep, exclude=seen)       -> (B, K0) items
     coarse   score (B, K0) pairs -> top keep                                  -> (B, K1)
+             (a two-tower ranker: each user's and item's tower once, then a dot product per pair)
     fine     score (B, K1) pairs (its objectives, weighted) -> top keep       -> (B, K2)
     fusion   score (B, K2) pairs, dense inputs = the `scores` stages' outputs -> top top_n
 
@@ -180,12 +181,33 @@ def pair_keys(spec: StageSpec, data: FunnelData, users: torch.Tensor, items: tor
     return pair_examples(data, spec.features, users, items, dense=dense).to_batch()
 
 
+TOWER_ROWS = 65536  # users or items per tower call when a two-tower stage encodes the whole data
+
+
 @dataclass
 class StageModel:
-    """A trained stage, scoring (user, item) pairs."""
+    """A trained stage, scoring (user, item) pairs.
+
+    A two-tower stage (a model with encode() and score_pairs(), no dense inputs) encodes every user and
+    every item of the data once (its towers read one side's features each) and scores a pair as the dot
+    product of the two vectors: the values its forward gives, at O(U + I) tower calls instead of O(pairs)."""
 
     spec: StageSpec
     model: torch.nn.Module
+    _towers: tuple | None = field(default=None, repr=False, compare=False)  # (data, (U, E), (I, E))
+
+    @property
+    def is_two_tower(self) -> bool:
+        return hasattr(self.model, "encode") and hasattr(self.model, "score_pairs") and not self.spec.scores
+
+    @torch.no_grad()
+    def towers(self, data: FunnelData) -> tuple[torch.Tensor, torch.Tensor]:
+        """(every user's query vector (U, E), every item's candidate vector (I, E)), computed once per data."""
+        if self._towers is None or self._towers[0] is not data:
+            users = torch.cat([self.vectors(data, users=u) for u in torch.arange(data.num_users).split(TOWER_ROWS)])
+            items = torch.cat([self.vectors(data, items=i) for i in torch.arange(data.num_items).split(TOWER_ROWS)])
+            self._towers = (data, users, items)
+        return self._towers[1], self._towers[2]
 
     @torch.no_grad()
     def outputs(self, data: FunnelData, users: torch.Tensor, items: torch.Tensor,
@@ -193,6 +215,10 @@ class StageModel:
         """(N, T) probabilities of pairs (users (N,), items (N,))."""
         if users.numel() == 0:
             return torch.zeros(0, outputs_of(self.spec))
+        if self.is_two_tower:
+            queries, candidates = self.towers(data)
+            logits = self.model.score_pairs(queries[users], candidates[items])  # (N,)
+            return torch.sigmoid(logits.float()).unsqueeze(1)  # (N, 1)
         batch = pair_keys(self.spec, data, users, items, dense)
         logits = self.model(batch.dense, batch.sparse)  # (N,) or (N, T)
         return torch.sigmoid(logits.reshape(users.numel(), -1).float())  # (N, T)
@@ -253,8 +279,9 @@ class Funnel:
                                       None if dense is None else dense[i:i + PAIRS_PER_CALL])
                      for i in range(0, users.numel(), PAIRS_PER_CALL)]
             return torch.cat([p for p, _ in parts]), torch.cat([r for _, r in parts])
-        if spec.scores and dense is None:
-            dense = torch.cat([self.stages[s].outputs(self.data, users, items) for s in spec.scores], 1)  # (N, I)
+        if spec.scores and dense is None:  # each `scores` stage's probabilities (its own `scores` too, in turn)
+            by_name = {x.name: x for x in self.specs}
+            dense = torch.cat([self.score_pairs(by_name[s], users, items)[0] for s in spec.scores], 1)  # (N, I)
         stage = self.stages[spec.name]
         probs = stage.outputs(self.data, users, items, dense)
         return probs, stage.rank_score(probs)

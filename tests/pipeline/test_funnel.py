@@ -1,7 +1,8 @@
 """The funnel (issue 16): bad input fails before any process starts; per-stage modes follow their own rules on
 one set of servers; the whole funnel trains end to end on a small generated world through the real CLI
-(recall GEO, coarse and fine async, fusion sync), beats most-popular and recall alone, and
-`recps.pipeline.recommend` serves the same lists as the evaluation."""
+(recall GEO, coarse and fine async, fusion sync), beats most-popular and recall alone on the held-out
+random-bucket clicks, its evaluation split over two workers merges through the servers to the one-worker
+metrics, and `recps.pipeline.recommend` serves the same lists as the evaluation."""
 
 from __future__ import annotations
 
@@ -19,11 +20,14 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from recps.config import PROJECT_ROOT, compose_config
 from recps.errors import ConfigError
 
-# A small world and funnel: 300 users, 2,000 items; keep 200 -> 50 -> 20 -> 10.
+# A small world and funnel: 600 users x 60 impressions, 2,000 items; keep 200 -> 50 -> 20 -> 10; the held-out
+# random bucket: 500 items per user. (Training takes ~15 s of the run: 600 x 30 impressions left every ranker
+# near chance on the bucket, FM-like models too.)
 SMALL = [
     "pipeline=video_funnel",
-    "pipeline.world.users=300", "pipeline.world.items=2000", "pipeline.world.creators=200",
-    "pipeline.world.metric_users=100", "pipeline.world.impressions_per_user=30",
+    "pipeline.world.users=600", "pipeline.world.items=2000", "pipeline.world.creators=200",
+    "pipeline.world.metric_users=100", "pipeline.world.impressions_per_user=60",
+    "pipeline.world.random_items_per_user=500",
     "pipeline.stages.recall.keep=200", "pipeline.stages.coarse.keep=50", "pipeline.stages.fine.keep=20",
     "pipeline.stages.coarse.inputs.candidates_per_user=30", "pipeline.stages.fine.inputs.candidates_per_user=20",
     "pipeline.stages.fusion.inputs.candidates_per_user=10",
@@ -203,35 +207,44 @@ def test_funnel_trains_end_to_end_each_stage_in_its_mode(funnel_run):
 
 
 def test_funnel_beats_most_popular_against_the_worlds_truth_and_each_stage_passes_positives(funnel_run):
+    """Held-out positives: each user's random-bucket clicks (items shown uniformly at random; see
+    datasets/video_world.md); the logged test clicks are reported beside them. Bounds, with the values
+    measured in two runs beside them (this world, seed 0; async training varies a little run to run)."""
     _, metrics, _ = funnel_run
-    funnel, base = metrics["funnel"], metrics["baselines"]
+    funnel, base, stages = metrics["funnel"], metrics["baselines"], metrics["stages"]
+    assert metrics["evaluated_on"] == "random_bucket" and metrics["requests"] == 600
     # The bounded measure against the ideal funnel (the world's true utility of the list, DCG over the
-    # ideal list's): measured 0.372 against most-popular's 0.288 (this world, seed 0). Stated margin: 10%.
-    assert funnel["utility_ndcg@10"] >= 1.10 * base["most_popular"]["utility_ndcg@10"], (funnel, base)
+    # ideal list's): measured 0.492-0.496 against most-popular's 0.309. Stated margin: 30%.
+    assert funnel["utility_ndcg@10"] >= 1.30 * base["most_popular"]["utility_ndcg@10"], (funnel, base)
     assert base["ideal"]["utility_ndcg@10"] == pytest.approx(1.0)
-    # Coarse earns its place: the funnel without it (fine over recall's candidates) is far worse.
-    assert funnel["ndcg@10"] >= 1.5 * base["recall_without_coarse"]["ndcg@10"], (funnel, base)
-    stages = metrics["stages"]
-    # Pass-through bounds: recall keeps 10% of the catalogue and must keep far more than 10% of the positives;
-    # coarse and fine keep a share of their input and must keep a larger share of the positives that reached
-    # them; fusion at least its share.
-    assert stages["recall"]["pass_through"] >= 0.3  # measured 0.38
-    assert stages["coarse"]["pass_through"] >= 50 / 200 * 1.3  # measured 0.54
-    assert stages["fine"]["pass_through"] >= 20 / 50 * 1.2  # measured 0.54
-    assert stages["fusion"]["pass_through"] >= 10 / 20
-    for ranker in ("coarse", "fine"):
-        assert stages[ranker]["gauc"] > 0.53 and stages[ranker]["pnr"] > 1.0  # measured 0.71 / 0.59, 2.5 / 1.5
+    # On the random bucket the ideal list is the best (0.194) and most-popular is not (0.081); on the logged
+    # clicks most-popular beats the ideal (0.055 > 0.045): why the funnel is evaluated on the bucket.
+    assert base["ideal"]["ndcg@10"] > funnel["ndcg@10"] > base["most_popular"]["ndcg@10"]
+    assert base["most_popular"]["logged_ndcg@10"] > base["ideal"]["logged_ndcg@10"]
+    # Coarse costs little quality (fine over all of recall's 200 candidates: 0.118-0.120 against the
+    # funnel's 0.120-0.121) and cuts fine's pairs 4x.
+    assert funnel["ndcg@10"] >= 0.95 * base["recall_without_coarse"]["ndcg@10"], (funnel, base)
+    # Pass-through bounds: a stage keeping a share of what it received keeps a larger share of the positives
+    # that reached it (chance: the share it keeps) and not all of them.
+    assert 200 / 2000 * 1.8 <= stages["recall"]["pass_through"] <= 0.6  # measured 0.237
+    assert 50 / 200 * 1.15 <= stages["coarse"]["pass_through"] <= 0.8  # measured 0.323-0.333
+    assert 20 / 50 <= stages["fine"]["pass_through"] <= 0.9  # measured 0.424-0.443
+    assert 10 / 20 <= stages["fusion"]["pass_through"] <= 0.9  # measured 0.531-0.536
+    assert stages["coarse"]["gauc"] > 0.57 and stages["coarse"]["pnr"] > 1.4  # measured 0.608-0.619, 1.62-1.73
+    assert stages["fine"]["gauc"] > 0.52 and stages["fine"]["pnr"] > 1.05  # measured 0.534-0.582, 1.15-1.38
     assert 0.0 < funnel["agreement"] <= 1.0
 
 
-@pytest.mark.xfail(reason="not met at this size: on held-out clicks of a popularity-biased logging policy the "
-                          "funnel's NDCG@10 (measured 0.037) is below most-popular's (0.056) and recall alone's "
-                          "(0.040); issue 16 asks for both by a margin", strict=False)
 def test_final_ndcg_beats_most_popular_and_recall_alone(funnel_run):
+    """Issue 16's test: the final list's NDCG@10 on the held-out random-bucket clicks beats most-popular's by
+    30% and recall alone's (its top 10) by 5% (measured 0.120-0.121 against 0.081 and 0.105-0.106: 1.47x and
+    1.13-1.15x). The logged-policy NDCG@10 is reported too (measured 0.023-0.031 against 0.055 and 0.058)."""
     _, metrics, _ = funnel_run
     funnel, base = metrics["funnel"], metrics["baselines"]
-    assert funnel["ndcg@10"] >= 1.10 * base["most_popular"]["ndcg@10"], (funnel, base)
-    assert funnel["ndcg@10"] >= 1.10 * base["recall_alone"]["ndcg@10"], (funnel, base)
+    assert funnel["ndcg@10"] >= 1.30 * base["most_popular"]["ndcg@10"], (funnel, base)
+    assert funnel["ndcg@10"] >= 1.05 * base["recall_alone"]["ndcg@10"], (funnel, base)
+    assert funnel["hr@10"] > base["recall_alone"]["hr@10"] > base["most_popular"]["hr@10"]
+    assert 0.0 < funnel["logged_ndcg@10"] < 1.0 and "logged_hr@10" in base["most_popular"]
 
 
 def test_recommend_returns_the_evaluation_paths_lists(funnel_run):
@@ -254,6 +267,45 @@ def test_recommend_returns_the_evaluation_paths_lists(funnel_run):
     first = proc.stdout.splitlines()[0]
     assert first == f"user {users[0]}: " + " ".join(str(i) for i in served[0]["items"])
     assert "p99" in proc.stdout and "users/s" in proc.stdout
+
+
+def test_evaluation_split_over_two_workers_merges_through_the_servers_to_the_one_worker_metrics(funnel_run):
+    """The trained funnel evaluated by one process, and by two workers (each its share of the held-out
+    requests) whose tallies and AUC columns merge through a real server: the same metrics."""
+    from omegaconf import OmegaConf
+
+    from recps.metrics.ps_merger import PSMerger
+    from recps.pipeline.evaluate import evaluate_funnel
+    from recps.pipeline.recommend import load_funnel
+    from tests.metrics.ps_pair import servers_and_workers
+
+    run, _, _ = funnel_run
+    cfg = OmegaConf.load(run / "recps-job.yaml")
+    cfg.pipeline.eval_users = 64  # 32 requests each, in batches of 16: several rounds
+    cfg.pipeline.eval_batch_users = 16
+    funnel = load_funnel(run)  # read-only once built: both worker threads score with it (faiss search is too)
+    one = evaluate_funnel(funnel, cfg)
+    got: dict[int, dict] = {}
+
+    def work(rank: int, client) -> None:
+        got[rank] = evaluate_funnel(funnel, cfg, merger=PSMerger(client, prefix="test.eval"), worker=rank,
+                                    workers=2)
+
+    servers_and_workers(work)
+    assert got[0]["requests"] == got[1]["requests"] == one["requests"] == 64
+    assert got[0]["final_lists"]["users"] == one["final_lists"]["users"][0::2]
+    def flat(metrics: dict) -> dict:
+        out = {}
+        for key in ("stages", "funnel", "baselines"):
+            for name, row in metrics[key].items():
+                for k, v in (row.items() if isinstance(row, dict) else [("", row)]):
+                    out[f"{key}.{name}.{k}"] = v
+        out["positives"] = metrics["positives"]
+        return out
+
+    assert flat(got[0]) == pytest.approx(flat(got[1]), rel=0, abs=0, nan_ok=True)  # both hold the merged values
+    assert flat(got[0]) == pytest.approx(flat(one), rel=1e-9, abs=1e-12, nan_ok=True)
+    assert len(flat(one)) > 40 and one["stages"]["fine"]["auc"] > 0.5
 
 
 # ------------------------------------------------------------------------------- the pieces
@@ -284,6 +336,7 @@ def test_two_workers_train_every_stage_in_its_mode(tmp_path):
     run = tmp_path / "run"
     tiny = ["pipeline=video_funnel", "cluster.workers=2", "pipeline.world.users=150", "pipeline.world.items=1000",
             "pipeline.world.creators=100", "pipeline.world.metric_users=50", "pipeline.world.impressions_per_user=30",
+            "pipeline.world.random_items_per_user=250",
             "pipeline.stages.recall.keep=100", "pipeline.stages.coarse.keep=40", "pipeline.stages.fine.keep=20",
             *(f"pipeline.stages.{s}.trainer.epochs=1" for s in ("recall", "coarse", "fine", "fusion")),
             f"pipeline.world.dir={tmp_path / 'world'}", f"hydra.run.dir={run}"]
@@ -299,3 +352,5 @@ def test_two_workers_train_every_stage_in_its_mode(tmp_path):
         for stage, mode in (("recall", "geo"), ("coarse", "async"), ("fine", "async"), ("fusion", "sync")):
             assert f"{worker}: stage {stage} trained in {mode} mode" in log
     assert metrics["requests"] > 0 and 0.0 <= metrics["funnel"]["ndcg@10"] <= 1.0
+    # both workers evaluated their share of the requests; the merged tallies count them all
+    assert "worker1: funnel evaluated" in log and metrics["requests"] == metrics["requests_asked"]

@@ -494,7 +494,7 @@ def _work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence =
     from recps.launch import restart_count
     from recps.ps.fleet import DENSE_TABLE, DistributedStrategy
     from recps.run import build_job, checkpoint_dir, evaluate, training_observers
-    from recps.trainer import planned_steps
+    from recps.trainer import left_of_target, planned_steps
 
     if data is None:
         data = _worker_data(cfg, role)
@@ -508,11 +508,15 @@ def _work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence =
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // role.num_workers))
     resume = _resume_point(cfg, job, role, threads, batch_size) if cfg.trainer.resume else None
     first_epoch, skip = (resume["epoch"], resume["skip"]) if resume else (0, None)
-    if resume and restart_count() > 0:  # a restart continues the same job: what is left of it, not that much more
-        epochs = max(0, epochs - first_epoch)
-        if max_steps > 0:
-            max_steps = max_steps - job.steps_done
-            epochs, max_steps = (epochs, max_steps) if max_steps > 0 else (0, -1)
+    # Where this job began (epoch, steps): (0, 0), or the checkpoint a user resumed; its checkpoints record it.
+    # A restart that resumes one of them continues the same job: it trains what is left of it, not that much more.
+    origin = {"epoch": first_epoch, "steps": job.steps_done}
+    if resume and restart_count() > 0 and str(resume["folder"]).startswith(checkpoint_dir(cfg, out_dir).rstrip("/") + "/"):
+        origin = resume["manifest"]["progress"].get("origin") or {"epoch": 0, "steps": 0}
+        epochs, max_steps = left_of_target(epochs, max_steps, (int(origin["epoch"]), int(origin["steps"])),
+                                           first_epoch, job.steps_done)
+        log.info("%s: the job began at epoch %d, step %d; left to train: %s", role.name, origin["epoch"],
+                 origin["steps"], f"{max_steps} steps" if max_steps > 0 else f"{epochs} epoch(s)")
     per_thread = -1
     if strategy.mode.name == "sync":
         # Every thread of every worker takes the same number of steps (each step waits for all).
@@ -539,7 +543,8 @@ def _work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence =
         if strategy.mode.checkpoint_every_steps or strategy.mode.checkpoint_every_seconds:
             mine = source.shard_batches(batch_size, threads)[role.index * threads:(role.index + 1) * threads]
             planned = planned_steps(mine, epochs, max_steps, per_thread, skip)
-            pauses = CheckpointPauses(fleet, cfg, job, strategy.mode, checkpoint_dir(cfg, out_dir), tables, planned)
+            pauses = CheckpointPauses(fleet, cfg, job, strategy.mode, checkpoint_dir(cfg, out_dir), tables, planned,
+                                      origin=origin)
         # Global metrics (merged over every worker and thread through the servers; worker 0
         # logs and writes them) and the debug dump (each worker's threads write their own files).
         with training_observers(job, out_dir, client=fleet.client, rank=role.index) as reporter:
@@ -584,7 +589,8 @@ def _work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence =
             metrics["checkpoints"] = pauses.records
         if cfg.checkpoint.save:
             progress = read_progress(ckpt, role.num_workers)
-            commit_ps_checkpoint(ckpt, tables, cfg, {"steps": job.steps_done + stats.steps, "workers": progress},
+            commit_ps_checkpoint(ckpt, tables, cfg, {"steps": job.steps_done + stats.steps, "workers": progress,
+                                                     "origin": origin},
                                  save=lambda: fleet.client.save(ckpt, mode="full", tables=tables,
                                                                 timeout=max(strategy.mode.timeout_s, 600.0)))
             metrics["checkpoint"] = ckpt
@@ -663,10 +669,12 @@ class CheckpointPauses:
     later one is a checkpoint and worker 0 sets the steps to the next from its rate (through
     CONTROL_TABLE). `records`: per checkpoint its folder, steps, pause and save seconds (worker 0)."""
 
-    def __init__(self, fleet, cfg: DictConfig, job, mode, root: str, tables: Sequence[str], planned: int) -> None:
+    def __init__(self, fleet, cfg: DictConfig, job, mode, root: str, tables: Sequence[str], planned: int,
+                 origin: dict | None = None) -> None:
         import torch
 
         self.fleet, self.cfg, self.job, self.root, self.tables = fleet, cfg, job, root, list(tables)
+        self.origin = origin or {"epoch": 0, "steps": 0}  # where the job began, recorded in each checkpoint
         self.role = fleet.role
         self.threads = int(cfg.trainer.threads)
         self.unit = self.threads if mode.name == "sync" else 1  # sync: every thread takes each step
@@ -734,7 +742,7 @@ class CheckpointPauses:
                 t = time.perf_counter()
                 progress = read_progress(folder, role.num_workers)
                 commit_ps_checkpoint(folder, self.tables, self.cfg,
-                                     {"steps": self.job.steps_done + steps, "workers": progress},
+                                     {"steps": self.job.steps_done + steps, "workers": progress, "origin": self.origin},
                                      save=lambda: client.save(folder, mode="full", tables=self.tables,
                                                               timeout=self.timeout_s))
                 save_s = time.perf_counter() - t

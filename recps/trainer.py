@@ -48,7 +48,7 @@ from recps.ps.modes.dense import LocalDenseUpdater  # re-exported: recps.trainer
 
 __all__ = ["BatchSource", "DenseUpdater", "LocalDenseUpdater", "LossScaler", "PRECISIONS", "Pauses", "Precision",
            "TrainObserver", "TrainStats", "Trainer", "check_precision", "click_labels", "fused_dense_steps",
-           "planned_steps"]
+           "left_of_target", "planned_steps"]
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,28 @@ def planned_steps(batches: Sequence[int], epochs: int, max_steps: int = -1, thre
         per_epoch = min(n, thread_steps_per_epoch) if thread_steps_per_epoch > 0 else n
         total += max(0, per_epoch * epochs - (skip[t] if skip else 0)) if epochs > 0 else 0
     return min(total, max_steps) if max_steps > 0 else total
+
+
+def left_of_target(epochs: int, max_steps: int, origin: tuple[int, int], epoch: int, steps: int) -> tuple[int, int]:
+    """(epochs, max_steps) for a restarted job that resumes at `epoch` with `steps` done, so that it
+    stops where the job it continues would have: that job began at `origin` = (epoch, steps) ((0, 0),
+    or the checkpoint a user resumed) and trains `epochs` epochs from there (`fit`'s epochs
+    first_epoch .. first_epoch + epochs - 1), or `max_steps` steps if > 0. Nothing left: (0, -1).
+
+    >>> left_of_target(2, -1, (1, 100), 1, 130)   # resumed at epoch 1, restarted 30 steps into it
+    (2, -1)
+    >>> left_of_target(2, -1, (1, 100), 2, 260)
+    (1, -1)
+    >>> left_of_target(1, 500, (1, 100), 1, 430), left_of_target(1, 500, (1, 100), 2, 600)
+    ((1, 170), (0, -1))
+    """
+    start_epoch, start_steps = origin
+    epochs = max(0, start_epoch + epochs - epoch)
+    if max_steps > 0:
+        max_steps = start_steps + max_steps - steps
+        if max_steps <= 0:
+            return 0, -1
+    return epochs, max_steps
 
 
 def click_labels(task, batch: Batch) -> torch.Tensor | None:

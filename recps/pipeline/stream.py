@@ -13,7 +13,7 @@ exactly-once restarts); this module gives it the funnel's three steps:
              evaluated. Each pass's record in <run dir>/stream_metrics.jsonl holds the metrics flat
              (ndcg@10, stage/<stage>/pass_through, most_popular/ndcg@10, ...) and `evaluated_model`, the
              pass whose exports were evaluated with their sha256
-    train    each stage in order on the pass's impressions (a ranker also on its upstream's candidates from
+    train    each stage in order on the pass's impressions (its `trainer.epochs` epochs over the pass) (a ranker also on its upstream's candidates from
              this pass's freshly trained upstream, as recps.pipeline.runner), its own mode's communicator
              flushed (not closed: it trains again next pass), a barrier; then the stage is exported from
              what the servers hold (<run dir>/funnel/<day>-<pass>/<stage>.pt, and the latest in
@@ -582,6 +582,7 @@ def run_funnel_stream(cfg: DictConfig, out_dir: Path) -> float:
 def summary_lines(metrics: dict[str, Any], top_n: int = 10) -> list[str]:
     """A line per pass: its funnel metrics before training, then each stage's mode and steps."""
     lines = []
+    order = list(metrics.get("stage_order") or ())
     for r in (metrics.get("stream") or {}).get("passes") or ():
         if "pass" not in r:
             continue
@@ -594,7 +595,9 @@ def summary_lines(metrics: dict[str, Any], top_n: int = 10) -> list[str]:
                      f"most_popular ndcg@{top_n}={e.get(f'most_popular/ndcg@{top_n}', float('nan')):.4f}; ")
         else:
             head += "no model before it; "
-        head += ", ".join(f"{n} {t.get('mode')} {t.get('steps')} steps" for n, t in (r.get("stages") or {}).items())
+        stages = r.get("stages") or {}
+        head += ", ".join(f"{n} {stages[n].get('mode')} {stages[n].get('steps')} steps"
+                          for n in [*(o for o in order if o in stages), *(n for n in stages if n not in order)])
         lines.append(head + f" ({r.get('pass_s', float('nan'))} s)")
     return lines
 

@@ -32,6 +32,7 @@ TINY = [
     "pipeline=video_funnel", "stream=hourly", "cluster.workers=1",
     "pipeline.world.users=120", "pipeline.world.items=600", "pipeline.world.creators=60",
     "pipeline.world.metric_users=40", "pipeline.world.impressions_per_user=30",
+    "pipeline.world.random_items_per_user=100",  # the held-out random bucket, within the tiny catalogue
     "pipeline.stages.recall.keep=80", "pipeline.stages.coarse.keep=30", "pipeline.stages.fine.keep=15",
     "pipeline.stages.coarse.inputs.candidates_per_user=10", "pipeline.stages.fine.inputs.candidates_per_user=10",
     "pipeline.stages.fusion.inputs.candidates_per_user=5",
@@ -45,15 +46,9 @@ TINY = [
 ]
 
 
-def _world_size() -> list[str]:
-    """The world's random bucket (when the world has one) within its tiny catalogue."""
-    world = compose_config(["pipeline=video_funnel"]).pipeline.world
-    return ["pipeline.world.random_items_per_user=100"] if "random_items_per_user" in world else []
-
-
 def _overrides(world: Path, root: str, out: str, run: Path, *extra: str) -> list[str]:
-    return [*TINY, *_world_size(), f"pipeline.world.dir={world}", f"stream.root={root}", f"stream.out={out}",
-            *extra, f"hydra.run.dir={run}"]
+    return [*TINY, f"pipeline.world.dir={world}", f"stream.root={root}", f"stream.out={out}", *extra,
+            f"hydra.run.dir={run}"]
 
 
 def _train(args: list[str]) -> subprocess.CompletedProcess:

@@ -318,6 +318,9 @@ def funnel_figure(record: dict[str, Any]):
     for i, k in enumerate(kept):
         left.annotate(f"{k:,}", (i, k), ha="center", va="bottom", fontsize=8)
     right.bar(x, share, color="#dd8452")
+    chance = [k / record["items"] for k in kept]  # the share a random pick of the same size would keep
+    right.scatter(list(x), chance, marker="_", s=500, color="black", zorder=3, label="a random pick of that size")
+    right.legend(loc="upper right", fontsize=8, frameon=False)
     right.set_title("held-out positives surviving")
     right.set_ylim(0, 1.1)
     for i, (p, s) in enumerate(zip(positives, share)):

@@ -7,9 +7,9 @@ exactly-once restarts); this module gives it the funnel's three steps:
 
     read     the pass's impression files (user_id, item_id, time, click, long_view; `write_world_passes`
              writes a generated world's train impressions in that layout), every worker the whole pass
-    evaluate worker 0 runs the whole funnel as trained up to the previous pass on the world's held-out
-             requests (recps.pipeline.evaluate; seen items and item statistics from the passes before this
-             one); the other workers wait. The first pass of a fresh stream has no model yet: nothing is
+    evaluate the whole funnel as trained up to the previous pass on the world's held-out requests (seen
+             items and item statistics from the passes before this one), every worker its share, the
+             metrics merged through the servers (recps.pipeline.evaluate). The first pass of a fresh stream has no model yet: nothing is
              evaluated. Each pass's record in <run dir>/stream_metrics.jsonl holds the metrics flat
              (ndcg@10, stage/<stage>/pass_through, most_popular/ndcg@10, ...) and `evaluated_model`, the
              pass whose exports were evaluated with their sha256
@@ -60,7 +60,7 @@ log = logging.getLogger("recps.pipeline")
 
 PASS_FILE = "part-00000.parquet"
 COLUMNS = ("user_id", "item_id", "time", "click", "long_view")
-_EVAL_TIMEOUT_S = 3600.0  # how long the other workers wait for worker 0's evaluation of the funnel
+_EVAL_TIMEOUT_S = 3600.0  # how long a worker waits for the others to merge a pass's evaluation
 
 
 # ------------------------------------------------------------------------------ the pass files
@@ -327,6 +327,12 @@ class FunnelLoop(PassLoop):
         self.model_from: str | None = None  # the checkpoint a resumed job's first evaluated model was loaded from
         self.pending: dict[str, Any] = {}  # worker 0: what this pass's record gets beside PassLoop's fields
         self.export_root = rfs.join(str(Path(out_dir).resolve()), EXPORT_DIR)
+        self.funnel_merger = None  # one worker: nothing to merge
+        if role.num_workers > 1:
+            from recps.metrics.ps_merger import PSMerger
+
+            self.funnel_merger = PSMerger(fleet.client, prefix="pipeline.stream.eval",
+                                          timeout_s=max(self.timeout_s, _EVAL_TIMEOUT_S))
 
     # -- the three steps ----------------------------------------------------------------------------
 
@@ -340,28 +346,30 @@ class FunnelLoop(PassLoop):
         return _PassData(read_pass(files, self.world.num_users, self.world.num_items), files), waited, len(files)
 
     def _evaluate(self, source: _PassData) -> dict[str, float]:
-        """Worker 0: the whole funnel as trained up to the previous pass, on the held-out requests."""
+        """The whole funnel as trained up to the previous pass, on the held-out requests: every worker its
+        share (requests w, w + W, ...), merged through the servers (recps.pipeline.evaluate); worker 0 keeps
+        the metrics for the pass's record."""
         from recps.pipeline.evaluate import evaluate_funnel
 
-        if not self.stages and self.resume.folder and self.role.index == 0:
+        if not self.stages and self.resume.folder:
             self.refresh()  # a resumed job (after PassLoop redid a day end cut short): the servers' model
-        if not self.stages and not (self.resume.folder and self.role.index != 0):
+        if not self.stages:
             self.pending = {"evaluated_model": None}  # a fresh stream's first pass: no model yet
             return {}
-        out: dict[str, float] = {}
-        if self.role.index == 0:
-            funnel = Funnel(self.specs, self.stages, self.index, funnel_view(self.world, self.history))
-            metrics = evaluate_funnel(funnel, self.cfg)
-            metrics.pop("final_lists", None)
-            out = flat_metrics(metrics)
-            self.pending = {"evaluated_model": {"pass": self.model_pass, "sha256": dict(self.model_sha),
-                                                "loaded_from": self.model_from}}
-            self.model_from = None
-            log.info("stream funnel, pass %d before training: ndcg@%d %.4f, hit_rate %.4f (the model of pass %s)",
-                     self.passes_done + 1, int(self.cfg.pipeline.top_n),
-                     out.get(f"ndcg@{int(self.cfg.pipeline.top_n)}", float("nan")), out.get("hit_rate", float("nan")),
-                     self.model_pass)
-        self.fleet.barrier(f"pipeline.stream.{self.passes_done + 1}.evaluated", timeout=_EVAL_TIMEOUT_S)
+        funnel = Funnel(self.specs, self.stages, self.index, funnel_view(self.world, self.history))
+        metrics = evaluate_funnel(funnel, self.cfg, merger=self.funnel_merger, worker=self.role.index,
+                                  workers=self.role.num_workers)
+        if self.role.index != 0:
+            return {}
+        metrics.pop("final_lists", None)
+        out = flat_metrics(metrics)
+        self.pending = {"evaluated_model": {"pass": self.model_pass, "sha256": dict(self.model_sha),
+                                            "loaded_from": self.model_from}}
+        self.model_from = None
+        top = int(self.cfg.pipeline.top_n)
+        log.info("stream funnel, pass %d before training: ndcg@%d %.4f, hit_rate %.4f (the model of pass %s)",
+                 self.passes_done + 1, top, out.get(f"ndcg@{top}", float("nan")), out.get("hit_rate", float("nan")),
+                 self.model_pass)
         return out
 
     def _train(self, source: _PassData) -> _PassStats:
@@ -409,8 +417,8 @@ class FunnelLoop(PassLoop):
         super()._log(record)
 
     def refresh(self) -> None:
-        """A resumed job (worker 0, before its first pass's evaluation): every stage exported from what the
-        servers loaded, so that the evaluation reads the model of the last recorded pass."""
+        """A resumed job (every worker, before its first pass's evaluation): every stage exported from what
+        the servers loaded, so that the evaluation reads the model of the last recorded pass."""
         view = funnel_view(self.world, self.history)
         for s in self.specs:
             blob = self.trainers[s.name].export(view)

@@ -1,13 +1,14 @@
 """The streaming funnel (issue 16 point 7): `python -m recps.train pipeline=video_funnel stream=hourly` on the
 real HDFS of tests/hdfs/, a tiny generated world written as a 2-pass stream (2 days x 1 hourly split),
-trained in two runs: day 1, then the same stream resumed for day 2.
+trained in two runs: day 1 on one worker, then the same stream resumed for day 2 on two.
 
 Checked: bad combinations fail before any process starts naming the key and the fix; each pass's record
 holds the whole funnel's metrics before its training (none before the first: no model yet); every stage
 trained on every pass in its own mode (the servers' tags) and its tables changed between the two pass
 checkpoints on HDFS (each checkpoint holds every stage's tables); pass 2's evaluation is pass 1's model:
 after the restart, the exports of the reloaded model are pass 1's byte for byte and the metrics recomputed
-here from pass 1's exports equal the recorded ones; Paddle's donefiles record each pass and day once."""
+here in one process from pass 1's exports equal those the two workers merged; Paddle's donefiles record
+each pass and day once."""
 
 from __future__ import annotations
 
@@ -105,7 +106,8 @@ def test_streaming_funnel_on_hdfs_two_passes_across_a_restart(tmp_path, hdfs):
     assert len(written["splits"]) == 2 and sum(written["rows"]) == world.train_user.numel()
 
     _train(_overrides(world_dir, root, out, run1, f"stream.end_day={DAY}"))
-    proc = _train(_overrides(world_dir, root, out, run2, f"stream.end_day={DAY2}"))  # resumes after pass 1
+    # The same stream, resumed after pass 1 onto 2 workers (their evaluation merged through the servers).
+    proc = _train(_overrides(world_dir, root, out, run2, f"stream.end_day={DAY2}", "cluster.workers=2"))
     first = json.loads((run1 / "stream_metrics.jsonl").read_text())
     records = [json.loads(line) for line in (run2 / "stream_metrics.jsonl").read_text().splitlines()]
     assert [(r.get("day"), r.get("pass")) for r in records if "pass" in r] == [(DAY2, 1)]
@@ -123,7 +125,8 @@ def test_streaming_funnel_on_hdfs_two_passes_across_a_restart(tmp_path, hdfs):
         assert {n: t["mode"] for n, t in r["stages"].items()} == STAGES
         assert all(t["steps"] > 0 for t in r["stages"].values()), r["stages"]
     metrics = json.loads((run2 / "metrics.json").read_text())
-    assert metrics["servers"] == 1 and metrics["stream"]["resumed_from"] == f"{out}/{DAY}/1"
+    assert (metrics["servers"], metrics["workers"]) == (1, 2)
+    assert metrics["stream"]["resumed_from"] == f"{out}/{DAY}/1"
     assert {s: sorted(set(t.values())) for s, t in metrics["server_tables"].items()} == {
         s: [m] for s, m in STAGES.items()}
     # Paddle's records, each pass once: its checkpoint, then the day model; a delta and a base per day.
@@ -143,7 +146,7 @@ def test_streaming_funnel_on_hdfs_two_passes_across_a_restart(tmp_path, hdfs):
             else:
                 assert not torch.equal(v1, v2), f"{table} unchanged by pass 2"
     # Pass 2 evaluated pass 1's model, reloaded from its checkpoint: the same exports byte for byte, and the
-    # metrics recomputed here from pass 1's exports are the recorded ones.
+    # metrics recomputed here in one process from pass 1's exports are the ones the 2 workers merged.
     model = second["evaluated_model"]
     assert model["pass"] == f"{DAY}/1" and model["loaded_from"] == ck1
     assert model["sha256"] == {n: t["export_sha256"] for n, t in first["stages"].items()}
@@ -154,5 +157,5 @@ def test_streaming_funnel_on_hdfs_two_passes_across_a_restart(tmp_path, hdfs):
     index = build_index(stages["recall"].vectors(view, items=torch.arange(view.num_items)),
                         dict(cfg.pipeline.index))
     again = flat_metrics(evaluate_funnel(Funnel(specs, stages, index, view), cfg))
-    for key in ("ndcg@10", "hit_rate", "stage/coarse/auc", "most_popular/ndcg@10"):
-        assert again[key] == pytest.approx(e[key], abs=1e-6), key
+    assert {k: again[k] for k in e if k != "eval_seconds"} == pytest.approx(
+        {k: v for k, v in e.items() if k != "eval_seconds"}, abs=1e-6)

@@ -574,8 +574,8 @@ def run_funnel_stream(cfg: DictConfig, out_dir: Path) -> float:
     _fill_accessors(cfg, specs)
 
     def before_launch(c, mode, d) -> None:
+        check_stream_out(c, config)  # the records and the root first: the world may take a while to generate
         check_data(specs, load_world(c))
-        check_stream_out(c, config)
 
     metrics = run_distributed(cfg, out_dir, work=funnel_stream_work, before_launch=before_launch)
     if metrics is None:

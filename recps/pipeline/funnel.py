@@ -34,7 +34,7 @@ from recps.pipeline.config import StageSpec
 from recps.pipeline.data import Csr, FunnelData, pair_examples
 
 __all__ = ["Snapshot", "StageModel", "Funnel", "FunnelResult", "build_stage_model", "export_stage", "load_stage",
-           "stage_collection", "pair_keys"]
+           "stage_collection", "pair_keys", "score_inputs"]
 
 log = logging.getLogger("recps.pipeline")
 
@@ -281,7 +281,7 @@ class Funnel:
             return torch.cat([p for p, _ in parts]), torch.cat([r for _, r in parts])
         if spec.scores and dense is None:  # each `scores` stage's probabilities (its own `scores` too, in turn)
             by_name = {x.name: x for x in self.specs}
-            dense = torch.cat([self.score_pairs(by_name[s], users, items)[0] for s in spec.scores], 1)  # (N, I)
+            dense = score_inputs(torch.cat([self.score_pairs(by_name[s], users, items)[0] for s in spec.scores], 1))
         stage = self.stages[spec.name]
         probs = stage.outputs(self.data, users, items, dense)
         return probs, stage.rank_score(probs)
@@ -308,7 +308,7 @@ class Funnel:
                     break
                 where = match.to(torch.int8).argmax(2)  # (B, K): each candidate's place in that stage's list
                 parts.append(probs.gather(1, where.unsqueeze(2).expand(-1, -1, probs.shape[2])))  # (B, K, T_s)
-            dense = torch.cat(parts, 2)[valid] if parts else None  # (N, I)
+            dense = score_inputs(torch.cat(parts, 2)[valid]) if parts else None  # (N, I)
         probs_v, score_v = self.score_pairs(spec, flat_users, candidates[valid], dense)
         scores = torch.full((b, k), -torch.inf)
         scores[valid] = score_v
@@ -353,6 +353,13 @@ class Funnel:
     @property
     def final(self) -> str:
         return self.specs[-1].name
+
+
+def score_inputs(probs: torch.Tensor) -> torch.Tensor:
+    """(N, I) the dense inputs a stage with `scores` reads: the upstream stages' probabilities as logits
+    (a retrieval stage's σ(cosine / temperature) sits near 1 for every candidate it kept; its logit keeps
+    the spread)."""
+    return torch.logit(probs.clamp(1e-6, 1.0 - 1e-6))
 
 
 def build_index(vectors: torch.Tensor, config: dict | None):

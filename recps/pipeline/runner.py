@@ -40,7 +40,7 @@ from recps.errors import ConfigError
 from recps.pipeline.config import StageSpec, check_data, pipeline_specs
 from recps.pipeline.data import FunnelData, pair_examples
 from recps.pipeline.funnel import (EXPORT_DIR, Funnel, build_index, build_stage_model, dense_width, export_stage,
-                                   load_stage, outputs_of, stage_collection)
+                                   load_stage, outputs_of, score_inputs, stage_collection)
 
 __all__ = ["run_pipeline", "funnel_work", "load_world", "training_examples", "summary_lines"]
 
@@ -136,7 +136,7 @@ def training_examples(spec: StageSpec, specs, data: FunnelData, funnel: Funnel |
     dense = None
     if spec.scores:
         by_name = {x.name: x for x in specs}
-        dense = torch.cat([funnel.score_pairs(by_name[s], users, items)[0] for s in spec.scores], 1)  # (N, I)
+        dense = score_inputs(torch.cat([funnel.score_pairs(by_name[s], users, items)[0] for s in spec.scores], 1))
     return pair_examples(data, spec.features, users, items, labels=labels, dense=dense)
 
 

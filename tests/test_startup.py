@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from recps.config import PROJECT_ROOT
-from recps.data.dataset import WorkerExamplesSource, prepare_data
+from recps.data.dataset import LazyExamplesSource, WorkerExamplesSource, prepare_data
 from recps.data.sharding import WorkerShards
 from recps.data.synthetic import ensure_split
 
@@ -46,7 +46,10 @@ def test_a_workers_own_rows_give_its_threads_the_same_batches(tmp_path, workers,
         assert isinstance(mine.train, WorkerExamplesSource)
         assert len(mine.train) == len(everything.train) == 1003  # the shard plans count every row
         seen += len(mine.train.examples)
+        assert isinstance(mine.test, LazyExamplesSource) == (w == 0)  # worker 0 reads them when it evaluates
         assert len(mine.test) == (101 if w == 0 else 0)
+        if w == 0:
+            assert torch.equal(mine.test.examples.keys, everything.test.examples.keys)
         for t in range(threads):
             for epoch in (0, 1):
                 want = _batches(everything.train, w, workers, t, threads, epoch)

@@ -9,8 +9,9 @@ recps.data.synthetic's) or a `test_fraction`
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
@@ -19,7 +20,7 @@ from recps.data.reader import Examples, TabularReader, TensorBatches, empty_exam
 from recps.data.schema import Schema
 from recps.errors import ConfigError
 
-__all__ = ["ExamplesSource", "WorkerExamplesSource", "PreparedData", "ensure_generated", "prepare_data", "split_examples",
+__all__ = ["ExamplesSource", "LazyExamplesSource", "WorkerExamplesSource", "PreparedData", "ensure_generated", "prepare_data", "split_examples",
            "worker_parses_its_shards"]
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,22 @@ class ExamplesSource:
                                 shuffle=self.shuffle, seed=self.seed)
         batches.epoch = epoch
         return iter(batches)
+
+
+class LazyExamplesSource(ExamplesSource):
+    """An ExamplesSource whose rows `load()` parses on first use (thread-safe): a PS worker's held-out
+    rows, read when it evaluates after training rather than before its first step."""
+
+    def __init__(self, load: Callable[[], Examples], shuffle: bool = False, seed: int = 0) -> None:
+        self._load, self._examples, self._lock = load, None, threading.Lock()
+        self.shuffle, self.seed = shuffle, seed
+
+    @property
+    def examples(self) -> Examples:
+        with self._lock:
+            if self._examples is None:
+                self._examples = self._load()
+            return self._examples
 
 
 class WorkerExamplesSource(ExamplesSource):
@@ -125,8 +142,8 @@ def prepare_data(cfg: Mapping[str, Any], seed: int = 0, worker: tuple[int, int, 
     """Generates (if configured), parses and splits the data a dataset config names.
 
     worker=(w, W, T): parse only worker w's training rows (of W workers with T threads each;
-    a WorkerExamplesSource; `worker_parses_its_shards(cfg)` must hold). test=False: no test rows
-    (a worker that does not evaluate)."""
+    a WorkerExamplesSource; `worker_parses_its_shards(cfg)` must hold), and the test rows when first
+    used (a LazyExamplesSource); test=False: none (a worker that does not evaluate)."""
     schema = Schema.from_config(cfg["schema"])
     best_auc = best_aucs = None
     test_info = ensure_generated(cfg)
@@ -146,10 +163,13 @@ def prepare_data(cfg: Mapping[str, Any], seed: int = 0, worker: tuple[int, int, 
         parts = [part.row_major() for part in reader.chunks()]
         mine = Examples.cat(parts) if parts else empty_examples(schema)
         source = WorkerExamplesSource(mine, reader.stats.all_rows, w, workers, threads, shuffle, seed)
-        held_out = load_tensors(list(cfg["test"]), schema, error_budget=budget) if test else empty_examples(schema)
-        log.info("dataset %s: %d train rows (worker %d's %d of %d), %d test rows", cfg.get("name"), len(source), w,
-                 len(mine), len(source), len(held_out))
-        return PreparedData(schema, source, ExamplesSource(held_out, False, seed), best_auc, best_aucs)
+        if test:  # parsed when it is evaluated, after training
+            held_out = LazyExamplesSource(lambda: load_tensors(list(cfg["test"]), schema, error_budget=budget), False, seed)
+        else:
+            held_out = ExamplesSource(empty_examples(schema), False, seed)
+        log.info("dataset %s: %d train rows (worker %d's %d of %d), test rows %s", cfg.get("name"), len(source), w,
+                 len(mine), len(source), "read when evaluated" if test else "none (worker 0 evaluates)")
+        return PreparedData(schema, source, held_out, best_auc, best_aucs)
     train = load_tensors(list(cfg["train"]), schema, error_budget=budget)
     test_paths = list(cfg.get("test") or [])
     fraction = float(cfg.get("test_fraction") or 0.0)

@@ -214,32 +214,32 @@ def test_funnel_beats_most_popular_against_the_worlds_truth_and_each_stage_passe
     funnel, base, stages = metrics["funnel"], metrics["baselines"], metrics["stages"]
     assert metrics["evaluated_on"] == "random_bucket" and metrics["requests"] == 600
     # The bounded measure against the ideal funnel (the world's true utility of the list, DCG over the
-    # ideal list's): measured 0.528 against most-popular's 0.309. Stated margin: 30%.
+    # ideal list's): measured 0.522-0.528 against most-popular's 0.309. Stated margin: 30%.
     assert funnel["utility_ndcg@10"] >= 1.30 * base["most_popular"]["utility_ndcg@10"], (funnel, base)
     assert base["ideal"]["utility_ndcg@10"] == pytest.approx(1.0)
     # On the random bucket the ideal list is the best (0.194) and most-popular is not (0.081); on the logged
     # clicks most-popular beats the ideal (0.055 > 0.045): why the funnel is evaluated on the bucket.
     assert base["ideal"]["ndcg@10"] > funnel["ndcg@10"] > base["most_popular"]["ndcg@10"]
     assert base["most_popular"]["logged_ndcg@10"] > base["ideal"]["logged_ndcg@10"]
-    # Coarse costs no quality (fine over all of recall's 200 candidates: 0.116 against the funnel's 0.126)
+    # Coarse costs no quality (fine over all of recall's 200 candidates: 0.114-0.116 against the funnel's 0.126)
     # and cuts fine's pairs 4x.
     assert funnel["ndcg@10"] >= 0.97 * base["recall_without_coarse"]["ndcg@10"], (funnel, base)
     # Pass-through bounds: a stage keeping a share of what it received keeps a larger share of the positives
     # that reached it (chance: the share it keeps) and not all of them.
     assert 200 / 2000 * 1.8 <= stages["recall"]["pass_through"] <= 0.6  # measured 0.237
-    assert 50 / 200 * 1.15 <= stages["coarse"]["pass_through"] <= 0.8  # measured 0.322
-    assert 20 / 50 * 1.05 <= stages["fine"]["pass_through"] <= 0.9  # measured 0.463
-    # fusion reorders fine's 20 near chance on the bucket (GAUC 0.55-0.56): at least 95% of its keep share
+    assert 50 / 200 * 1.15 <= stages["coarse"]["pass_through"] <= 0.8  # measured 0.322 (two runs)
+    assert 20 / 50 * 1.05 <= stages["fine"]["pass_through"] <= 0.9  # measured 0.454-0.463
+    # fusion reorders fine's 20 near chance on the bucket (GAUC 0.545-0.558): at least 95% of its keep share
     assert 10 / 20 * 0.95 <= stages["fusion"]["pass_through"] <= 0.9  # measured 0.524-0.536
-    assert stages["coarse"]["gauc"] > 0.57 and stages["coarse"]["pnr"] > 1.4  # measured 0.607, 1.61
-    assert stages["fine"]["gauc"] > 0.55 and stages["fine"]["pnr"] > 1.2  # measured 0.601, 1.51
+    assert stages["coarse"]["gauc"] > 0.57 and stages["coarse"]["pnr"] > 1.4  # measured 0.607, 1.61 (two runs)
+    assert stages["fine"]["gauc"] > 0.55 and stages["fine"]["pnr"] > 1.2  # measured 0.595-0.601, 1.48-1.51
     assert 0.0 < funnel["agreement"] <= 1.0
 
 
 def test_final_ndcg_beats_most_popular_and_recall_alone(funnel_run):
     """Issue 16's test: the final list's NDCG@10 on the held-out random-bucket clicks beats most-popular's by
-    30% and recall alone's (its top 10) by 5% (measured 0.126 against 0.081 and 0.107: 1.55x and 1.18x).
-    The logged-policy NDCG@10 is reported too (measured 0.030 against 0.055 and 0.059)."""
+    30% and recall alone's (its top 10) by 5% (measured 0.126 in two runs against 0.081 and 0.107: 1.55x and
+    1.18x). The logged-policy NDCG@10 is reported too (measured 0.030 against 0.055 and 0.059)."""
     _, metrics, _ = funnel_run
     funnel, base = metrics["funnel"], metrics["baselines"]
     assert funnel["ndcg@10"] >= 1.30 * base["most_popular"]["ndcg@10"], (funnel, base)

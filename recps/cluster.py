@@ -6,7 +6,12 @@ The Hydra process (no role in its environment, cluster=local) is the launcher: i
 the data set if the config asks for it, then starts S servers and W workers on
 `cluster.host` (127.0.0.1) with `recps.launch.launch`, each one `python -m recps.train` of the
 composed config itself (<run dir>/recps-job.yaml: a user's --config-dir and every override are in
-it), the same run folder and its role in RECPS_* variables. Their output is
+it), the same run folder and its role in RECPS_* variables. Start-up: the default job's processes
+are forked from the launcher instead, which has imported torch, torchrec and the model and checked
+the config already, so each starts at its role (recps.launch's preloaded image; the command is
+exec'd where a fork is not safe, for stream and pipeline jobs, and with RECPS_LAUNCH_FORK=0), and
+each worker parses only its own training rows (recps.data.dataset.WorkerExamplesSource; worker 0
+its held-out rows when it evaluates). Their output is
 forwarded with a "[worker0] " prefix and copied to <run dir>/cluster.log. `launch` supervises:
 when the workers are done the servers stop; when any process dies every other one is stopped
 and the run fails naming it; nothing is left behind.

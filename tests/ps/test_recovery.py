@@ -17,6 +17,12 @@ data itself with the project's reader. A lost update leaves a row above that, a 
 - stream=hourly (cluster.restarts=3): server0 killed while the stream waits for pass 3; it restarts,
   resumes after its last record, trains pass 3 once; shows equal the data's occurrences.
 - cluster.restarts and cluster.checkpoint_every are checked before anything starts.
+- GEO: a sync writes the merged values into the replica only between a thread's steps (a TBE backward
+  landing inside that write lost its update: the miscount once seen under torchrun).
+- a restart of a job started with trainer.resume trains what is left of it, not trainer.epochs more.
+
+The jobs run in sessions of their own (tests.ps.counting.job_process): whatever ends a test, nothing
+it started outlives it.
 """
 
 from __future__ import annotations
@@ -37,11 +43,12 @@ import torch
 
 from recps.checkpoint import read_ps_checkpoint
 from recps.cluster import apply_checkpoint_every
-from recps.config import PROJECT_ROOT, compose_config, ps_mode, validate_config
+from recps.config import compose_config, ps_mode, validate_config
 from recps.errors import ConfigError
 from recps.launch import free_port
 from recps.ps.embedding import salted_keys
 from recps.run import prepare_dataset
+from tests.ps.counting import job_process
 
 DEAD_AFTER_S = 3
 BATCH = 16
@@ -81,19 +88,13 @@ def assert_exact_counts(overrides: list[str], checkpoint: Path) -> int:
     return len(rows)
 
 
-def start_job(overrides: list[str], run: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "recps.train", *overrides, f"hydra.run.dir={run}"]
-    return subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+def train_command(overrides: list[str], run: Path) -> list[str]:
+    return [sys.executable, "-m", "recps.train", *overrides, f"hydra.run.dir={run}"]
 
 
 def finish(proc: subprocess.Popen, lines: list[str]) -> str:
-    try:
-        rest, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    """The job's whole output once it exited (within RUN_TIMEOUT_S), also written beside its run folder."""
+    rest, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
     lines.append(rest or "")
     out = "".join(lines)
     (Path(proc.args[-1].partition("=")[2]).parent / "job.log").write_text(out)  # beside the run folder, to read after
@@ -225,10 +226,9 @@ def test_killed_server_then_worker_recovered_with_every_row_counted_once(tmp_pat
     first = COMMITTED if epochs == 1 else r"\[worker0\].*committed \S+/(step-(2[6-9]\d|[3-9]\d\d))"
     run = tmp_path / "run"
     started = time.monotonic()
-    proc = start_job(overrides, run)
     pids: dict[str, int] = {}
     lines: list[str] = []
-    try:
+    with job_process(train_command(overrides, run)) as proc:
         deadline = time.monotonic() + RUN_TIMEOUT_S
         launch_output(proc, first, lines, pids, deadline)
         os.kill(pids["server0"], signal.SIGKILL)
@@ -237,10 +237,6 @@ def test_killed_server_then_worker_recovered_with_every_row_counted_once(tmp_pat
         launch_output(proc, COMMITTED, lines, pids, deadline)
         os.kill(pids["worker1"], signal.SIGKILL)
         out = finish(proc, lines)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
     took = time.monotonic() - started
     restarts = re.findall(RESTART.format(n=4), out)
     print(f"{mode}: server0 then worker1 killed; {len(restarts)} restarts; {took:.1f} s")
@@ -262,10 +258,9 @@ def test_a_process_stalled_past_dead_after_s_does_not_end_a_run_with_restarts(tm
     stalled one continued with its SIGTERM) and restarted once, the run exits 0 with exact counts."""
     overrides = [*counting_overrides(tmp_path, "async"), "cluster.restarts=1"]
     run = tmp_path / "run"
-    proc = start_job(overrides, run)
     pids: dict[str, int] = {}
     lines: list[str] = []
-    try:
+    with job_process(train_command(overrides, run)) as proc:
         deadline = time.monotonic() + RUN_TIMEOUT_S
         launch_output(proc, r"\[worker0\].*committed \S+/(step-\d+)", lines, pids, deadline)
         stalled = pids[victim]
@@ -274,10 +269,6 @@ def test_a_process_stalled_past_dead_after_s_does_not_end_a_run_with_restarts(tm
         with contextlib.suppress(ProcessLookupError):  # the launcher has stopped it already (SIGTERM + SIGCONT)
             os.kill(stalled, signal.SIGCONT)
         out = finish(proc, lines)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
     assert proc.returncode == 0, out[-5000:]
     restarts = re.findall(RESTART.format(n=1), out)
     assert len(restarts) == 1 and victim in restarts[0][1] + restarts[0][3], out[-5000:]  # the cause names it
@@ -312,11 +303,9 @@ def test_a_stream_restarts_itself_and_resumes_from_its_records_exactly_once(tmp_
            "model=deepfm", "trainer.threads=1", "trainer.batch_size=256", "cluster.workers=2", f"stream.start_day={day}",
            f"stream.end_day={day}", "stream.hours=3", "stream.data_sleep_second=0.2", f"cluster.dead_after_s={DEAD_AFTER_S}",
            "ps.table.accessor.show_click_decay_rate=1.0", "ps.table.accessor.delete_threshold=0", f"hydra.run.dir={run}"]
-    proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
     pids: dict[str, int] = {}
     lines: list[str] = []
-    try:
+    with job_process(cmd) as proc:
         deadline = time.monotonic() + RUN_TIMEOUT_S
         launch_output(proc, r"waiting for .*0200/_SUCCESS", lines, pids, deadline)
         os.kill(pids["server0"], signal.SIGKILL)
@@ -325,10 +314,6 @@ def test_a_stream_restarts_itself_and_resumes_from_its_records_exactly_once(tmp_
         launch_output(proc, r"waiting for .*0200/_SUCCESS", lines, pids, deadline)  # the restarted stream
         rfs.write_atomic(held, b"")
         text = finish(proc, lines)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
     assert proc.returncode == 0, text[-5000:]
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["stream"]["resumed_from"] == f"{out}/{day}/2"
@@ -385,11 +370,9 @@ def test_killed_server_then_worker_recovered_by_torchrun_elastic_restarts(tmp_pa
     cmd = [exe, "--max-restarts=4", "--nproc-per-node=3", "--master-addr=127.0.0.1", f"--master-port={free_port()}",
            "-m", "recps.train", *overrides, f"hydra.run.dir={run}"]
     started = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, env={**os.environ, "RECPS_CLUSTER_TOKEN": "torchrun-recovery-token"})
     lines: list[str] = []
     unused: dict[str, int] = {}
-    try:
+    with job_process(cmd, env={**os.environ, "RECPS_CLUSTER_TOKEN": "torchrun-recovery-token"}) as proc:
         deadline = time.monotonic() + RUN_TIMEOUT_S
         launch_output(proc, r"worker0: committed \S+/step-\d+", lines, unused, deadline)
         ranks = _children_by_rank(proc.pid)
@@ -400,10 +383,6 @@ def test_killed_server_then_worker_recovered_by_torchrun_elastic_restarts(tmp_pa
         ranks = _children_by_rank(proc.pid)
         os.kill(ranks[2], signal.SIGKILL)  # rank 2: worker1
         out = finish(proc, lines)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
     print(f"torchrun {mode}: server0 then worker1 killed; {time.monotonic() - started:.1f} s")
     assert proc.returncode == 0, out[-5000:]
     resumed = re.findall(r"(worker\d|server\d): restart (\d+): resuming from \S+/step-\d+", out)

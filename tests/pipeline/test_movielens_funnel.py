@@ -75,8 +75,8 @@ def test_movielens_data_as_the_funnel_sees_it():
 def test_movielens_funnel_end_to_end(tmp_path):
     """The first 150 users (9,742 movies, 17,898 training ratings, 147 held-out requests), keep
     300 -> 100 -> 30 -> 10, through the real CLI (1 server, 1 worker). What holds, measured: recall alone
-    beats most-popular on NDCG@10; the whole funnel does not (the rankers learn rated-and-liked against
-    unrated candidates, and reorder recall's list worse than recall does): an xfail naming the gap."""
+    beats most-popular on NDCG@10; the whole funnel's NDCG@10 is at most-popular's here and below it at the
+    default size (its HR@10 and recall@10 above): when it is not above, an xfail naming the gap."""
     run = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "recps.train", *SMALL, f"hydra.run.dir={run}"], cwd=PROJECT_ROOT,
                           capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(PROJECT_ROOT)))
@@ -94,5 +94,6 @@ def test_movielens_funnel_end_to_end(tmp_path):
     if funnel["ndcg@10"] <= base["most_popular"]["ndcg@10"]:
         pytest.xfail(f"the whole funnel's NDCG@10 {funnel['ndcg@10']:.4f} is below most-popular's "
                      f"{base['most_popular']['ndcg@10']:.4f} and recall alone's {base['recall_alone']['ndcg@10']:.4f} "
-                     "(measured 0.0491-0.0560 in three runs; the default size: 0.0603 vs 0.0784 / 0.0936): the "
-                     "rankers reorder recall's candidates worse than recall does")
+                     "(measured 0.0672 vs 0.0675 here, HR@10 0.313 vs 0.293; the default size: NDCG@10 0.0676 vs "
+                     "0.0784 / 0.0931, HR@10 0.355 vs 0.318 / 0.401): fusion reorders fine's 30 worse than recall "
+                     "orders its own top 10")

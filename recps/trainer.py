@@ -417,8 +417,10 @@ class Trainer:
         self.prefetch = prefetch
         self._replicas = [thread_replica(model, collection) for _ in range(threads)]
         # device=cuda: each thread's batches are copied up one step ahead (recps.nn.placement); on
-        # the CPU the batches as they are. The KJT goes where the collection reads its keys.
-        self.placement = BatchPlacement(device, getattr(collection, "input_device", None))
+        # the CPU the batches as they are. The KJT goes where the collection reads its keys when the
+        # task hands it over as it is; a task that builds its own from it (sequences) gets it on the device.
+        passes = getattr(task, "passes_batch_sparse", False)
+        self.placement = BatchPlacement(device, getattr(collection, "input_device", None) if passes else None)
 
     def fit(self, source: BatchSource, batch_size: int, epochs: int = 1, max_steps: int = -1,
             progress: bool = True, first_epoch: int = 0, thread_steps_per_epoch: int = -1,

@@ -277,3 +277,25 @@ def test_run_on_device_matches_cpu(device, mode, tmp_path_factory, in_process_cl
     cpu = _CPU_RUNS.get(mode) or _run(mode, "cpu", tmp_path_factory.mktemp(f"run-{mode}-ref"), in_process_cluster)
     assert metrics["first_losses"][0] == pytest.approx(cpu["first_losses"][0], abs=FIRST_LOSS_TOLERANCE), (metrics, cpu)
     assert metrics["auc"] == pytest.approx(cpu["auc"], abs=AUC_TOLERANCE[mode]), (metrics["auc"], cpu["auc"])
+
+
+def test_trainer_places_the_kjt_where_the_collection_or_the_task_reads_it(device):
+    """A PS collection reads the batch's KJT on the host when the task hands it over as it is (BinaryTask);
+    a task that builds its own KJT from it (passes_batch_sparse False: sequences, skip-gram) gets it on the
+    device with the dense part, and the PS collection copies what it is given down (`_split`)."""
+    from recps.trainer import LocalDenseUpdater, Trainer
+
+    class OwnKJTTask(BinaryTask):
+        passes_batch_sparse = False
+
+    dev = check_device(device)
+    ebc = PSEmbeddingBagCollection.from_features(FEATURES, DIM, device=dev)
+    model = make_model(ebc).to(dev)
+    dense = list(model.parameters())
+    for task, sparse in ((BinaryTask(), "cpu"), (OwnKJTTask(), dev.type)):
+        trainer = Trainer(model, ebc, task, LocalDenseUpdater(dense, torch.optim.SGD(dense, lr=0.1)), device=device)
+        assert (trainer.placement.device.type, trainer.placement.sparse_device.type) == (dev.type, sparse)
+    batch = next(iter(TensorBatches(examples(8), 8)))
+    parts, size = ebc._split(batch.sparse.to(dev))  # a KJT on the device (the host's itself on the CPU)
+    on_host, _ = ebc._split(batch.sparse)
+    assert size == 8 and all(a[1].device.type == "cpu" and torch.equal(a[1], b[1]) for a, b in zip(parts, on_host))

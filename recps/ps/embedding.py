@@ -365,7 +365,10 @@ class _PSCollectionBase(nn.Module):
         return [f for f in self.feature_names if f not in keys]
 
     def _split(self, features: KeyedJaggedTensor):
-        """Per PS table: (table, salted keys (N,), lengths (Fg*B,)) in table order."""
+        """Per PS table: (table, salted keys (N,), lengths (Fg*B,)) in table order, on the host (a KJT a
+        model built on the GPU from its batch is copied down: keys are hashed and pulled there)."""
+        if features.device().type != "cpu":
+            features = features.to(torch.device("cpu"))
         keys = features.keys()
         missing = self._missing(features)
         if missing:

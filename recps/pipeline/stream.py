@@ -53,8 +53,8 @@ from recps.pipeline.funnel import (EXPORT_DIR, Funnel, build_index, build_stage_
 from recps.pipeline.runner import _assign_flat, load_world, training_examples
 from recps.stream import PassLoop, check_stream_out, resume_point, stream_config
 
-__all__ = ["Impressions", "write_world_passes", "read_pass", "funnel_view", "run_funnel_stream",
-           "funnel_stream_work", "flat_metrics", "main"]
+__all__ = ["Impressions", "FunnelLoop", "write_world_passes", "read_pass", "funnel_view", "run_funnel_stream",
+           "funnel_stream_work", "flat_metrics", "summary_lines", "main"]
 
 log = logging.getLogger("recps.pipeline")
 

@@ -124,7 +124,8 @@ def test_a_dead_peer_fails_the_others_saying_whether_the_launcher_restarts_the_j
         monkeypatch.delenv(name, raising=False)
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
-    with Coordinator(num_servers=1, num_workers=1, token=TOKEN, dead_after_s=2.0, heartbeat_s=0.1) as coord:
+    # dead_after_s 3, as the silent-peer test: the heartbeating worker must not starve that long on a busy CI
+    with Coordinator(num_servers=1, num_workers=1, token=TOKEN, dead_after_s=3.0, heartbeat_s=0.1) as coord:
         peer(coord, "server", 0, "tcp://127.0.0.1:7000", heartbeats=False)  # never heartbeats
         worker = peer(coord, "worker", 0, heartbeats=True)
         deadline = time.monotonic() + 10.0

@@ -21,23 +21,20 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
-from torchrec.sparse.jagged_tensor import KeyedTensor
 
-from models import CTRDNN
 from recps.config import compose_config, validate_config
-from recps.data.reader import Examples, TensorBatches
+from recps.data.reader import TensorBatches
 from recps.device import check_device, to_device, to_host
 from recps.errors import ConfigError
 from recps.nn import BatchPlacement
-from recps.ps.embedding import PSEmbeddingBagCollection, pool_sum, salted_keys
+from recps.ps.embedding import PSEmbeddingBagCollection, pool_sum
 from recps.ps.modes import server_halves
 from recps.ps.modes.dense import PSDenseUpdater
 from recps.ps.modes.geo import GeoMode
 from recps.ps.modes.synchronous import SyncMode
 from recps.ps.node import PSClient, PSServer, TableConfig
-from recps.ps.table import Initializer
 from recps.tasks import BinaryTask
+from tests.ps.modes.test_geo import DIM, FEATURES, INIT, ReferenceEBC, examples, make_model  # its reference
 
 NO_CUDA = not torch.cuda.is_available()
 
@@ -88,18 +85,7 @@ def test_copies_between_host_and_device(device):
         assert down.is_pinned()
 
 
-FEATURES = ["C1", "C2", "C3", "C4"]
-DIM = 9  # padded to 12 in the TBEs: the padding must not change the arithmetic on either device
-INIT = {"kind": "uniform", "low": -0.1, "high": 0.1}
 TOKEN = "cuda-test"
-
-
-def examples(n: int, vocab: int = 40, seed: int = 0) -> Examples:
-    g = torch.Generator().manual_seed(seed)
-    keys = torch.randint(0, vocab, (n, len(FEATURES)), generator=g)  # small vocabulary: many repeats
-    dense = torch.randn(n, 3, generator=g)
-    labels = ((keys[:, 0] % 3 == 0) ^ (dense[:, 0] > 0.5)).float().unsqueeze(1)
-    return Examples(tuple(FEATURES), dense, keys, labels)
 
 
 @pytest.mark.parametrize("sparse_on_host", [False, True])
@@ -141,34 +127,6 @@ def test_pool_sum_pads_widths_the_gpu_kernels_refuse(device):
     (ref_grad,) = torch.autograd.grad((ref * up).sum(), ref_rows)
     torch.testing.assert_close(out.detach().cpu(), ref.detach())
     torch.testing.assert_close(grad.cpu(), ref_grad)
-
-
-class ReferenceEBC(nn.Module):
-    """Plain torch on the CPU: every key of `data` as a row of one Parameter, initialized as the servers do."""
-
-    def __init__(self, ps_ebc: PSEmbeddingBagCollection, data: Examples) -> None:
-        super().__init__()
-        self._configs = ps_ebc.embedding_bag_configs()
-        all_keys = torch.cat([salted_keys(data.keys[:, i], f"t_{f}") for i, f in enumerate(FEATURES)])
-        self.keys = torch.unique(all_keys)  # (U,) sorted
-        self.weight = nn.Parameter(Initializer(**INIT)(self.keys, DIM, seed=0))  # (U, D)
-
-    def embedding_bag_configs(self):
-        return self._configs
-
-    def forward(self, kjt) -> KeyedTensor:
-        b = kjt.stride()
-        per_feature = kjt.values().view(len(FEATURES), b)  # one key per bag here
-        ps_keys = torch.cat([salted_keys(per_feature[i], f"t_{f}") for i, f in enumerate(FEATURES)])
-        idx = torch.searchsorted(self.keys, ps_keys)  # (F*B,)
-        pooled = F.embedding_bag(idx, self.weight, torch.arange(idx.numel()), mode="sum")  # (F*B, D)
-        values = pooled.view(len(FEATURES), b, DIM).transpose(0, 1).reshape(b, -1)  # (B, F*D)
-        return KeyedTensor(keys=FEATURES, length_per_key=[DIM] * len(FEATURES), values=values)
-
-
-def make_model(ebc) -> CTRDNN:
-    torch.manual_seed(1)
-    return CTRDNN(ebc, dense_in_features=3, hidden=(16, 8))
 
 
 @pytest.mark.parametrize("mode", ["geo", "sync"])

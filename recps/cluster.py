@@ -599,7 +599,10 @@ def _work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence =
                                  save=lambda: fleet.client.save(ckpt, mode="full", tables=tables,
                                                                 timeout=max(strategy.mode.timeout_s, 600.0)))
             metrics["checkpoint"] = ckpt
-        (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+        from recps import fs as rfs
+
+        rfs.write_atomic(str(out_dir / "metrics.json"), json.dumps(metrics, indent=2, sort_keys=True) + "\n",
+                         overwrite=True)
         return metrics
 
 

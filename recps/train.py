@@ -108,7 +108,10 @@ def _run(cfg: DictConfig) -> float:
         metrics = run_distributed(cfg, out_dir)
         if metrics is None:  # a server or worker of the cluster: the launcher reports
             return float("nan")
-    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True, default=str) + "\n")
+    from recps import fs as rfs
+
+    rfs.write_atomic(str(out_dir / "metrics.json"), json.dumps(metrics, indent=2, sort_keys=True, default=str) + "\n",
+                     overwrite=True)
     for line in summary_lines(cfg, metrics):
         print(f"[recps] {line}")  # entry point: the lines a user reads
     print(f"[recps] metrics: {out_dir / 'metrics.json'}")

@@ -559,7 +559,8 @@ def stream_work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequ
                        workers=role.num_workers, threads=int(cfg.trainer.threads),
                        train_examples=int(total_examples), examples_per_sec=total_rate, worker_cpu_seconds=total_cpu,
                        train_steps=sum(r["steps"] for r in passes), train_seconds=seconds)
-        (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True, default=str) + "\n")
+        rfs.write_atomic(str(out_dir / "metrics.json"),
+                         json.dumps(metrics, indent=2, sort_keys=True, default=str) + "\n", overwrite=True)
         return metrics
 
 

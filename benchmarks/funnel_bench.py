@@ -321,10 +321,11 @@ def funnel_figure(record: dict[str, Any]):
     chance = [k / record["items"] for k in kept]  # the share a random pick of the same size would keep
     right.scatter(list(x), chance, marker="_", s=500, color="black", zorder=3, label="a random pick of that size")
     right.legend(loc="upper right", fontsize=8, frameon=False)
-    right.set_title("held-out positives surviving")
-    right.set_ylim(0, 1.1)
+    right.set_title("held-out positives surviving (share, log)")
+    right.set_yscale("log")  # at 10^6 items the later stages hold 10^-5 of the positives
+    right.set_ylim(min(v for v in share + chance if v > 0) / 3, 30.0)
     for i, (p, s) in enumerate(zip(positives, share)):
-        right.annotate(f"{p:,.0f}\n({s:.1%})", (i, s), ha="center", va="bottom", fontsize=8)
+        right.annotate(f"{p:,.0f}\n({100 * s:.3g}%)", (i, max(s, chance[i])), ha="center", va="bottom", fontsize=8)
     for ax in (left, right):
         ax.set_xticks(list(x), names)
         ax.spines[["top", "right"]].set_visible(False)

@@ -3,7 +3,9 @@
 `pipeline_specs(cfg)` binds every stage's model, task and optimizer to their constructors, builds its
 PS mode (the stage's `ps` node, a conf/ps group), and checks the stages against each other: an
 upstream that is not an earlier stage, a `keep` larger than what the stage receives, features a model
-reads that the stage's inputs lack, a mode the stage cannot train in. `check_data(specs, data)` checks
+reads that the stage's inputs lack, a mode the stage cannot train in, an `inputs.share` that is not an
+earlier stage's table of the same width, a `pipeline.schedule` group whose stages depend on each other
+(`schedule(cfg, specs)`). `check_data(specs, data)` checks
 them against the data once it is loaded (features it lacks, recall's keep against the catalogue), still
 in the launcher. Every message names the stage, the key and the fix.
 """
@@ -19,12 +21,13 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from recps.config import MODEL_ENGINE_KEYS, MODEL_INJECTED, PS_MODES, TASK_ENGINE_KEYS, check_target_args
 from recps.errors import ConfigError
 
-__all__ = ["StageSpec", "enabled", "pipeline_specs", "check_data", "STAGE_KEYS", "INPUT_KEYS"]
+__all__ = ["StageSpec", "enabled", "pipeline_specs", "schedule", "check_data", "STAGE_KEYS", "INPUT_KEYS"]
 
 STAGE_KEYS = ("model", "task", "optimizer", "trainer", "ps", "keep", "inputs", "score_weights")
-INPUT_KEYS = ("features", "upstream", "train_on", "candidates_per_user", "candidate_users", "scores")
+INPUT_KEYS = ("features", "upstream", "train_on", "candidates_per_user", "candidate_users", "scores", "share")
 TRAINER_KEYS = ("epochs", "batch_size", "threads", "max_steps")
-PIPELINE_KEYS = ("name", "world", "top_n", "eval_users", "eval_batch_users", "index", "stages", "objective")
+PIPELINE_KEYS = ("name", "world", "top_n", "eval_users", "eval_batch_users", "index", "stages", "objective",
+                 "schedule")
 TRAIN_ON = ("positives", "exposures", "candidates")
 # The features a model reads, by constructor argument (zoo models name them so).
 _FEATURE_ARGS = ("query_features", "candidate_features", "user_features", "item_features", "features")
@@ -48,6 +51,7 @@ class StageSpec:
     candidates_per_user: int = 0
     candidate_users: int = 0  # training users whose upstream candidates it trains on (0: all)
     scores: list[str] = field(default_factory=list)
+    share: dict[str, str] = field(default_factory=dict)  # feature -> the earlier stage whose table it reads (frozen)
     score_weights: list[float] | None = None
     epochs: int = 1
     batch_size: int = 256
@@ -97,6 +101,47 @@ def _int(node, key: str, where: str, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"{where}.{key}={value!r}: give an integer >= {minimum}")
     return int(value)
+
+
+def _share(name: str, where: str, node: DictConfig, share, features: list[str], earlier: list[StageSpec],
+           names: list[str]) -> dict[str, str]:
+    """inputs.share {feature: stage}: the feature's rows are that earlier stage's (one table on the servers),
+    read frozen by this stage (see README "Pipelines", shared tables)."""
+    if share is None:
+        return {}
+    if not isinstance(share, DictConfig):
+        raise ConfigError(f"{where}.inputs.share={_plain(share)!r}: give a mapping feature: stage, e.g. "
+                          "{item_id: recall}")
+    by_name = {s.name: s for s in earlier}
+    out: dict[str, str] = {}
+    for feature, owner in share.items():
+        feature, owner = str(feature), str(owner)
+        key = f"{where}.inputs.share.{feature}={owner}"
+        if owner not in by_name:
+            what = ("the stage itself" if owner == name else "a later stage" if owner in names
+                    else f"no stage (stages: {', '.join(names)})")
+            raise ConfigError(f"{key}: {owner!r} is {what}; a stage shares the table of a stage trained before "
+                              f"it ({', '.join(by_name) or 'none'}): name one of them or drop the share")
+        if feature not in features:
+            raise ConfigError(f"{key}: {feature!r} is not among {where}.inputs.features {features}; add it there "
+                              "or drop the share")
+        source = by_name[owner]
+        if feature not in source.features:
+            raise ConfigError(f"{key}: stage {owner} has no {feature!r} table (its inputs.features are "
+                              f"{source.features}); share a feature it trains or drop the share")
+        if feature in source.share:
+            raise ConfigError(f"{key}: {owner}'s {feature!r} is itself {source.share[feature]}'s table; share it "
+                              f"from its owner: {where}.inputs.share.{feature}={source.share[feature]}")
+        dim, owner_dim = int(node.model.embedding_dim), int(source.model.embedding_dim)
+        if dim != owner_dim:
+            raise ConfigError(f"{key}: {where}.model.embedding_dim={dim} but pipeline.stages.{owner}.model."
+                              f"embedding_dim={owner_dim}; one table has one width: set {where}.model."
+                              f"embedding_dim={owner_dim} or drop the share")
+        out[feature] = owner
+    if out and len(out) == len(features):
+        raise ConfigError(f"{where}.inputs.share={out}: every feature of the stage is shared; it would train no "
+                          "rows of its own: keep at least one of its inputs.features unshared")
+    return out
 
 
 def pipeline_specs(cfg: DictConfig) -> list[StageSpec]:
@@ -179,6 +224,7 @@ def pipeline_specs(cfg: DictConfig) -> list[StageSpec]:
                 if lacking:
                     raise ConfigError(f"{where}.model.{arg}: {lacking} are not among the stage's inputs.features "
                                       f"{features}; add them there or drop them from the model")
+        share = _share(name, where, node, inputs.get("share"), features, specs, [str(n) for n in stages.keys()])
         train_on = [str(t) for t in (inputs.get("train_on") or ())]
         if not train_on or any(t not in TRAIN_ON for t in train_on):
             raise ConfigError(f"{where}.inputs.train_on={train_on}: give some of {list(TRAIN_ON)}")
@@ -216,7 +262,7 @@ def pipeline_specs(cfg: DictConfig) -> list[StageSpec]:
             name=name, index=index, model=node.model, task=node.task, optimizer=node.optimizer, ps=node.ps, mode=mode,
             keep=keep, features=features, upstream=None if upstream is None else str(upstream), train_on=train_on,
             candidates_per_user=int(inputs.get("candidates_per_user") or 0),
-            candidate_users=int(inputs.get("candidate_users") or 0), scores=scores, score_weights=weights,
+            candidate_users=int(inputs.get("candidate_users") or 0), scores=scores, share=share, score_weights=weights,
             epochs=_int(trainer, "epochs", f"{where}.trainer", 1) if "epochs" in trainer else 1,
             batch_size=_int(trainer, "batch_size", f"{where}.trainer", 1) if "batch_size" in trainer else 256,
             threads=threads, max_steps=max_steps,
@@ -229,7 +275,50 @@ def pipeline_specs(cfg: DictConfig) -> list[StageSpec]:
         raise ConfigError("pipeline.stages.*.trainer.threads differ "
                           f"({', '.join(f'{s.name}={s.threads}' for s in specs)}): one worker's threads train every "
                           "stage in turn; give every stage the same threads")
+    schedule(cfg, specs)  # pipeline.schedule checked too, before any process starts
     return specs
+
+
+def _reads(spec: StageSpec) -> list[tuple[str, str]]:
+    """(stage, what of it `spec` reads) for every stage whose training must come before spec's."""
+    out = []
+    if spec.upstream is not None:
+        out.append((spec.upstream, f"candidates (pipeline.stages.{spec.name}.inputs.upstream={spec.upstream})"))
+    out += [(s, f"scores (pipeline.stages.{spec.name}.inputs.scores={spec.scores})") for s in spec.scores]
+    out += [(o, f"{f} table (pipeline.stages.{spec.name}.inputs.share.{f}={o})") for f, o in spec.share.items()]
+    return out
+
+
+def schedule(cfg: DictConfig, specs: list[StageSpec]) -> list[list[StageSpec]]:
+    """`pipeline.schedule`: the stages in groups trained one group after the other, the stages of a group
+    at the same time (recps.pipeline.runner); null: one stage per group, in order. A group may hold only
+    independent stages: one that reads another's candidates, scores or table must come in a later group."""
+    node = cfg.pipeline.get("schedule")
+    if node is None:
+        return [[s] for s in specs]
+    plain = _plain(node)
+    names = [s.name for s in specs]
+    if not isinstance(plain, list) or not plain:
+        raise ConfigError(f"pipeline.schedule={plain!r}: give a list of groups of stages, e.g. "
+                          f"[[{names[0]}], [{', '.join(names[1:3])}], ...], or null (one stage after another)")
+    groups = [[str(g)] if isinstance(g, str) else [str(x) for x in g] if isinstance(g, list) else None for g in plain]
+    if any(not g for g in groups):
+        raise ConfigError(f"pipeline.schedule={plain}: every group is a non-empty list of stage names")
+    flat = [n for g in groups for n in g]
+    if flat != names:
+        raise ConfigError(f"pipeline.schedule={plain} lists {flat}; it must list every stage once, in the order of "
+                          f"pipeline.stages ({names}): group consecutive stages")
+    by_name = {s.name: s for s in specs}
+    out = [[by_name[n] for n in g] for g in groups]
+    for group in out:
+        here = {s.name for s in group}
+        for s in group:
+            for other, what in _reads(s):
+                if other in here:
+                    raise ConfigError(f"pipeline.schedule: stages {s.name} and {other} are in one group "
+                                      f"{[g.name for g in group]}, but {s.name} reads {other}'s {what}; they "
+                                      f"cannot train concurrently: put {s.name} in a group after {other}'s")
+    return out
 
 
 def check_data(specs: list[StageSpec], data) -> None:

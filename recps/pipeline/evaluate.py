@@ -145,13 +145,12 @@ def evaluate_funnel(funnel: Funnel, cfg: DictConfig, merger: Any = None, worker:
         out = funnel.run(users, record_inputs=True)
         npos = float(pi.numel())
         tally.add({"positives": torch.tensor([npos, float(users.numel())], dtype=torch.float64)})  # (sum, requests)
-        received = None
         for s in specs:
             tally.add({f"seconds.{s.name}": torch.tensor([out.seconds[s.name], float(users.numel())],
                                                          dtype=torch.float64)})
             kept = out.kept[s.name]
+            received = None if s.upstream is None else out.kept[s.upstream]  # what reached the stage
             tally.add(fm.pass_through(received, kept, po, pi, f"{s.name}.pass_through"))
-            received = kept
             if s.upstream is not None:
                 cands = out.inputs[s.name]  # (B, K_in) what the ranker received
                 if shown is not None:  # only what the held-out requests showed has a label

@@ -33,7 +33,7 @@ from recps.errors import DataError
 from recps.pipeline.config import StageSpec
 from recps.pipeline.data import Csr, FunnelData, pair_examples
 
-__all__ = ["Snapshot", "StageModel", "Funnel", "FunnelResult", "build_stage_model", "export_stage", "load_stage",
+__all__ = ["Snapshot", "SharedBagCollection", "StageModel", "Funnel", "FunnelResult", "build_stage_model", "export_stage", "load_stage",
            "stage_collection", "pair_keys", "score_inputs"]
 
 log = logging.getLogger("recps.pipeline")
@@ -44,10 +44,103 @@ EXPORT_ROWS = 65536  # keys per feature pulled at a time by an export
 
 
 def stage_collection(spec: StageSpec):
-    """The stage's PS-backed bag collection: one table per input feature, namespaced by the stage's name."""
+    """The stage's PS-backed bag collection: one table per input feature, namespaced by the stage's name
+    (`<stage>_d<D>`); a feature in `inputs.share` is the owner stage's table instead (SharedBagCollection)."""
     from recps.ps.embedding import PSEmbeddingBagCollection
 
+    if spec.share:
+        return SharedBagCollection(spec)
     return PSEmbeddingBagCollection.from_features(spec.features, int(spec.model.embedding_dim), prefix=spec.name)
+
+
+class SharedBagCollection(torch.nn.Module):
+    """A stage's bag collection when it shares earlier stages' tables (`inputs.share: {feature: stage}`).
+
+    Its own features are a PSEmbeddingBagCollection of tables `<stage>_d<D>`, trained in the stage's mode;
+    each shared feature is looked up in the owner's table `<owner>_d<D>` with the owner's salt (the same
+    torchrec table name `t_<feature>`), so its rows ARE the owner's rows on the servers: one table, no copy.
+    A server table has one mode's update rule (the owner's) and the owner trained it: the sharing stage
+    reads those rows frozen, through a read-only view of the servers (`ServerReader`, `Snapshot` once
+    exported), never pushes to them, and creates no table for them (`table_dims` lists its own).
+
+    forward(KJT of the stage's features) -> KeyedTensor, keys = spec.features, values (B, F*D). No prefetch
+    (the async stage's own rows are pulled in the forward pass)."""
+
+    def __init__(self, spec: StageSpec) -> None:
+        from recps.ps.embedding import PSEmbeddingBagCollection
+
+        super().__init__()
+        dim = int(spec.model.embedding_dim)
+        self.features, self.dim = list(spec.features), dim
+        self.share = dict(spec.share)
+        self.own = PSEmbeddingBagCollection.from_features([f for f in spec.features if f not in spec.share], dim,
+                                                          prefix=spec.name)
+        owners = list(dict.fromkeys(spec.share.values()))
+        self.owners = owners
+        self.frozen = torch.nn.ModuleList(
+            PSEmbeddingBagCollection.from_features([f for f in spec.features if spec.share.get(f) == o], dim,
+                                                   prefix=o) for o in owners)
+        self.input_device = torch.device("cpu")
+        self.device = torch.device("cpu")
+        self.train(self.training)
+        parts = [*self.own.feature_names, *(f for c in self.frozen for f in c.feature_names)]
+        self._order = torch.tensor([parts.index(f) for f in self.features])  # (F,) parts' order -> spec's
+
+    @property
+    def communicator(self):
+        return self.own.communicator
+
+    def bind(self, communicator) -> None:
+        """The stage's own tables get `communicator`; the shared ones a read-only view: `communicator`
+        itself when it is one (ServerReader, Snapshot, an export's recorder), else a ServerReader over
+        its client (the training communicator's servers)."""
+        from recps.ps.fleet import ServerReader  # the view Fleet.read_servers binds (the layers: through fleet)
+
+        self.own.bind(communicator)
+        reader = communicator if getattr(communicator, "mode", None) == "read" else ServerReader(
+            communicator.client, timeout_s=getattr(communicator, "timeout_s", None))
+        for c in self.frozen:
+            c.bind(reader)
+
+    def train(self, mode: bool = True) -> "SharedBagCollection":
+        super().train(mode)
+        for c in self.frozen:
+            c.eval()  # frozen: its rows are not differentiable, nothing is pushed
+        return self
+
+    def table_dims(self) -> dict[str, int]:
+        """The tables this stage creates and trains: its own (the shared ones are their owners')."""
+        return self.own.table_dims()
+
+    def shared_tables(self) -> dict[str, str]:
+        """feature -> the owner's PS table it reads."""
+        return {f: t for c in self.frozen for t in c.table_dims() for f in c.feature_names}
+
+    def embedding_bag_configs(self):
+        by_feature = {c.feature_names[0]: c for p in (self.own, *self.frozen) for c in p.embedding_bag_configs()}
+        return [by_feature[f] for f in self.features]
+
+    def set_batch_clicks(self, clicks) -> None:
+        self.own.set_batch_clicks(clicks)
+
+    def drop_prefetch(self) -> None:
+        self.own.drop_prefetch()
+
+    def forward(self, features):
+        from torchrec.sparse.jagged_tensor import KeyedTensor
+
+        keys = features.keys()
+        parts = [self.own, *self.frozen]
+        order = [keys.index(f) for p in parts for f in p.feature_names]
+        split = features.permute(order).split([len(p.feature_names) for p in parts])
+        pooled = [self.own(split[0]).values()]  # (B, Fo*D): the stage's own rows, trained in its mode
+        with torch.no_grad():  # frozen: the owners' rows are read, never differentiated, never pushed
+            pooled += [c(kjt).values() for c, kjt in zip(self.frozen, split[1:])]  # (B, Fs*D) each
+        values = torch.cat(pooled, 1)  # (B, F*D) in parts' order
+        b = values.shape[0]
+        values = values.view(b, len(self.features), self.dim).index_select(1, self._order.to(values.device))
+        return KeyedTensor(keys=list(self.features), length_per_key=[self.dim] * len(self.features),
+                           values=values.reshape(b, -1))  # (B, F*D) in the stage's feature order
 
 
 def dense_width(spec: StageSpec, specs: Sequence[StageSpec]) -> int:

@@ -5,8 +5,11 @@ starts, then starts `cluster.servers` servers and `cluster.workers` workers; eac
 `funnel_work`:
 
     one Fleet; every stage's collection registered with its own mode (tables `<stage>_d<D>`, tagged with
-    the mode on the servers), the first stage's mode the strategy's
-    for each stage, in order:
+    the mode on the servers), the first stage's mode the strategy's; a feature in a stage's
+    `inputs.share` reads the owner stage's table, frozen (recps.pipeline.funnel.SharedBagCollection)
+    for each group of `pipeline.schedule` (default: one stage per group, in order; the stages of a group
+    are independent -- none reads another's candidates, scores or table -- and train at the same time,
+    each on its own thread of every worker with its own communicator in its own mode), for each stage:
         its training data: recall, the clicked exposures; a ranker, the exposures with their labels plus
             `candidates_per_user` unexposed candidates of its upstream (label 0), as production funnels
             train; `scores` stages' probabilities of each pair as dense inputs
@@ -37,7 +40,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from recps import fs as rfs
 from recps.errors import ConfigError
-from recps.pipeline.config import StageSpec, check_data, pipeline_specs
+from recps.pipeline.config import StageSpec, check_data, pipeline_specs, schedule
 from recps.pipeline.data import FunnelData, pair_examples
 from recps.pipeline.funnel import (EXPORT_DIR, Funnel, build_index, build_stage_model, dense_width, export_stage,
                                    load_stage, outputs_of, score_inputs, stage_collection)
@@ -179,6 +182,72 @@ def _train_stage(fleet, spec: StageSpec, model, collection, examples, role, time
             "examples_per_sec": stats.examples_per_sec, "seconds": seconds, "loss": stats.last_loss}
 
 
+def _concurrently(jobs: dict, role, timeout_s: float) -> dict[str, dict[str, Any]]:
+    """Run each stage's training job, one on this thread when alone, else each on its own thread at the
+    same time (every worker trains every stage of the group: a sync stage's step waits for all W workers,
+    so the workers cannot be split among stages). Each result gets its wall-clock `started`/`finished`
+    (time.time()). The first failure is raised once every thread ended; a thread still running after
+    `timeout_s` raises PSTimeoutError naming its stage."""
+    import threading
+
+    from recps.errors import PSTimeoutError
+
+    results: dict[str, dict[str, Any]] = {}
+    errors: list[tuple[str, BaseException]] = []
+
+    def run(name: str) -> None:
+        started = time.time()
+        try:
+            results[name] = jobs[name]()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller below
+            errors.append((name, exc))
+            return
+        results[name].update(started=started, finished=time.time())
+
+    if len(jobs) == 1:
+        for name in jobs:
+            run(name)
+    else:
+        log.info("%s: training stages %s concurrently, each on its own thread and communicator", role.name,
+                 ", ".join(jobs))
+        threads = [threading.Thread(target=run, args=(name,), name=f"stage-{name}", daemon=True) for name in jobs]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + timeout_s
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        late = [t.name[len("stage-"):] for t in threads if t.is_alive()]
+        if late:
+            raise PSTimeoutError(f"{role.name}: stage(s) {late} still training after {timeout_s:g} s (trained "
+                                 f"concurrently with {list(jobs)}); see the servers' and workers' logs")
+    for name, exc in errors[1:]:
+        log.error("%s: stage %s failed too: %s", role.name, name, exc)
+    if errors:
+        raise errors[0][1]
+    return results
+
+
+def _export(s: StageSpec, specs, fleet, models, collections, world, role, export_dir: str, stages: dict) -> None:
+    """What the servers hold for the trained stage: worker 0 writes <run dir>/funnel/<stage>.pt; every worker
+    loads the same export (the next stages' candidates come from it)."""
+    with fleet.reading_servers():
+        blob = export_stage(s, models[s.name], collections[s.name], world, dense_width(s, specs))
+    if role.index == 0:
+        rfs.write_atomic(rfs.join(export_dir, f"{s.name}.pt"), blob, overwrite=True)
+    stages[s.name] = load_stage(s, blob)
+
+
+def _index(cfg, s: StageSpec, stages: dict, world, role, export_dir: str, trained: dict):
+    """The recall stage's item vectors -> the item index (worker 0 writes <run dir>/funnel/items.ann)."""
+    t = time.perf_counter()
+    vectors = stages[s.name].vectors(world, items=torch.arange(world.num_items))  # (I, E)
+    index = build_index(vectors, OmegaConf.to_container(cfg.pipeline.index, resolve=True))
+    trained[s.name]["index_seconds"] = time.perf_counter() - t
+    if role.index == 0:
+        index.save(rfs.join(export_dir, "items.ann"), overwrite=True)
+    return index
+
+
 def funnel_work(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -> dict[str, Any] | None:
     """A worker of the funnel job; see the module docstring. Worker 0 returns the metrics."""
     from recps.cluster import fleet_for, on_this_machine
@@ -204,25 +273,21 @@ def funnel_work(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -
         fleet.init_worker(DistributedStrategy(mode=specs[0].mode, threads=threads))
         stages: dict = {}
         index = None
-        for s in specs:
+        for group in schedule(cfg, specs):  # one stage after another, or a group's stages at the same time
             funnel = Funnel(specs, stages, index, world) if stages else None
-            t = time.perf_counter()
-            examples = training_examples(s, specs, world, funnel, seed + s.index)
-            prepare_s = time.perf_counter() - t
-            trained[s.name] = _train_stage(fleet, s, models[s.name], collections[s.name], examples, role, timeout_s)
-            trained[s.name]["prepare_seconds"] = prepare_s
-            with fleet.reading_servers():
-                blob = export_stage(s, models[s.name], collections[s.name], world, dense_width(s, specs))
-            if role.index == 0:
-                rfs.write_atomic(rfs.join(export_dir, f"{s.name}.pt"), blob, overwrite=True)
-            stages[s.name] = load_stage(s, blob)
-            if s.is_retrieval:
+            examples = {}
+            for s in group:  # the group's stages read only earlier groups' exports (config.schedule checked it)
                 t = time.perf_counter()
-                vectors = stages[s.name].vectors(world, items=torch.arange(world.num_items))  # (I, E)
-                index = build_index(vectors, OmegaConf.to_container(cfg.pipeline.index, resolve=True))
-                trained[s.name]["index_seconds"] = time.perf_counter() - t
-                if role.index == 0:
-                    index.save(rfs.join(export_dir, "items.ann"), overwrite=True)
+                examples[s.name] = training_examples(s, specs, world, funnel, seed + s.index)
+                trained[s.name] = {"prepare_seconds": time.perf_counter() - t}
+            jobs = {s.name: (lambda s=s: _train_stage(fleet, s, models[s.name], collections[s.name], examples[s.name],
+                                                      role, timeout_s)) for s in group}
+            for name, result in _concurrently(jobs, role, timeout_s * 2).items():
+                trained[name].update(result)
+            for s in group:
+                _export(s, specs, fleet, models, collections, world, role, export_dir, stages)
+                if s.is_retrieval:
+                    index = _index(cfg, s, stages, world, role, export_dir, trained)
         tables = {s.name: {t: fleet.client.table_spec(t)["mode"] for t in [*collections[s.name].table_dims(),
                                                                           f"{s.name}_dense"]} for s in specs}
         from recps.metrics.ps_merger import PSMerger
@@ -241,6 +306,7 @@ def funnel_work(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -
             rfs.write_atomic(rfs.join(export_dir, "final_lists.json"), json.dumps(lists), overwrite=True)
             metrics["stages_trained"] = trained
             metrics["server_tables"] = tables  # the mode each table is tagged with on the servers
+            metrics["shared_tables"] = {s.name: collections[s.name].shared_tables() for s in specs if s.share}
             metrics["pipeline"] = str(cfg.pipeline.name)
             metrics["stage_order"] = [s.name for s in specs]
             metrics["workers"], metrics["servers"] = role.num_workers, role.num_servers

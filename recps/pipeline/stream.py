@@ -46,7 +46,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from recps import fs as rfs
 from recps.errors import ConfigError, DataError
-from recps.pipeline.config import StageSpec, check_data, pipeline_specs
+from recps.pipeline.config import StageSpec, check_data, pipeline_specs, schedule
 from recps.pipeline.data import FunnelData, csr_from_pairs, exposure_bucket
 from recps.pipeline.funnel import (EXPORT_DIR, Funnel, build_index, build_stage_model, dense_width, export_stage,
                                    load_stage, stage_collection)
@@ -571,6 +571,9 @@ def run_funnel_stream(cfg: DictConfig, out_dir: Path) -> float:
     config = stream_config(cfg)  # a bad stream key fails here, before any process starts
     _check(cfg)
     specs = pipeline_specs(cfg)  # a bad stage too
+    if any(len(group) > 1 for group in schedule(cfg, specs)):
+        raise ConfigError(f"pipeline.schedule={OmegaConf.to_container(cfg.pipeline.schedule)}: a stream trains its "
+                          "stages one after another each pass; drop pipeline.schedule (null) with stream=hourly")
     _fill_accessors(cfg, specs)
 
     def before_launch(c, mode, d) -> None:

@@ -60,6 +60,16 @@ def _cfg(*extra: str):
     (["pipeline.stages.recall.model._target_=models.DeepFM"],
      "pipeline.stages.recall.model._target_=models.DeepFM has no encode()", "use a two-tower model"),
     (["pipeline.stages.fine.score_weights=[1.0]"], "pipeline.stages.fine.score_weights", "one weight per objective"),
+    # inputs.share: one table has one width; the owner is an earlier stage that has the feature
+    (["pipeline.stages.coarse.inputs.share={item_id:recall}"], "pipeline.stages.coarse.inputs.share.item_id=recall",
+     "set pipeline.stages.coarse.model.embedding_dim=16"),
+    (["pipeline.stages.coarse.inputs.share={item_id:ranker}"], "pipeline.stages.coarse.inputs.share.item_id=ranker",
+     "a stage shares the table of a stage trained before it"),
+    (["pipeline.stages.coarse.inputs.share={item_id:fine}"], "'fine' is a later stage", "name one of them"),
+    (["pipeline.stages.recall.model.candidate_features=[item_id,category,creator,duration]",
+      "pipeline.stages.recall.inputs.features=[user_id,age,region,activity,item_id,category,creator,duration]",
+      "pipeline.stages.coarse.model.embedding_dim=16", "pipeline.stages.coarse.inputs.share={exposures:recall}"],
+     "stage recall has no 'exposures' table", "share a feature it trains"),
 ])
 def test_bad_stage_config_fails_before_any_process_starts(tmp_path, override, stage_key, fix):
     from recps.pipeline import run_pipeline
@@ -330,28 +340,75 @@ def test_hits_and_csr_rows_match_a_loop():
         assert got[r].tolist() == [i >= 0 and i in wanted for i in lists[r].tolist()]
 
 
-def test_two_workers_train_every_stage_in_its_mode(tmp_path):
+# A funnel whose coarse and fine are independent (fine ranks recall's candidates and reads recall's scores
+# only): they may train in one group of pipeline.schedule, at the same time.
+CONCURRENT = ["pipeline.schedule=[[recall],[coarse,fine],[fusion]]", "pipeline.stages.fine.inputs.upstream=recall",
+              "pipeline.stages.fine.inputs.scores=[recall]"]
+SHARE = ["pipeline.stages.coarse.model.embedding_dim=16", "pipeline.stages.coarse.inputs.share={item_id:recall}"]
+
+
+def test_a_schedule_group_of_dependent_stages_fails_before_any_process_starts(tmp_path):
+    from recps.pipeline import run_pipeline
+
+    with pytest.raises(ConfigError) as info:  # the default fine ranks coarse's candidates
+        run_pipeline(_cfg("pipeline.schedule=[[recall],[coarse,fine],[fusion]]"), tmp_path)
+    message = str(info.value)
+    assert ("stages fine and coarse are in one group ['coarse', 'fine'], but fine reads coarse's candidates "
+            "(pipeline.stages.fine.inputs.upstream=coarse)") in message and "put fine in a group after" in message
+    with pytest.raises(ConfigError, match=r"fine reads coarse's item_id table \(pipeline.stages.fine.inputs.share"):
+        run_pipeline(_cfg(*CONCURRENT, "pipeline.stages.fine.inputs.share={item_id:coarse}"), tmp_path)  # a share too
+    assert not any(tmp_path.iterdir())
+
+
+def test_two_workers_train_every_stage_in_its_mode_sharing_a_table_and_two_stages_at_once(tmp_path):
     """cluster.workers=2 (a tiny world): each worker trains every stage on its share in the stage's mode
     (sync: the same steps on both), both build the same candidates from the same exports, worker 0
-    evaluates while worker 1 waits at the last barrier."""
+    evaluates while worker 1 waits at the last barrier. Two points of one run:
+    - coarse shares recall's item_id table (inputs.share): one table on the servers, coarse's lookups return
+      recall's rows and coarse's training (async) left them as recall (GEO) trained them (frozen);
+    - coarse (async) and fine (sync) are independent and in one schedule group: both trained, in their own
+      modes, at the same time (their training intervals overlap on each worker)."""
+    from recps.ps.embedding import salted_keys
+
     run = tmp_path / "run"
     tiny = ["pipeline=video_funnel", "cluster.workers=2", "pipeline.world.users=150", "pipeline.world.items=1000",
             "pipeline.world.creators=100", "pipeline.world.metric_users=50", "pipeline.world.impressions_per_user=30",
             "pipeline.world.random_items_per_user=250",
             "pipeline.stages.recall.keep=100", "pipeline.stages.coarse.keep=40", "pipeline.stages.fine.keep=20",
             *(f"pipeline.stages.{s}.trainer.epochs=1" for s in ("recall", "coarse", "fine", "fusion")),
+            *SHARE, *CONCURRENT, "ps@pipeline.stages.fine.ps=sync",
             f"pipeline.world.dir={tmp_path / 'world'}", f"hydra.run.dir={run}"]
     proc = subprocess.run([sys.executable, "-m", "recps.train", *tiny], cwd=PROJECT_ROOT, capture_output=True,
                           text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(PROJECT_ROOT)))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["workers"] == 2
-    assert {s: sorted(set(t.values())) for s, t in metrics["server_tables"].items()} == {
-        "recall": ["geo"], "coarse": ["async"], "fine": ["async"], "fusion": ["sync"]}
+    # coarse creates no item table: its item_id rows are recall's table, tagged geo (recall's rule)
+    assert metrics["server_tables"] == {
+        "recall": {"recall_d16": "geo", "recall_dense": "geo"}, "coarse": {"coarse_d16": "async", "coarse_dense": "async"},
+        "fine": {"fine_d8": "sync", "fine_dense": "sync"}, "fusion": {"fusion_d1": "sync", "fusion_dense": "sync"}}
+    assert metrics["shared_tables"] == {"coarse": {"item_id": "recall_d16"}}
     log = (run / "cluster.log").read_text()
     for worker in ("worker0", "worker1"):
-        for stage, mode in (("recall", "geo"), ("coarse", "async"), ("fine", "async"), ("fusion", "sync")):
+        for stage, mode in (("recall", "geo"), ("coarse", "async"), ("fine", "sync"), ("fusion", "sync")):
             assert f"{worker}: stage {stage} trained in {mode} mode" in log
+        assert f"{worker}: training stages coarse, fine concurrently" in log
+    trained = metrics["stages_trained"]  # worker 0's wall clock
+    assert all(trained[s]["steps"] > 0 for s in ("coarse", "fine"))
+    assert trained["recall"]["finished"] <= min(trained[s]["started"] for s in ("coarse", "fine"))
+    assert max(trained[s]["started"] for s in ("coarse", "fine")) < min(trained[s]["finished"] for s in ("coarse", "fine"))
+    assert max(trained[s]["finished"] for s in ("coarse", "fine")) <= trained["fusion"]["started"]
+    # The exports (what the servers held after each stage trained): coarse read every item's row from
+    # recall_d16 and those rows are recall's, unchanged by coarse's training; coarse_d16 holds no item key.
+    recall = torch.load(run / "funnel" / "recall.pt", weights_only=True)["tables"]
+    coarse = torch.load(run / "funnel" / "coarse.pt", weights_only=True)["tables"]
+    items = salted_keys(torch.arange(1000), "t_item_id")
+    keys, rows = coarse["recall_d16"]
+    assert torch.equal(torch.sort(keys).values, torch.sort(items).values)
+    at = torch.searchsorted(recall["recall_d16"][0], keys)
+    assert torch.equal(recall["recall_d16"][0][at], keys) and torch.equal(recall["recall_d16"][1][at], rows)
+    assert float(rows.abs().sum()) > 0  # recall trained them
+    assert not bool(torch.isin(coarse["coarse_d16"][0], items).any())
     assert metrics["requests"] > 0 and 0.0 <= metrics["funnel"]["ndcg@10"] <= 1.0
     # both workers evaluated their share of the requests; the merged tallies count them all
     assert "worker1: funnel evaluated" in log and metrics["requests"] == metrics["requests_asked"]

@@ -329,7 +329,7 @@ def tbe_keys_per_second(device: str, batch: int = 4096, features: int = 26, dim:
     synchronize()
     seconds = time.perf_counter() - start
     return {"kind": "tbe", "device": dev.type, "batch": batch, "features": features, "dim": dim, "rows": rows,
-            "steps": steps, "seconds": round(seconds, 4), "keys_per_sec": round(batch * features * steps / seconds),
+            "steps": steps, "seconds": round(seconds, 6), "keys_per_sec": round(batch * features * steps / seconds),
             "threads": torch.get_num_threads()}
 
 

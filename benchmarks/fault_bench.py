@@ -186,7 +186,7 @@ class _Job:
 
 
 def run_cell(fault: str, mode: str, restarts: int, folder: Path, dead_after_s: float = 3.0, stop_s: float = 20.0,
-             rows: int = 3000, timeout_s: float = 300.0) -> dict:
+             rows: int = 12000, timeout_s: float = 300.0) -> dict:
     """Run one cell (see the module docstring); returns its record."""
     if fault not in FAULTS:
         raise ValueError(f"fault_bench: fault {fault!r} is not one of {sorted(FAULTS)}")
@@ -385,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--restarts", default="0", help="comma-separated cluster.restarts values (e.g. 0,1)")
     parser.add_argument("--dead-after", type=float, default=3.0, help="cluster.dead_after_s")
     parser.add_argument("--stop-s", type=float, default=20.0, help="seconds a stop20_* fault holds SIGSTOP")
-    parser.add_argument("--rows", type=int, default=3000, help="training rows of the generated data")
+    parser.add_argument("--rows", type=int, default=12000,  # 3,000 (before the forked cluster) could end before the fault
+                        help="training rows of the generated data: the job must still train when the fault comes")
     parser.add_argument("--timeout", type=float, default=300.0, help="bound on one cell's job (s)")
     parser.add_argument("--dir", default=None, help="work folder (default: a new one under /tmp); --recheck: folders, "
                         "comma-separated, searched for each cell's run")

@@ -34,7 +34,7 @@ from recps.ps.modes.geo import GeoMode
 from recps.ps.modes.synchronous import SyncMode
 from recps.ps.node import PSClient, PSServer, TableConfig
 from recps.tasks import BinaryTask
-from tests.ps.modes.test_geo import DIM, FEATURES, INIT, ReferenceEBC, examples, make_model  # its reference
+from tests.ps.modes.test_geo import DIM, FEATURES, INIT, ReferenceEBC, examples, make_model, reference_sgd
 
 NO_CUDA = not torch.cuda.is_available()
 
@@ -156,11 +156,7 @@ def test_ps_worker_on_device_equals_local_sgd_on_cpu(device, mode):
             comm = SyncMode(timeout_s=20.0).communicator(client, threads=1)
             ebc.bind(comm)
             updater = PSDenseUpdater(list(named.values()), comm, "dense")
-        ref_ebc = ReferenceEBC(ebc, data)
-        ref = make_model(ref_ebc)
-        ref_opt = torch.optim.SGD([{"params": [ref_ebc.weight], "lr": lr},
-                                   {"params": [p for n, p in ref.named_parameters() if n != "sparse_arch.weight"]}],
-                                  lr=dense_lr)
+        ref_ebc, ref, ref_opt = reference_sgd(ebc, data, lr, dense_lr)
         task = BinaryTask()
         batches = list(TensorBatches(data, 16))[:steps]
         for batch, placed in zip(batches, BatchPlacement(dev, "cpu")(batches)):

@@ -80,6 +80,17 @@ def make_model(ebc, seed: int = 1) -> CTRDNN:
     return CTRDNN(ebc, dense_in_features=3, hidden=(16, 8))
 
 
+def reference_sgd(ps_ebc: PSEmbeddingBagCollection, data: Examples, lr: float, dense_lr: float):
+    """The plain-torch twin of a PS CTR-DNN: (its ReferenceEBC, the model, SGD at lr on the rows and
+    dense_lr on the dense parameters)."""
+    ref_ebc = ReferenceEBC(ps_ebc, data)
+    ref = make_model(ref_ebc)
+    ref_opt = torch.optim.SGD([{"params": [ref_ebc.weight], "lr": lr},
+                               {"params": [p for n, p in ref.named_parameters() if n != "sparse_arch.weight"]}],
+                              lr=dense_lr)
+    return ref_ebc, ref, ref_opt
+
+
 def dense_named(model, ebc):
     owned = {id(p) for p in ebc.parameters()}
     return {n: p for n, p in model.named_parameters() if id(p) not in owned}
@@ -112,11 +123,7 @@ def test_geo_one_worker_k1_sgd_equals_local_sgd(server):
     lr, dense_lr, steps = 0.5, 0.1, 12
     client, geo, ebc, model, named = geo_worker(server.endpoint, {"name": "sgd", "lr": lr}, k_steps=1)
     opt = torch.optim.SGD(list(named.values()), lr=dense_lr)
-    ref_ebc = ReferenceEBC(ebc, data)
-    ref = make_model(ref_ebc)
-    ref_opt = torch.optim.SGD([{"params": [ref_ebc.weight], "lr": lr},
-                               {"params": [p for n, p in ref.named_parameters() if n != "sparse_arch.weight"]}],
-                              lr=dense_lr)
+    ref_ebc, ref, ref_opt = reference_sgd(ebc, data, lr, dense_lr)
     task = BinaryTask()
     losses = []
     for step, batch in enumerate(TensorBatches(data, 16)):

@@ -135,13 +135,19 @@ def test_a_dead_peer_fails_the_others_saying_whether_the_launcher_restarts_the_j
         assert f"this run of the job cannot finish without it: {note}" in str(worker.failure)
 
 
-def test_recps_launch_tells_its_processes_how_many_restarts_the_job_has():
+def test_recps_launch_tells_its_processes_how_many_restarts_the_job_has(tmp_path):
     import io
 
     from recps.launch import launch
 
-    code = ("import os, time; print('restarts', os.environ['RECPS_MAX_RESTARTS'], os.environ['RECPS_RESTART_COUNT'], "
-            "flush=True); os.environ['RECPS_ROLE'] == 'server' and time.sleep(60)")
+    # The server prints, then marks a file; the worker waits (at most 30 s) for that mark before it exits, since
+    # a worker's end stops the servers and a slow server start would otherwise be stopped before it printed.
+    mark = tmp_path / "server-printed"
+    code = ("import os, pathlib, time; print('restarts', os.environ['RECPS_MAX_RESTARTS'], "
+            "os.environ['RECPS_RESTART_COUNT'], flush=True); mark = pathlib.Path(%r)\n"
+            "if os.environ['RECPS_ROLE'] == 'server':\n    mark.touch(); time.sleep(60)\n"
+            "deadline = time.monotonic() + 30\n"
+            "while not mark.exists() and time.monotonic() < deadline:\n    time.sleep(0.05)\n") % str(mark)
     output = io.StringIO()
     assert launch([sys.executable, "-c", code], servers=1, workers=1, timeout=60, grace=2, output=output,
                   restarts=3).ok

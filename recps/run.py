@@ -138,12 +138,14 @@ def build_observers(specs, job: Job) -> list:
 
 def evaluate(job: Job) -> dict[str, float]:
     """The task's metrics on the held-out split (a task may evaluate itself: ranking, retrieval)."""
-    if hasattr(job.task, "evaluate"):
-        return job.task.evaluate(job.model, job.data.test, int(job.cfg.trainer.eval_batch_size))
-    probs, targets = job.trainer.predict(job.data.test, int(job.cfg.trainer.eval_batch_size))
     # gauc / pnr among task.metrics group by metrics.group_key (recps.metrics.groups)
+    group_key = (job.cfg.get("metrics") or {}).get("group_key")
+    if hasattr(job.task, "evaluate"):
+        grouping = {"group_key": group_key} if getattr(job.task, "evaluates_groups", False) else {}
+        return job.task.evaluate(job.model, job.data.test, int(job.cfg.trainer.eval_batch_size), **grouping)
+    probs, targets = job.trainer.predict(job.data.test, int(job.cfg.trainer.eval_batch_size))
     return evaluate_pointwise(list(job.task.metrics), probs, targets, job.data.test, int(job.cfg.trainer.eval_batch_size),
-                              group_key=(job.cfg.get("metrics") or {}).get("group_key"))
+                              group_key=group_key)
 
 
 @contextmanager

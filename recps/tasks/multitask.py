@@ -38,6 +38,8 @@ from torch import nn
 from recps.data.batch import Batch
 from recps.errors import ConfigError
 from recps.metrics import MetricCollection
+from recps.metrics.base import prepare_pointwise
+from recps.metrics.groups import batch_groups, check_group_key, feed_columns
 from recps.tasks.base import TaskBase, check_label_range
 
 __all__ = ["MultiTask", "esmm_ctcvr_loss"]
@@ -159,19 +161,35 @@ class MultiTask(TaskBase):
 
     # ---- evaluation -----------------------------------------------------------------------------
 
+    evaluates_groups = True  # recps.run.evaluate passes metrics.group_key (gauc / pnr among the metrics)
+
     @torch.no_grad()
-    def evaluate(self, model: nn.Module, source: Any, batch_size: int) -> dict[str, float]:
+    def evaluate(self, model: nn.Module, source: Any, batch_size: int, group_key: str | None = None) -> dict[str, float]:
         """Per-task metrics over one pass of `source` (a BatchSource): `<metric>/<task>`,
-        `rows/<task>`, and the bare `<metric>` averaged over the trained objectives."""
+        `rows/<task>`, and the bare `<metric>` averaged over the trained objectives. Grouped metrics
+        (gauc, pnr) group each task's rows by the sparse feature `group_key` (metrics.group_key: the
+        user or query id); rows without a key there count in the other metrics only."""
         names = ESMM_EVAL if self.esmm else self.task_names
         collections = {name: MetricCollection(list(self.metrics)) for name in names}
+        grouped = [n for n in collections[names[0]] if not collections[names[0]][n].additive]
+        if grouped:
+            check_group_key(group_key, None, [f"task.metrics {n}" for n in grouped])
         rows = dict.fromkeys(names, 0)
         was_training = model.training
         model.eval()
         try:
             for batch in source.batches(batch_size, 0, 1, 0):
-                for name, probs, labels in self._eval_columns(self.forward(model, batch), batch):
-                    collections[name].update(probs, labels)
+                ids, has = batch_groups(batch, str(group_key)) if grouped else (None, None)  # (B,) each
+                for name, probs, labels, kept in self._eval_columns(self.forward(model, batch), batch):
+                    if grouped:
+                        members = [collections[name][n] for n in collections[name]]
+                        p, y, g = prepare_pointwise(probs, labels, ids if kept is None else ids[kept],
+                                                    who=f"evaluation {name}", device=collections[name].device,
+                                                    needs_probs=any(m.needs_probs for m in members),
+                                                    needs_unit_labels=any(m.needs_unit_labels for m in members))
+                        feed_columns(members, p, y, g, (has if kept is None else has[kept]).to(p.device))
+                    else:
+                        collections[name].update(probs, labels)
                     rows[name] += int(labels.numel())
         finally:
             model.train(was_training)
@@ -187,13 +205,14 @@ class MultiTask(TaskBase):
         return out
 
     def _eval_columns(self, logits: torch.Tensor, batch: Batch):
-        """(task name, probs (n,), labels (n,)) for each evaluated task of one batch."""
+        """(task name, probs (n,), labels (n,), kept) for each evaluated task of one batch; kept: the
+        (B,) bool mask of the batch's rows the task evaluates (None: all of them)."""
         y = self._labels(batch)  # (B, T)
         if not self.esmm:
             probs = torch.sigmoid(logits)  # (B, T)
-            return [(name, probs[:, t], y[:, t]) for t, name in enumerate(self.task_names)]
+            return [(name, probs[:, t], y[:, t], None) for t, name in enumerate(self.task_names)]
         p_ctr, p_ctcvr = self.predict(logits).unbind(1)  # (B,), (B,)
         clicked = y[:, 0] > 0.5  # (B,) the CVR task's population: clicked impressions
-        return [("ctr", p_ctr, y[:, 0]),
-                ("cvr", torch.sigmoid(logits[clicked, 1]), y[clicked, 1]),
-                ("ctcvr", p_ctcvr, y[:, 0] * y[:, 1])]
+        return [("ctr", p_ctr, y[:, 0], None),
+                ("cvr", torch.sigmoid(logits[clicked, 1]), y[clicked, 1], clicked),
+                ("ctcvr", p_ctcvr, y[:, 0] * y[:, 1], None)]

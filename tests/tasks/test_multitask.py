@@ -139,6 +139,42 @@ def test_evaluate_esmm_scores_cvr_on_clicked_rows_only():
     assert out["auc"] == pytest.approx((out["auc/ctr"] + out["auc/ctcvr"]) / 2)
 
 
+def grouped_source(logits, labels, users) -> ExamplesSource:
+    logits = torch.as_tensor(logits, dtype=torch.float32)
+    examples = Examples(("C1",), logits, users.reshape(-1, 1), torch.as_tensor(labels, dtype=torch.float32))
+    return ExamplesSource(examples, shuffle=False)
+
+
+@pytest.mark.parametrize("esmm", [False, True])
+def test_evaluate_groups_gauc_and_pnr_by_the_group_key_per_task(esmm):
+    """gauc / pnr in a multi-task run's evaluation: each task's rows grouped by metrics.group_key, the
+    same values as the single-task path (evaluate_pointwise) over that task's columns (ESMM's cvr over
+    the clicked rows); without a group key they are refused before any pass, naming the key."""
+    from recps.metrics.groups import evaluate_pointwise
+
+    logits, labels = random_rows(3000, seed=2)
+    users = torch.arange(3000) % 40  # 40 users, 75 rows each
+    task = MultiTask(esmm=esmm, metrics=("auc", "gauc", "pnr"), label_names=("click", "buy"))
+    out = task.evaluate(DenseAsLogits(), grouped_source(logits, labels, users), batch_size=256, group_key="C1")
+    probs = task.predict(logits)  # (N, 2)
+    if esmm:
+        clicked = labels[:, 0] == 1
+        columns = {"ctr": (probs[:, 0], labels[:, 0], None), "ctcvr": (probs[:, 1], labels[:, 0] * labels[:, 1], None),
+                   "cvr": (torch.sigmoid(logits[clicked, 1]), labels[clicked, 1], clicked)}
+    else:
+        columns = {"click": (probs[:, 0], labels[:, 0], None), "buy": (probs[:, 1], labels[:, 1], None)}
+    for name, (p, y, kept) in columns.items():
+        rows = torch.ones(3000, dtype=torch.bool) if kept is None else kept
+        # the rows' own source: the same group ids in the same order
+        expected = evaluate_pointwise(["auc", "gauc", "pnr"], p, y, grouped_source(logits[rows], labels[rows], users[rows]),
+                                      256, group_key="C1")
+        for metric in ("auc", "gauc", "pnr"):
+            assert out[f"{metric}/{name}"] == pytest.approx(expected[metric], rel=1e-9), (name, metric)
+    assert 0.5 < out["gauc"] < 1.0 and out["pnr"] > 1.0
+    with pytest.raises(ConfigError, match="group_key"):
+        task.evaluate(DenseAsLogits(), grouped_source(logits, labels, users), batch_size=256)
+
+
 def test_evaluate_restores_training_mode_and_names_default_labels():
     model = DenseAsLogits().train()
     logits, labels = random_rows(50)

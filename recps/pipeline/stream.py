@@ -23,6 +23,13 @@ A pass's checkpoint, delta, base and day model (saved by PassLoop on worker 0 af
 pushes are applied) hold every stage's tables: `<stage>_<feature>` sparse tables and `<stage>_dense`
 dense tables live on the same servers, so one checkpoint covers the funnel and a restart of the same
 command resumes after the last recorded pass with every stage's rows, dense values and GEO replicas.
+What only a worker holds goes into its state file of the pass checkpoint (<checkpoint>/workers/
+worker-XXXXX.pt, recorded with its sha256 by the manifest): the GEO replicas' keys and accumulators
+(Fleet.worker_state) and, under "stages", each stage's local dense state (`_StageTrainer.local_state`:
+a GEO stage's dense optimizer, e.g. Adam's moments and step counts; sync and async stages have none, their
+servers hold the dense optimizer's state and save it with the dense table). A resume loads them back
+(`_load_stage_states`); a GEO stage's replica starts from the servers' dense values, counted as synced,
+as the single-model stream's (with one worker these are its values after the pass's final sync).
 
 Item statistics (the `exposures` feature) and the seen filter come from the passes read so far: what a
 production funnel knows at that time. Shapes: N impressions, U users, I items.
@@ -209,6 +216,7 @@ class _StageTrainer:
         self.named = {f"param{i}": p for i, p in enumerate(self.dense)}
         self.table = f"{spec.name}_dense"
         self.trainer = None
+        self.updater = None  # mode.dense_updater (start)
 
     def create_table(self) -> None:
         """The stage's dense table on the servers (every worker; the first one's values win)."""
@@ -226,9 +234,38 @@ class _StageTrainer:
 
         mode = self.spec.mode
         _assign_flat(self.dense, self.server_values())  # every worker starts equal
-        updater = mode.dense_updater(self.named, self.optimizer, self.collection.communicator, self.table)
-        self.trainer = Trainer(self.model, self.collection, self.task, updater, threads=self.spec.threads,
+        self.updater = mode.dense_updater(self.named, self.optimizer, self.collection.communicator, self.table)
+        self.trainer = Trainer(self.model, self.collection, self.task, self.updater, threads=self.spec.threads,
                                prefetch=mode.prefetches)
+
+    @property
+    def has_local_state(self) -> bool:
+        """Whether this worker's dense updater holds state the servers do not (geo's local optimizer)."""
+        return hasattr(self.updater, "state_dict")
+
+    def local_state(self) -> dict | None:
+        """What this worker holds of the stage that the servers do not, for a pass checkpoint: geo's
+        {"mode", "optimizer" (its class name), "dense_optimizer" (its state_dict)}; None for sync and
+        async (the servers step the dense table and save its optimizer state). Between steps, after a flush."""
+        if not self.has_local_state:
+            return None
+        return {"mode": self.spec.mode.name, "optimizer": type(self.optimizer).__name__,
+                "dense_optimizer": self.updater.state_dict()}
+
+    def load_local_state(self, state: dict, source: str) -> None:
+        """A `local_state` (read from `source`, named in errors) into this worker's dense updater, before
+        training. Raises ConfigError for another optimizer class or other parameters than the stage's."""
+        name, have = self.spec.name, type(self.optimizer).__name__
+        if state.get("optimizer") != have:
+            raise ConfigError(f"stage {name}: {source} holds the state of a {state.get('optimizer')} dense optimizer, "
+                              f"pipeline.stages.{name}.optimizer is {have}; resume with the optimizer the stream "
+                              "was trained with, or give another stream.out for a fresh stream")
+        try:
+            self.updater.load_state_dict(state["dense_optimizer"])
+        except (ValueError, KeyError, RuntimeError) as exc:
+            raise ConfigError(f"stage {name}: {source}: its dense optimizer state does not fit the stage's "
+                              f"{len(self.dense)} dense parameters ({exc}); resume with the model the stream was "
+                              "trained with, or give another stream.out for a fresh stream") from exc
 
     def fit(self, examples, seed: int, pass_name: str) -> dict[str, Any]:
         """One pass of the stage on `examples` (this worker's shard), every push applied, all workers met."""
@@ -270,6 +307,80 @@ class _StageTrainer:
                 return export_stage(self.spec, self.model, self.collection, view, self.num_dense)
         finally:
             _assign_flat(self.dense, torch.cat([p.reshape(-1) for p in own]) if own else torch.zeros(0))
+
+
+# ------------------------------------------------------------------------ the workers' local state
+
+_STAGES_KEY = "stages"  # a worker state file's entry: {stage: _StageTrainer.local_state()}
+
+
+class _FunnelFleet:
+    """The fleet as the pass loop sees it: `worker_state` (what recps.cluster.write_progress saves in this
+    worker's state file of a pass checkpoint) adds the stages' local state under "stages"; everything
+    else is the fleet's."""
+
+    def __init__(self, fleet, trainers: dict[str, "_StageTrainer"]) -> None:
+        self._fleet, self._trainers = fleet, trainers
+
+    def __getattr__(self, name: str):
+        return getattr(self._fleet, name)
+
+    def worker_state(self) -> dict:
+        state = self._fleet.worker_state()  # the GEO replicas' keys and accumulators (every stage's tables)
+        stages = {n: t.local_state() for n, t in self._trainers.items() if t.has_local_state}
+        if stages:
+            state[_STAGES_KEY] = stages
+        return state
+
+
+def _read_worker_states(folder: str, manifest: dict, files: Sequence[str]) -> list[dict]:
+    """The worker state files `files` of the checkpoint `folder`, each checked against its manifest."""
+    from recps.checkpoint import read_recorded
+
+    return [torch.load(io.BytesIO(read_recorded(folder, manifest, rel)), map_location="cpu", weights_only=True)
+            for rel in files]
+
+
+def _load_stage_states(trainers: dict[str, "_StageTrainer"], states: list[dict], files: Sequence[str],
+                       folder: str, role) -> list[str]:
+    """Each stage's local state (geo's dense optimizer) from the checkpoint's worker `states` (read from
+    `files` under `folder`: this worker's own on a resume onto as many workers, else every worker's,
+    merged by recps.ps.fleet.merge_worker_states: the moments' means). Returns the stages loaded.
+
+    A checkpoint whose state files hold no "stages" entry was written before the streaming funnel saved
+    them (or while no stage kept local state): each GEO stage's optimizer restarts from fresh state, with
+    a warning naming it. One that holds the entry but not a GEO stage's state is refused (ConfigError
+    naming the stage, the file and the fix): the stage trained in another mode when it was written."""
+    from recps.ps.fleet import merge_worker_states
+
+    stateful = [t for t in trainers.values() if t.has_local_state]
+    if not stateful:
+        return []
+    if not states or not any(_STAGES_KEY in s for s in states):
+        for t in stateful:
+            log.warning("%s: checkpoint %s holds no local dense optimizer state of stage %s (%s; written before the "
+                        "streaming funnel saved it): its %s restarts from fresh state (moments, step counts)",
+                        role.name, folder, t.spec.name, t.spec.mode.name, type(t.optimizer).__name__)
+        return []
+    loaded = []
+    for t in stateful:
+        name = t.spec.name
+        entries = [s.get(_STAGES_KEY, {}).get(name) for s in states]
+        for rel, s, e in zip(files, states, entries):
+            if e is None:
+                raise ConfigError(
+                    f"stage {name} ({t.spec.mode.name}): {rfs.join(folder, rel)} holds the local state of stages "
+                    f"{sorted(s.get(_STAGES_KEY, {}))} but none of {name}: it trained in another PS mode (sync or "
+                    f"async keep no local state) when the checkpoint was written; resume with that mode "
+                    f"(ps@pipeline.stages.{name}.ps=...), or give another stream.out for a fresh stream")
+        if len(entries) == 1:
+            state = entries[0]
+        else:
+            merged = merge_worker_states([{"dense_optimizer": e["dense_optimizer"]} for e in entries])
+            state = {**entries[0], "dense_optimizer": merged["dense_optimizer"]}
+        t.load_local_state(state, rfs.join(folder, files[0]) if len(files) == 1 else f"{folder} ({list(files)})")
+        loaded.append(name)
+    return loaded
 
 
 # ------------------------------------------------------------------------------------ the loop
@@ -316,8 +427,9 @@ class FunnelLoop(PassLoop):
 
     def __init__(self, cfg, role, out_dir: Path, fleet, strategy, config, resume, tables, *, specs, world,
                  trainers: dict[str, _StageTrainer], history: Impressions, steps: int) -> None:
-        super().__init__(cfg, role, out_dir, _FunnelJob(_Tables({t: 0 for t in tables["sparse"]}), steps), fleet,
-                         strategy, config, resume, [*tables["sparse"], *tables["dense"]])
+        super().__init__(cfg, role, out_dir, _FunnelJob(_Tables({t: 0 for t in tables["sparse"]}), steps),
+                         _FunnelFleet(fleet, trainers), strategy, config, resume,
+                         [*tables["sparse"], *tables["dense"]])
         self.specs, self.world, self.trainers = specs, world, trainers
         self.history = history
         self.stages: dict[str, Any] = {}
@@ -458,8 +570,8 @@ def funnel_stream_work(cfg: DictConfig, role, out_dir: Path, data=None, observer
     import os
 
     from recps.checkpoint import verify_ps_checkpoint
-    from recps.cluster import fleet_for, load_worker_state, on_this_machine
-    from recps.ps.fleet import DistributedStrategy
+    from recps.cluster import fleet_for, on_this_machine
+    from recps.ps.fleet import DistributedStrategy, merge_worker_states
     from recps.run import seed_everything
     from recps.stream.plan import StreamPlan
     from recps.stream.source import pass_files
@@ -501,10 +613,12 @@ def funnel_stream_work(cfg: DictConfig, role, out_dir: Path, data=None, observer
             same = len(workers) == role.num_workers
             files = [w["state_file"] for w in (workers[role.index:role.index + 1] if same else workers)
                      if w.get("state_file")]
-            if files:  # geo: the replicas' state
-                load_worker_state(resume.folder, manifest, files, fleet)
-            log.info("%s resumes the streaming funnel %s from %s; next pass %s", role.name, config.root,
-                     resume.folder, resume.next.name if resume.next else "none")
+            states = _read_worker_states(resume.folder, manifest, files)
+            if states:  # geo: the replicas' keys and accumulators (recps.cluster.load_worker_state's)
+                fleet.load_worker_state(states[0] if len(states) == 1 else merge_worker_states(states))
+            loaded = _load_stage_states(trainers, states, files, resume.folder, role)  # geo: the dense optimizers
+            log.info("%s resumes the streaming funnel %s from %s (local dense state of %s); next pass %s", role.name,
+                     config.root, resume.folder, loaded or "no stage", resume.next.name if resume.next else "none")
         loop = FunnelLoop(cfg, role, out_dir, fleet, strategy, config, resume, tables, specs=specs, world=world,
                           trainers=trainers, history=history, steps=resume.steps)
         records = loop.run()

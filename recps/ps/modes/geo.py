@@ -65,9 +65,18 @@ step from its first `lookup_bags` (whose backward runs the TBE's fused optimizer
 its `step_end`, and a step that begins meanwhile waits for the write (microseconds). A backward
 landing inside that write was overwritten by it: the step's update was lost for good, on the
 servers too (a row of the recovery test's counting model ended with 8 of its 10 updates).
-Growing a replica (capacity doubles) rebuilds the TBE over
-larger buffers; a thread whose backward is in flight at that moment loses that step's
-update of the rows (rare: capacities start at `capacity` rows and double).
+Growing a replica (capacity doubles: its rows move to larger buffers, its TBEs are rebuilt over
+them) is such a write too: a backward over the old buffers, of a step whose forward came before,
+trained rows the replica had left (2 threads, 2 tables, 30 fresh keys a table each step: in 60
+steps each, 123-183 of a table's 3,603 rows were miscounted). A lookup whose new keys do not fit
+grows the replica through the same gate, outside the replica's lock and before any side effect
+(no row pulled, none inserted), then looks up again. A thread inside a step that needs a growth
+steps out while it waits, so two that grow at once do not wait for each other's step_end; no
+other thread grows a table its step has looked up meanwhile (with one table order in every step,
+as a collection's, that never deadlocks; two threads that look up two tables in opposite orders
+and both grow the other's: the first to wait raises a PSTimeoutError at the timeout). A thread that looks up one
+table twice in a step, the second lookup growing it, trains the old buffers in its first lookup's
+backward: its step_end adds that update to the rows' new place (_Moved).
 
 Shapes: K keys, N keys with duplicates, U unique keys, C replica capacity (rows), D row
 width, P = D rounded up to a multiple of 4 (TBE's width), B batch, Fg features of a table.
@@ -79,6 +88,7 @@ import contextlib
 import logging
 import math
 import threading
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -174,18 +184,26 @@ class GeoDenseUpdater(LocalDenseUpdater):
 
 
 class _StepGate:
-    """Training steps against a sync's write of the merged values into the replicas.
+    """Training steps against the folds: a sync's write of the merged values into the replicas, and
+    a replica's growth (its rows move to larger buffers).
 
     A training thread is inside from its first update of a step (`enter`: `lookup_bags`, whose
     backward the TBE's fused optimizer runs on the rows, and a dense step) to its `step_end`
     (`leave`). `folding()` waits until no other thread is inside and keeps new steps out while it
     runs (a fold waiting goes first): no backward writes a row while a sync reads, adds to and
-    writes it back. Both waits are bounded by `timeout` and raise PSTimeoutError past it."""
+    writes it back, and none writes the buffers a growth has just left. A thread inside a step that
+    folds (it needs a replica to grow) steps out while it waits and runs the block, and back in after
+    it once no fold runs: two threads that need a growth at once do not wait for each other's
+    step_end. It names the replicas its step has looked up (`holds`): no other thread grows those
+    while it is out, since its forward ran over their buffers. Every wait is bounded by `timeout`
+    and raises PSTimeoutError past it."""
 
     def __init__(self) -> None:
         self._cv = threading.Condition()
-        self._inside = 0  # training threads inside a step
-        self._folds = 0  # syncs waiting to write or writing: steps that begin wait for them
+        self._inside = 0  # training threads inside a step, less those stepped out in a fold
+        self._folds = 0  # folds waiting or running: steps that begin wait for them
+        self._running = 0  # folds running: a thread stepped out goes back in only when none does
+        self._held: Counter = Counter()  # replica -> threads stepped out whose step looked it up
         self._local = threading.local()  # .inside: this thread is inside a step
 
     def enter(self, timeout: float) -> None:
@@ -194,9 +212,10 @@ class _StepGate:
             return
         with self._cv:
             if not self._cv.wait_for(lambda: self._folds == 0, timeout):
-                raise PSTimeoutError(f"geo: a training step waited {timeout:g} s for a delta sync to write the merged "
-                                     "values into the replica (it waits for the other threads' steps in flight); "
-                                     "a training thread is stuck inside a step, or raise ps.timeout_s")
+                raise PSTimeoutError(f"geo: a training step waited {timeout:g} s for {self._folds} delta sync(s) or "
+                                     "replica growth(s) to write the replica (they wait for the other threads' "
+                                     "steps in flight); a training thread is stuck inside a step, or raise "
+                                     "ps.timeout_s")
             self._inside += 1
         self._local.inside = True
 
@@ -210,25 +229,87 @@ class _StepGate:
             self._cv.notify_all()
 
     @contextlib.contextmanager
-    def folding(self, timeout: float):
+    def folding(self, timeout: float, what: str = "a delta sync", holds: frozenset = frozenset(),
+                grows: "_Replica | None" = None):
         """For the block, no other training thread is inside a step (the calling thread may be: it
-        runs the block, not a backward)."""
-        own = 1 if getattr(self._local, "inside", False) else 0
+        steps out, runs the block, not a backward, and steps back in). `holds`: the replicas the
+        calling thread's step looked up (its forward ran over their buffers); `grows`: the replica
+        the block grows, which waits until no other thread stepped out holds it. `what` names the
+        fold in the timeout errors."""
+        own = getattr(self._local, "inside", False)
+
+        def others_out() -> bool:
+            if self._inside != 0:
+                return False
+            return grows is None or self._held[grows] == (1 if own and grows in holds else 0)
+
         with self._cv:
             self._folds += 1
-            if not self._cv.wait_for(lambda: self._inside == own, timeout):
-                self._folds -= 1
+            if own:  # out of the step while waiting: a thread waiting for this one's step_end may go on
+                self._local.inside = False
+                self._inside -= 1
+                self._held.update(holds)
                 self._cv.notify_all()
-                raise PSTimeoutError(f"geo: a delta sync waited {timeout:g} s for {self._inside - own} training "
-                                     "thread(s) to end their step before writing the merged values into the "
-                                     "replica; a thread is stuck inside a step (a forward with gradients whose "
-                                     "step_end never came?), or raise ps.timeout_s")
+            if not self._cv.wait_for(others_out, timeout):
+                self._folds -= 1
+                if own:
+                    self._held.subtract(holds)
+                self._cv.notify_all()
+                if self._inside == 0:  # others_out failed on `grows`
+                    raise PSTimeoutError(f"geo: {what} waited {timeout:g} s for another training thread whose step "
+                                         "looked that table up and that waits, out of its step, to grow another "
+                                         "one; look the tables up in one order in every step")
+                raise PSTimeoutError(f"geo: {what} waited {timeout:g} s for {self._inside} training thread(s) to end "
+                                     "their step before writing the replica; a thread is stuck inside a step "
+                                     "(a forward with gradients whose step_end never came?), or raise ps.timeout_s")
+            self._running += 1
         try:
             yield
         finally:
             with self._cv:
+                self._running -= 1
                 self._folds -= 1
                 self._cv.notify_all()
+                if own:  # back in once no fold writes rows: its backward is still to come
+                    back = self._cv.wait_for(lambda: self._running == 0, timeout)
+                    self._held.subtract(holds)
+                    self._cv.notify_all()
+                    if not back:
+                        raise PSTimeoutError(f"geo: a training step waited {timeout:g} s after {what} for "
+                                             f"{self._running} other fold(s) writing the replica; a delta sync or "
+                                             "growth is stuck, or raise ps.timeout_s")
+                    self._inside += 1
+                    self._local.inside = True
+
+
+class _Full(Exception):
+    """A replica's new keys do not fit: it needs `rows` rows (raised by _Replica.slots)."""
+
+    def __init__(self, rows: int) -> None:
+        super().__init__(rows)
+        self.rows = rows
+
+
+@dataclass
+class _Moved:
+    """Buffers a replica grew out of under a step's lookup, whose backward trains them still."""
+
+    rows: torch.Tensor  # (C, P) the old buffer's rows
+    state: torch.Tensor  # (C,) its row-wise Adagrad state
+    slots: torch.Tensor  # (U,) the lookup's slots, unique, on the host
+    rows_then: torch.Tensor  # (U, P) their rows at the growth (copied to the new buffer)
+    state_then: torch.Tensor  # (U,) their state at the growth
+
+
+@dataclass
+class _Lookup:
+    """One `lookup_bags` of a training thread's step in flight: the rows its backward trains."""
+
+    replica: "_Replica"
+    generation: int  # the replica's syncs at the lookup: one since clears the marks the step set
+    slots: torch.Tensor  # (N,)
+    weights: torch.Tensor  # the buffer its TBE trains
+    moved: _Moved | None = None  # the replica grew since: the backward trains the old buffers
 
 
 class _Replica:
@@ -269,7 +350,12 @@ class _Replica:
         self.shows = torch.zeros(counted)  # (C,) shows not sent yet
         self.clicks = torch.zeros(counted)  # (C,) clicks not sent yet
 
-    def _grow(self, needed: int) -> None:
+    def grow(self, needed: int) -> None:
+        """At least `needed` rows (capacity doubles): the rows move to new buffers, the TBEs are
+        rebuilt over them. Call under `lock`, within the communicator's fold (no other thread
+        inside a step: a backward over the old buffers would be lost)."""
+        if needed <= self.capacity:
+            return  # another thread grew it first
         old = (self.weights, self.state, self.synced, self.slot_keys, self.touched, self.shows, self.clicks)
         capacity = self.capacity
         while capacity < needed:
@@ -325,19 +411,20 @@ class _Replica:
 
     def slots(self, keys: torch.Tensor, timeout: float | None) -> torch.Tensor:
         """(N,) keys -> (N,) local slots; keys seen for the first time get a row (initialized here,
-        or pulled from the servers). Call under `lock`."""
+        or pulled from the servers). Call under `lock`. Raises _Full, before any change or pull,
+        when the new keys do not fit: the communicator grows the replica and calls again."""
         slots = self.index.lookup(keys)  # (N,)
         missing = slots < 0
         if bool(missing.any()):
             new_keys, inverse = unique_keys(keys[missing])  # (M,), (N_missing,)
+            m, start = new_keys.numel(), self.size
+            if start + m > self.capacity:
+                raise _Full(start + m)
             if self.initializer is not None:  # the servers' initial value, computed here
                 rows = self.initializer(new_keys, self.dim, self.seed)  # (M, D)
             else:
                 rows = self.client.pull(self.name, new_keys, assume_unique=True).wait(timeout)  # (M, D)
             rows = to_device(rows, self.device)
-            m, start = new_keys.numel(), self.size
-            if start + m > self.capacity:
-                self._grow(start + m)
             new_slots = torch.arange(start, start + m, dtype=torch.int64)
             self.rows[start:start + m, : self.dim] = rows
             self.synced[start:start + m] = rows
@@ -348,6 +435,15 @@ class _Replica:
             self.size += m
             slots[missing] = new_slots[inverse]
         return slots
+
+    def land(self, moved: "_Moved") -> None:
+        """Add what a backward wrote into buffers this replica has left (it grew under that step's
+        lookup) to the rows' new place: their values and row-wise Adagrad state now minus at the growth."""
+        at = to_device(moved.slots, self.device)  # (U,)
+        with self.lock:
+            self.rows.index_add_(0, at, moved.rows[at] - moved.rows_then)
+            self.state_rows.index_add_(0, at, moved.state[at] - moved.state_then)
+            self.touched[moved.slots] = True  # the next sync sends it
 
     def count(self, slots: torch.Tensor, shows: torch.Tensor | None, clicks: torch.Tensor | None) -> None:
         """Add (K,) shows (None: one each) and clicks (None: none) to the rows at `slots` (K,),
@@ -547,28 +643,73 @@ class GeoCommunicator:
             if keys.numel() == 0:
                 continue
             replica = self._replica(name)
-            values = self.client.pull(name, keys, assume_unique=True).wait(self.timeout_s)  # (K, D)
-            with replica.lock:
-                slots = replica.slots(keys, self.timeout_s)
-                at, values = to_device(slots, replica.device), to_device(values, replica.device)
+            values = to_device(self.client.pull(name, keys, assume_unique=True).wait(self.timeout_s),
+                               replica.device)  # (K, D)
+
+            def restore(slots: torch.Tensor) -> None:
+                at = to_device(slots, replica.device)
                 replica.rows[at, : replica.dim] = values
                 replica.synced[at] = values
                 replica.touched[slots] = False
                 replica.state_rows[at] = to_device(accumulators, replica.device)
+
+            self._with_slots(replica, keys, restore)
 
     def replica_rows(self, table: str) -> int:
         """Rows the replica of `table` holds (the worker's share of the table, never all of it)."""
         replica = self._replicas.get(table)
         return 0 if replica is None else replica.size
 
+    def _pending(self) -> list[_Lookup]:
+        """The calling thread's lookups in its step in flight (their backward is still to land)."""
+        pending = getattr(self._local, "pending", None)
+        if pending is None:
+            pending = self._local.pending = []
+        return pending
+
+    def _with_slots(self, replica: _Replica, keys: torch.Tensor, work):
+        """work((N,) slots of `keys`) under the replica's lock (keys seen for the first time get
+        rows); returns what it returns. New keys that do not fit grow the replica first, outside
+        the lock (`_grow`), and are looked up again."""
+        while True:
+            with replica.lock:
+                try:
+                    slots = replica.slots(keys, self.timeout_s)  # (N,)
+                except _Full as full:
+                    needed = full.rows
+                else:
+                    return work(slots)
+            self._grow(replica, needed)
+
+    def _grow(self, replica: _Replica, needed: int) -> None:
+        """`replica` holds at least `needed` rows. A fold (_StepGate): no other thread is inside a
+        step, whose backward would train the buffers the rows leave; this thread's own lookups of
+        the replica in its step (its second lookup of one table) are landed by step_end (_Moved).
+        Never called under a replica's lock: the fold waits for the other threads' steps."""
+        pending = self._pending()
+        holds = frozenset(lookup.replica for lookup in pending)
+        with self._gate.folding(self.timeout_s, f"a growth of replica {replica.name!r} to {needed} rows", holds,
+                                grows=replica), replica.lock:
+            if needed <= replica.capacity:
+                return  # another thread grew it
+            for lookup in pending:
+                if lookup.replica is replica and lookup.weights is replica.weights:
+                    slots = torch.unique(lookup.slots)  # (U,)
+                    at = to_device(slots, replica.device)
+                    lookup.moved = _Moved(replica.rows, replica.state_rows, slots, replica.rows[at],
+                                          replica.state_rows[at])
+            replica.grow(needed)
+
     # -- Communicator protocol -----------------------------------------------------------------
 
     def pull(self, table: str, keys: torch.Tensor) -> torch.Tensor:
         """(K,) keys -> (K, D) replica rows (new keys pulled from the servers first)."""
         replica = self._replica(table)
-        with replica.lock:
-            slots = replica.slots(keys, self.timeout_s)
+
+        def read(slots: torch.Tensor) -> torch.Tensor:
             return replica.rows[to_device(slots, replica.device), : replica.dim]  # (K, D) a copy, where the replica is
+
+        return self._with_slots(replica, keys, read)
 
     def counts_statistics(self, table: str) -> bool:
         """Whether `table` keeps shows and clicks (its servers' table has an accessor)."""
@@ -580,31 +721,33 @@ class GeoCommunicator:
         """The local optimizer on (K,) unique keys' rows with gradients (K, D); their (K,) shows
         (None: one each) and clicks (None: none) go with the next sync."""
         replica = self._replica(table)
-        with replica.lock:
-            slots = replica.slots(keys, self.timeout_s)
+
+        def train(slots: torch.Tensor) -> None:
             replica.apply_grads(slots, grads.to(torch.float32))
             replica.count(slots, shows, clicks)
+
+        self._with_slots(replica, keys, train)
 
     def lookup_bags(self, table: str, keys: torch.Tensor, offsets: torch.Tensor, num_features: int,
                     clicks: torch.Tensor | None = None) -> torch.Tensor:
         """Fused path: (N,) keys, (Fg*B+1,) offsets -> pooled (B, Fg*D); the backward pass runs the
         TBE's fused optimizer on the replica. Each of the N keys is one show, with its (N,) click
         (None: none), sent with the next sync."""
-        if torch.is_grad_enabled():  # a backward will update the rows: this thread is inside a step
+        training = torch.is_grad_enabled()
+        if training:  # a backward will update the rows: this thread is inside a step
             self.begin_step()
         replica = self._replica(table)
-        with replica.lock:
-            slots = replica.slots(keys, self.timeout_s)  # (N,)
+
+        def claim(slots: torch.Tensor) -> tuple:
             replica.touched[slots] = True
             replica.count(slots, None, clicks)
-            tbe = replica.tbe(num_features)
-            generation = replica.generation
-        # The fused update lands in backward, after this mark: if a sync clears the marks in
-        # between, step_end (called after backward by this thread) marks the rows again.
-        pending = getattr(self._local, "pending", None)
-        if pending is None:
-            pending = self._local.pending = []
-        pending.append((replica, generation, slots))
+            return slots, replica.tbe(num_features), replica.generation, replica.weights
+
+        slots, tbe, generation, weights = self._with_slots(replica, keys, claim)  # (N,) ...
+        if training:
+            # The fused update lands in backward, after this mark: if a sync clears the marks in
+            # between, step_end (called after backward by this thread) marks the rows again.
+            self._pending().append(_Lookup(replica, generation, slots, weights))
         pooled = tbe(to_device(slots, replica.device), to_device(offsets, replica.device))  # (B, Fg*P)
         if replica.width != replica.dim:
             batch = pooled.shape[0]
@@ -633,13 +776,14 @@ class GeoCommunicator:
         """Counts one worker step; the k-th starts a sync (on the sync thread, or in this thread
         without `background_sync`). Call it from the thread that trained the step, after its
         backward pass. Raises the error of a failed background sync."""
-        pending = getattr(self._local, "pending", None)
-        if pending:
-            for replica, generation, slots in pending:
-                if replica.generation != generation:
-                    with replica.lock:
-                        replica.touched[slots] = True
-            pending.clear()
+        pending = self._pending()
+        for lookup in pending:  # inside the step still: no fold runs
+            if lookup.moved is not None:
+                lookup.replica.land(lookup.moved)
+            if lookup.replica.generation != lookup.generation:
+                with lookup.replica.lock:
+                    lookup.replica.touched[lookup.slots] = True
+        pending.clear()
         self._gate.leave()  # this step's updates have landed: a sync may write the rows
         if self._error is not None:
             self._raise_background_error()

@@ -19,7 +19,7 @@ from torchrec.sparse.jagged_tensor import KeyedTensor
 
 from models import CTRDNN
 from recps.data.reader import Examples, TensorBatches
-from recps.errors import ConfigError, PSError
+from recps.errors import ConfigError, PSError, PSTimeoutError
 from recps.ps.embedding import PSEmbeddingBagCollection, salted_keys
 from recps.ps.modes import server_halves
 from recps.ps.modes.geo import GeoCommunicator, GeoDenseUpdater, GeoMode
@@ -399,4 +399,233 @@ def test_geo_background_sync_default_is_on_for_k_above_one(server):
     assert not geo_comm(client, None, k_steps=1).background_sync
     assert geo_comm(client, None, k_steps=1, background_sync=True).background_sync
     assert not geo_comm(client, None, k_steps=100, background_sync=False).background_sync
+    client.close()
+
+
+# ------------------------------------------------------------------ growth vs steps in flight
+
+
+def counting_geo(server, tables=("emb",), **knobs) -> tuple[PSClient, GeoCommunicator]:
+    """A counting replica: SGD lr 1 on dim-1 rows that start at 0, deltas as they are, 64 rows
+    (the smallest replica): after flush each row is minus its occurrences in the trained batches."""
+    client = PSClient([server.endpoint], token=TOKEN, timeout_s=20.0)
+    for name in tables:
+        client.create_sparse_table(name, dim=1, optimizer=SGD1, initializer={"kind": "zeros"}, mode="geo")
+    knobs = {"k_steps": 1000, "background_sync": False, "delta_scale": 1.0, "replica_capacity": 1,
+             "timeout_s": 20.0, **knobs}
+    return client, geo_comm(client, **knobs)
+
+
+def bags(geo: GeoCommunicator, table: str, keys: torch.Tensor) -> torch.Tensor:
+    """One forward of a step: one bag per key (one feature); (1, N) pooled rows."""
+    return geo.lookup_bags(table, keys, torch.arange(keys.numel() + 1), keys.numel())
+
+
+def assert_counts(client: PSClient, table: str, counts: dict[int, int]) -> None:
+    """The servers' row of each key of `counts` is minus its occurrences (key -> occurrences)."""
+    keys = torch.tensor(sorted(counts))
+    rows = client.pull(table, keys, assume_unique=True).wait(10.0)[:, 0]  # (K,)
+    expected = torch.tensor([-float(counts[k]) for k in sorted(counts)])
+    lost = {int(k): (0.0 - float(r), counts[int(k)]) for k, r, e in zip(keys, rows, expected) if r != e}
+    assert not lost, f"{len(lost)} of {len(counts)} rows miscounted (key: (counted, occurrences)): {lost}"
+
+
+def test_geo_replica_grows_only_between_the_other_threads_steps(server):
+    """A growth moves the replica's rows to larger buffers; a step whose forward ran over the old
+    ones would train them in its backward, lost for good. So a lookup whose new keys do not fit
+    waits until no other thread is inside a step: here thread 2's growth waits for thread 1's
+    step in flight, and every update counts once."""
+    client, geo = counting_geo(server)
+    assert geo._replica("emb").capacity == 64
+    shared = torch.tensor([1, 2, 3, 3])
+    pooled = bags(geo, "emb", shared)  # thread 1 (this one): forward done, backward not yet
+    grown, backward = threading.Event(), threading.Event()
+    errors = []
+
+    def thread2() -> None:
+        try:
+            out = bags(geo, "emb", torch.cat([shared, torch.arange(100, 200)]))  # 100 new keys: 64 rows grow
+            grown.set()
+            assert backward.wait(10.0)
+            out.sum().backward()
+            geo.step_end(1)
+        except BaseException as err:  # noqa: BLE001 - raised by the main thread
+            errors.append(err)
+            grown.set()
+
+    other = threading.Thread(target=thread2, daemon=True)
+    other.start()
+    assert not grown.wait(0.5), "the replica grew while another thread's step was in flight"
+    pooled.sum().backward()  # the fused SGD trains the rows the replica holds
+    geo.step_end(0)
+    assert grown.wait(10.0), "the growth did not go on after the step ended"
+    backward.set()
+    other.join(10.0)
+    assert not errors, errors
+    assert geo._replica("emb").capacity == 128
+    geo.flush()
+    assert_counts(client, "emb", {1: 2, 2: 2, 3: 4, **{k: 1 for k in range(100, 200)}})
+    client.close()
+
+
+def test_geo_threads_that_grow_at_once_neither_wait_for_the_other(server):
+    """Two threads inside a step (a lookup of table a done) both need table b to grow: each steps
+    out of its step while it waits, so neither waits for the other's step_end (which comes after
+    its own growth): both go on at once, far within the timeout, and every update counts once."""
+    client, geo = counting_geo(server, ("a", "b"))
+    ready = threading.Barrier(2, timeout=10.0)
+    errors, took = [], {}
+
+    def train(thread: int) -> None:
+        try:
+            first = bags(geo, "a", torch.tensor([7, 8]))  # inside a step from here
+            ready.wait()
+            start = time.monotonic()
+            second = bags(geo, "b", torch.arange(100, 180) + 1000 * thread)  # 80 new keys each: b grows
+            took[thread] = time.monotonic() - start
+            (first.sum() + second.sum()).backward()
+            geo.step_end(thread)
+        except BaseException as err:  # noqa: BLE001 - raised by the main thread
+            errors.append(err)
+
+    threads = [threading.Thread(target=train, args=(t,), daemon=True) for t in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30.0)
+    assert not errors, errors
+    assert max(took.values()) < 5.0, took  # the timeout is 20 s
+    geo.flush()
+    assert_counts(client, "a", {7: 2, 8: 2})
+    assert_counts(client, "b", {k + 1000 * t: 1 for t in range(2) for k in range(100, 180)})
+    client.close()
+
+
+def test_geo_hogwild_threads_growing_replicas_count_every_update_once(server):
+    """Stress: 2 threads, 2 tables looked up in turn each step, fresh keys each step (the replicas
+    grow 64 -> 8192 rows) besides keys both threads share, background syncs every 3 steps: every
+    row ends at minus its occurrences."""
+    client, geo = counting_geo(server, ("a", "b"), k_steps=3, background_sync=True)
+    steps, fresh = 120, 30
+    shared = torch.tensor([1, 2, 2, 3])
+    errors = []
+
+    def keys(thread: int, step: int, table: int) -> torch.Tensor:
+        new = torch.arange(fresh) + 100 * (2 * step + thread + 1) + 10**6 * table  # (fresh,) never seen before
+        return torch.cat([shared, new])
+
+    def train(thread: int) -> None:
+        try:
+            for step in range(steps):
+                loss = sum(bags(geo, name, keys(thread, step, t)).sum() for t, name in enumerate(("a", "b")))
+                loss.backward()
+                geo.step_end(thread)
+        except BaseException as err:  # noqa: BLE001 - raised by the main thread
+            errors.append(err)
+
+    threads = [threading.Thread(target=train, args=(t,), daemon=True) for t in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60.0)
+    assert not errors, errors
+    geo.flush()
+    assert geo._replica("a").capacity == 8192 and geo.syncs >= 2
+    for t, name in enumerate(("a", "b")):
+        counts = {1: 2 * steps, 2: 4 * steps, 3: 2 * steps}
+        counts.update({int(k): 1 for th in range(2) for s in range(steps) for k in keys(th, s, t)[len(shared):]})
+        assert_counts(client, name, counts)
+    client.close()
+
+
+def test_geo_one_thread_that_grows_a_table_it_looked_up_in_its_step_counts_both_lookups(server):
+    """One thread (nothing to wait for: no deadlock) looks a table up twice in one step and the
+    second lookup grows it: the first lookup's backward trains the buffers the rows left, and
+    step_end adds that update to the rows' new place."""
+    client, geo = counting_geo(server)
+    first = bags(geo, "emb", torch.tensor([1, 2, 2]))
+    start = time.monotonic()
+    second = bags(geo, "emb", torch.cat([torch.tensor([2]), torch.arange(100, 200)]))  # 64 rows grow
+    assert time.monotonic() - start < 5.0 and geo._replica("emb").capacity == 128
+    (first.sum() + second.sum()).backward()
+    geo.step_end(0)
+    torch.testing.assert_close(geo.pull("emb", torch.tensor([1, 2, 100])), torch.tensor([[-1.0], [-3.0], [-1.0]]))
+    geo.flush()
+    assert_counts(client, "emb", {1: 1, 2: 3, **{k: 1 for k in range(100, 200)}})
+    client.close()
+
+
+def test_geo_a_thread_out_of_its_step_for_a_growth_keeps_its_tables_from_growing(server):
+    """Thread 1 looked up table a and waits (out of its step) to grow table b; thread 2, inside a
+    step, needs table a to grow: it waits until thread 1's step ended, since thread 1's backward
+    trains a's buffers still; thread 1's growth of b goes first. Every update counts once."""
+    client, geo = counting_geo(server, ("a", "b"))
+    t2_inside, go2, t1_grown = threading.Event(), threading.Event(), threading.Event()
+    errors = []
+
+    def thread1() -> None:
+        try:
+            assert t2_inside.wait(10.0)
+            first = bags(geo, "a", torch.tensor([1, 2]))
+            second = bags(geo, "b", torch.arange(100, 200))  # b grows once thread 2 is out of its step
+            t1_grown.set()
+            (first.sum() + second.sum()).backward()
+            geo.step_end(0)
+        except BaseException as err:  # noqa: BLE001 - raised by the main thread
+            errors.append(err)
+
+    def thread2() -> None:
+        try:
+            first = bags(geo, "a", torch.tensor([1]))
+            t2_inside.set()
+            assert go2.wait(10.0)
+            second = bags(geo, "a", torch.arange(100, 200))  # a grows once thread 1's step ended
+            (first.sum() + second.sum()).backward()
+            geo.step_end(1)
+        except BaseException as err:  # noqa: BLE001 - raised by the main thread
+            errors.append(err)
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (thread1, thread2)]
+    for t in threads:
+        t.start()
+    assert not t1_grown.wait(0.5), "table b grew while thread 2 was inside a step"
+    go2.set()
+    for t in threads:
+        t.join(30.0)
+    assert not errors, errors
+    geo.flush()
+    assert_counts(client, "a", {1: 2, 2: 1, **{k: 1 for k in range(100, 200)}})
+    assert_counts(client, "b", {k: 1 for k in range(100, 200)})
+    client.close()
+
+
+def test_geo_threads_growing_each_others_tables_in_opposite_orders_time_out_naming_the_growth(server):
+    """The documented limit: thread 1 looked up a and grows b, thread 2 looked up b and grows a;
+    neither growth may move buffers the other's backward trains, so both wait, bounded: the first
+    to wait raises a PSTimeoutError that names its growth and the cause (then the other goes on)."""
+    client, geo = counting_geo(server, ("a", "b"), timeout_s=1.0)
+    ready = threading.Barrier(2, timeout=10.0)
+    errors = {}
+
+    def train(thread: int, first: str, second: str) -> None:
+        try:
+            bags(geo, first, torch.tensor([1]))
+            ready.wait()
+            bags(geo, second, torch.arange(100, 200))  # 100 new keys: 64 rows grow
+        except BaseException as err:  # noqa: BLE001 - checked by the main thread
+            errors[thread] = err
+
+    start = time.monotonic()
+    threads = [threading.Thread(target=train, args=(t, *tables), daemon=True)
+               for t, tables in enumerate((("a", "b"), ("b", "a")))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20.0)
+    assert time.monotonic() - start < 10.0
+    assert len(errors) == 1, errors
+    (thread, err), = errors.items()
+    assert isinstance(err, PSTimeoutError), err
+    table = "ba"[thread]
+    assert re.search(rf"growth of replica '{table}' to 101 rows waited 1 s .*look the tables up in one order", str(err))
     client.close()

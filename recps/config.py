@@ -28,7 +28,7 @@ from recps.errors import ConfigError
 __all__ = ["PROJECT_ROOT", "PRECISIONS", "check_precision", "register_resolvers", "check_target_args", "compose_config", "validate_config",
            "composition_error_message", "did_you_mean", "PLAIN_KEYS", "MODEL_ENGINE_KEYS", "MODEL_INJECTED",
            "TASK_ENGINE_KEYS", "PS_MODES", "ps_mode", "check_cluster_config",
-           "cluster_checkpoint_every"]
+           "cluster_checkpoint_every", "check_optimizer_values", "dataset_feature_names", "override_source"]
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -413,15 +413,21 @@ def validate_config(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
     check_target_args(cfg.model, "model", injected=MODEL_INJECTED, engine_keys=MODEL_ENGINE_KEYS)
     check_target_args(cfg.task, "task", engine_keys=TASK_ENGINE_KEYS)
     check_target_args(cfg.optimizer, "optimizer", injected=("params",))
+    check_optimizer_values(cfg.optimizer, overrides)
     if cfg.dataset.get("_target_"):
         check_target_args(cfg.dataset, "dataset", injected=("seed",))
     for i, spec in enumerate(cfg.trainer.get("observers") or ()):
         check_target_args(spec, f"trainer.observers[{i}]", injected=("job",))
     from recps.debug.dump import check_debug_config
+    from recps.metrics.groups import check_run_groups
     from recps.metrics.reporter import check_metrics_config
 
     check_metrics_config(cfg.get("metrics"))
     check_debug_config(cfg.get("debug"))
+    if not _pipeline(cfg):  # a pipeline's stages read pipeline.world's data and compute no grouped metrics of these
+        check_run_groups(cfg.task.get("metrics"), cfg.get("metrics"), dataset_feature_names(cfg.dataset),
+                         source=override_source("metrics.group_key", overrides),
+                         data=f"dataset {cfg.dataset.get('name')}")
     metrics = cfg.get("metrics")
     if metrics is not None and bool(metrics.get("tensorboard", False)):  # the held-out metrics go there too
         import importlib.util
@@ -429,6 +435,64 @@ def validate_config(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
         if importlib.util.find_spec("tensorboard") is None:
             raise ConfigError("metrics.tensorboard=true needs the tensorboard package, which is not installed: "
                               "pip install tensorboard (or set metrics.tensorboard=false)")
+
+
+def _pipeline(cfg: DictConfig) -> bool:
+    """Whether `cfg` runs a pipeline (recps.pipeline: its stages, not `model`, `task` and `dataset`)."""
+    return cfg.get("pipeline") is not None and str(cfg.pipeline.get("name", "none")) != "none"
+
+
+def override_source(path: str, overrides: Sequence[str]) -> str:
+    """`the override metrics.group_key=x` when the command line set `path`, else ``""``."""
+    said = _added_by(path, overrides)
+    return said if said.startswith("the override") else ""
+
+
+def dataset_feature_names(dataset: DictConfig) -> tuple[str, ...] | None:
+    """The sparse features (KeyedJaggedTensor keys) a tabular dataset config's `schema` declares, as the
+    readers will name them (recps.data.schema.Schema.feature_names); None for a data set a `_target_`
+    builds (its features are known once it is read). A bad schema raises its ConfigError here.
+
+    >>> dataset_feature_names(compose_config(["dataset=criteo_tiny"]).dataset)[:3]
+    ('C1', 'C2', 'C3')
+    """
+    if dataset.get("_target_") or dataset.get("schema") is None:
+        return None
+    from recps.data.schema import Schema  # no torch, no reader
+
+    return Schema.from_config(OmegaConf.to_container(dataset.schema, resolve=True)).feature_names
+
+
+# torch.optim's words for an argument in its errors ("Invalid learning rate: -1"), and a value to give.
+_OPTIMIZER_ARGS = {"lr": ("learning rate", "a learning rate > 0, e.g. 0.001"),
+                   "eps": ("epsilon", "a small number >= 0, e.g. 1e-8"),
+                   "betas": ("beta", "two numbers in [0, 1), e.g. [0.9, 0.999]"),
+                   "weight_decay": ("weight_decay", "a number >= 0"),
+                   "momentum": ("momentum", "a number >= 0")}
+
+
+def check_optimizer_values(node: DictConfig, overrides: Sequence[str] = (), where: str = "optimizer") -> None:
+    """Builds the dense optimizer `node` names over one parameter, so that its constructor's own checks
+    (torch.optim's "Invalid learning rate: -1") fail here, before any process starts, as a ConfigError
+    naming the argument, where it came from and the fix. torch is imported by then (the PS modes)."""
+    import torch
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    try:
+        instantiate(node)([torch.nn.Parameter(torch.zeros(1))])  # (1,)
+    except (ValueError, TypeError, InstantiationException) as exc:
+        target = node.get("_target_")
+        args = {str(k): v for k, v in OmegaConf.to_container(node, resolve=True).items() if not str(k).startswith("_")}
+        said = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        for key, (word, give) in _OPTIMIZER_ARGS.items():
+            if key in args and word in said.lower():
+                source = override_source(f"{where}.{key}", overrides)
+                raise ConfigError(f"{where}.{key}={args[key]!r}{f' (from {source})' if source else ''}: {target} "
+                                  f"refuses it ({said}); set {where}.{key} to {give}") from exc
+        shown = ", ".join(f"{where}.{k}={v!r}" for k, v in args.items())
+        raise ConfigError(f"{where} ({target}) refuses its arguments ({shown}): {said}; give each a value of the type "
+                          f"and range {target} takes") from exc
 
 
 def composition_error_message(exc: BaseException) -> str | None:

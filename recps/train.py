@@ -11,13 +11,14 @@ Writes `metrics.json` and `checkpoint/` into the Hydra run folder and returns th
 launches the cluster (recps.cluster); a process started with a role in its environment acts
 as that server or worker instead (worker 0 writes metrics.json and the PS checkpoint).
 
-Mistakes fail first: `recps.config.validate_config` checks the whole composed config here,
-before any data is read or process started, and an error a user can cause (a RecpsError: a bad
-value, data or a failed cluster; a key the config lacks; a config that is not found) prints as
-one message, without a traceback (`HYDRA_FULL_ERROR=1` shows it). Library log lines nobody can
-act on are silenced (`recps.quiet_libraries`). The run ends with what its numbers are: the task's
-metrics on the held-out test split, the baseline's on the same split when the task computes one
-(retrieval: most popular items), the training throughput, and where metrics.json is.
+Mistakes fail first: `recps.config.validate_config` checks the whole composed config here (and
+`_check_resume` that trainer.resume holds a checkpoint), before any data is read or process started,
+and an error a user can cause (a RecpsError: a bad value, data or a failed cluster; a key the config
+lacks; a config that is not found) prints as one message, without a traceback (`HYDRA_FULL_ERROR=1`
+shows it). Library log lines nobody can act on are silenced (`recps.quiet_libraries`). The run ends
+with what its numbers are: the task's metrics on the held-out test split, the baseline's on the same
+split when the task computes one (retrieval: most popular items), the training throughput, and where
+metrics.json is.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import hydra
 from omegaconf import DictConfig
 
 import recps.launch as _launch
-from recps.config import composition_error_message, register_resolvers, validate_config
+from recps.config import composition_error_message, override_source, register_resolvers, validate_config
 
 __all__ = ["main", "cli", "error_message", "summary_lines", "held_out_metric_names"]
 
@@ -84,15 +85,20 @@ def _run(cfg: DictConfig) -> float:
 
     quiet_libraries()
     hydra_cfg = HydraConfig.get()
+    overrides = list(hydra_cfg.overrides.task)
     with _one_torch_thread():
-        validate_config(cfg, overrides=list(hydra_cfg.overrides.task))  # before any data, process or heavy import
+        validate_config(cfg, overrides=overrides)  # before any data, process or heavy import
+    pipeline = cfg.get("pipeline") is not None and str(cfg.pipeline.get("name", "none")) != "none"
+    stream = cfg.get("stream") is not None and bool(cfg.stream.get("enabled", False))
+    if not (pipeline or stream):  # (a stream resumes from its own records)
+        _check_resume(cfg, overrides)  # before ps=local reads its data, before a cluster starts
     _log_startup()
     out_dir = Path(hydra_cfg.runtime.output_dir)
-    if cfg.get("pipeline") is not None and str(cfg.pipeline.get("name", "none")) != "none":
+    if pipeline:
         from recps.pipeline import run_pipeline
 
         return run_pipeline(cfg, out_dir)  # checks its stages first; prints and writes metrics.json itself
-    if cfg.get("stream") is not None and cfg.stream.get("enabled"):
+    if stream:
         from recps.stream import run_stream
 
         metrics = run_stream(cfg, out_dir)
@@ -121,6 +127,22 @@ def _run(cfg: DictConfig) -> float:
                     cfg.objective, ", ".join(sorted(k for k, v in metrics.items() if isinstance(v, float))))
         return float("nan")
     return float(metrics[cfg.objective])
+
+
+def _check_resume(cfg: DictConfig, overrides: list[str]) -> None:
+    """Before any data is read or process started: trainer.resume, when set, holds a checkpoint
+    (recps.checkpoint.find_checkpoint's ConfigError, with trainer.resume and its source in front)."""
+    resume = cfg.trainer.get("resume")
+    if not resume:
+        return
+    from recps.checkpoint import find_checkpoint
+    from recps.errors import ConfigError
+
+    try:
+        find_checkpoint(str(resume))
+    except ConfigError as exc:
+        source = override_source("trainer.resume", overrides)
+        raise ConfigError(f"trainer.resume={str(resume)!r}{f' (from {source})' if source else ''}: {exc}") from None
 
 
 _startup: dict[str, float] = {}

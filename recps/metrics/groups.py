@@ -26,12 +26,17 @@ from recps.errors import ConfigError, DataError
 from recps.metrics.base import Metric, prepare_pointwise
 from recps.metrics.collection import MetricCollection
 
-__all__ = ["batch_groups", "check_group_key", "check_evaluation_groups", "source_groups", "evaluate_pointwise", "update_collection", "feed_columns"]
+__all__ = ["batch_groups", "check_group_key", "check_evaluation_groups", "check_run_groups", "source_groups",
+           "evaluate_pointwise", "update_collection", "feed_columns"]
 
 
 def check_group_key(key: str | None, feature_names: Sequence[str] | None, metric_names: Sequence[str],
-                    where: str = "metrics.group_key") -> None:
-    """Before any data is read: grouped metrics named need a key the data has (ConfigError)."""
+                    where: str = "metrics.group_key", source: str = "", data: str = "this data") -> None:
+    """Before any data is read: grouped metrics named need a key the data has (ConfigError).
+
+    ``source``: where the key's value came from (an override), shown after it; ``data``: what
+    ``feature_names`` are of, as the message names it (a dataset's name).
+    """
     if not metric_names:
         return
     if not key:
@@ -40,9 +45,10 @@ def check_group_key(key: str | None, feature_names: Sequence[str] | None, metric
             f"feature (e.g. {where}=user; C1 on the synthetic data)"
         )
     if feature_names is not None and key not in list(feature_names):
+        shown = f"{where}={key!r}" + (f" (from {source})" if source else "")
         raise ConfigError(
-            f"{where}={key!r} is not a sparse feature of this data (it has {list(feature_names)}); "
-            f"set {where} to its user or query feature"
+            f"{shown} is not a sparse feature of {data} (it has {list(feature_names)}); "
+            f"set {where} to its user or query feature ({', '.join(metric_names)} group examples by it)"
         )
 
 
@@ -55,6 +61,32 @@ def check_evaluation_groups(task_metrics: Any, metrics_cfg: Any, feature_names: 
     grouped = [n for n in names if not getattr(METRICS.get(n), "additive", True)]  # others' names: not ours to judge
     key = (metrics_cfg or {}).get("group_key") if metrics_cfg is not None else None
     check_group_key(key, feature_names, [f"task.metrics {n}" for n in grouped])
+
+
+def check_run_groups(task_metrics: Any, metrics_cfg: Any, feature_names: Sequence[str] | None, source: str = "",
+                     data: str = "this data") -> None:
+    """Before any process starts (recps.config.validate_config): the grouped metrics of a run, gauc / pnr
+    among the task's evaluation metrics and, with ``metrics.enabled``, among ``metrics.metrics`` (the
+    training reports), need ``metrics.group_key`` to be one of the data's sparse ``feature_names``
+    (None: not known before the data is read, then only a key is required). ConfigError otherwise,
+    naming the key, ``source`` (where its value came from), ``data``'s features and the fix.
+
+    >>> check_run_groups(["auc"], {"metrics": {"pnr": None}, "group_key": "user"}, ["C1", "C2"],
+    ...                  data="dataset synthetic")
+    Traceback (most recent call last):
+    ...
+    recps.errors.ConfigError: metrics.group_key='user' is not a sparse feature of dataset synthetic (it has ['C1', 'C2']); set metrics.group_key to its user or query feature (metrics.metrics pnr group examples by it)
+    """
+    from recps.metrics.collection import METRICS
+
+    def grouped(names: Any) -> list[str]:  # others' names (recall@20, ...): not ours to judge
+        return [str(n) for n in (names or ()) if not getattr(METRICS.get(str(n)), "additive", True)]
+
+    metrics_cfg = metrics_cfg if metrics_cfg is not None else {}
+    names = [f"task.metrics {n}" for n in grouped(task_metrics)]
+    if bool(metrics_cfg.get("enabled", True)):
+        names += [f"metrics.metrics {n}" for n in grouped(metrics_cfg.get("metrics"))]  # a list, or a mapping's keys
+    check_group_key(metrics_cfg.get("group_key"), feature_names, names, source=source, data=data)
 
 
 def batch_groups(batch: Any, key: str) -> tuple[Tensor, Tensor]:

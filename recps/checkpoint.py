@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import os
 import posixpath
 import time
@@ -51,8 +52,10 @@ if TYPE_CHECKING:
     from recps.job import Job
 
 __all__ = ["save_checkpoint", "load_checkpoint", "checkpoint_file", "find_checkpoint", "commit_ps_checkpoint",
-           "verify_ps_checkpoint", "read_recorded", "committed_checkpoints", "read_ps_checkpoint", "MANIFEST",
-           "LOCAL_RECORD", "FORMAT_VERSION"]
+           "verify_ps_checkpoint", "read_recorded", "committed_checkpoints", "prune_step_checkpoints",
+           "read_ps_checkpoint", "MANIFEST", "LOCAL_RECORD", "FORMAT_VERSION"]
+
+log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"  # a PS checkpoint's commit record
@@ -293,6 +296,35 @@ def committed_checkpoints(folder: str) -> list[str]:
     found = [folder] if is_committed(folder) else []
     return found + [rfs.join(folder, name) for name in _child_names(fs, root)
                     if fs.isfile(f"{root.rstrip('/')}/{name}/{MANIFEST}")]
+
+
+def prune_step_checkpoints(root: str, keep_last: int) -> list[str]:
+    """Remove the committed `<root>/step-N/` checkpoints but the `keep_last` with the most steps (N);
+    returns the folders removed. Each goes manifest first, so a removal cut short leaves a folder
+    that no reader takes for a checkpoint; one that cannot be removed is logged and left (training
+    goes on: retention never fails a job). Folders without a manifest, and `root`'s own checkpoint,
+    are not touched."""
+    if keep_last < 1:
+        raise ConfigError(f"checkpoint.keep_last={keep_last}: keep at least 1 (the last committed checkpoint is "
+                          "what a restart resumes from), or null to keep all")
+    fs, base = rfs.resolve(root)
+    steps = []
+    for folder in committed_checkpoints(root):
+        name = folder.rstrip("/").rsplit("/", 1)[-1]
+        if folder != root and name.startswith("step-") and name[5:].isdigit():
+            steps.append((int(name[5:]), folder))
+    removed = []
+    for _, folder in sorted(steps)[:-keep_last]:
+        path = f"{base.rstrip('/')}/{folder.rstrip('/').rsplit('/', 1)[-1]}"
+        try:
+            fs.rm(f"{path}/{MANIFEST}")
+            fs.rm(path, recursive=True)
+        except (OSError, RuntimeError) as e:  # hdfs-native raises RuntimeError for some failures
+            log.warning("checkpoint.keep_last=%d: could not remove %s (%s: %s); it stays", keep_last, folder,
+                        type(e).__name__, e)
+            continue
+        removed.append(folder)
+    return removed
 
 
 def find_checkpoint(path: str | os.PathLike) -> tuple[str, str]:

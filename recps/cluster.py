@@ -727,7 +727,7 @@ class CheckpointPauses:
         import torch
 
         from recps import fs as rfs
-        from recps.checkpoint import commit_ps_checkpoint, is_committed
+        from recps.checkpoint import commit_ps_checkpoint, is_committed, prune_step_checkpoints
 
         start = time.perf_counter()
         fleet, role, client = self.fleet, self.role, self.fleet.client
@@ -754,6 +754,10 @@ class CheckpointPauses:
                                      save=lambda: client.save(folder, mode="full", tables=self.tables,
                                                               timeout=self.timeout_s))
                 save_s = time.perf_counter() - t
+                keep = self.cfg.checkpoint.get("keep_last")
+                if keep is not None:
+                    for old in prune_step_checkpoints(self.root, int(keep)):
+                        log.info("%s: removed %s (checkpoint.keep_last=%d)", role.name, old, int(keep))
                 for obs in self.job.trainer.observers:
                     if (hook := getattr(obs, "on_checkpoint", None)) is not None:
                         hook(folder, self.job.steps_done + steps, client)

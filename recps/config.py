@@ -142,7 +142,7 @@ PLAIN_KEYS: dict[str, tuple[str, ...]] = {
     "trainer": ("epochs", "max_steps", "batch_size", "threads", "eval_batch_size", "resume", "observers", "precision"),
     "cluster": ("name", "servers", "workers", "host", "timeout_s", "connect_timeout_s", "dead_after_s",
                 "server_threads", "server_torch_threads", "encryption", "restarts", "checkpoint_every"),
-    "checkpoint": ("save", "dir"),
+    "checkpoint": ("save", "dir", "keep_last"),
 }
 # ps=local (conf/ps/local.yaml) has no constructor either.
 LOCAL_PS_KEYS: dict[str, tuple[str, ...]] = {
@@ -265,6 +265,9 @@ def _check_values(cfg: DictConfig) -> None:
         from recps.device import check_device
 
         check_device(device)  # CUDA build, a GPU torch sees, fbgemm-gpu's CUDA build; else the fix
+    if cfg.checkpoint.get("keep_last") is not None:
+        _int_at_least(cfg, "checkpoint.keep_last", 1, "keep at least the newest committed checkpoint (what a restart "
+                      "resumes from): give 1 or more, or null to keep all")
     for path in ("progress", "checkpoint.save"):
         if not isinstance(OmegaConf.select(cfg, path), bool):
             raise ConfigError(f"{path}={OmegaConf.select(cfg, path)!r}: use true or false")

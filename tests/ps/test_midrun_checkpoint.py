@@ -9,7 +9,8 @@
   HDFS commits step-N/ checkpoints there; recps.evaluate reads one; a resume from it (2 workers)
   ends within 0.005 AUC of the uninterrupted run; the same for geo on file://, onto 2 workers
   (each its own state) and onto 1 (the two workers' states merged);
-- a checkpoint folder holding a committed step-N/ is refused before any process starts.
+- a checkpoint folder holding a committed step-N/ is refused before any process starts;
+- checkpoint.keep_last=K removes all but the K newest committed step-N/ folders (on HDFS too).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from recps import fs as rfs
 from recps.checkpoint import read_ps_checkpoint
 from recps.config import PROJECT_ROOT, compose_config
 from recps.errors import ConfigError
@@ -131,8 +133,10 @@ def test_async_checkpoints_on_hdfs_evaluate_and_resume(hdfs, tmp_path_factory):
     ckpt = f"{hdfs.url}/midrun/{tmp_path_factory.getbasetemp().name}"
     common = ["ps=async", *RESUMABLE, f"dataset.dir={data}"]
     straight = cli_auc(tmp_path_factory.mktemp("straight"), *common, "ps.checkpoint_every_steps=100",
-                       f"checkpoint.dir={ckpt}")
+                       f"checkpoint.dir={ckpt}", "checkpoint.keep_last=2")
     assert [r["steps"] for r in straight["checkpoints"]] == [100, 200, 300]
+    # keep_last=2: step-100 went from HDFS once step-300 was committed
+    assert not rfs.exists(f"{ckpt}/step-100") and rfs.exists(f"{ckpt}/step-300/manifest.json")
     step = f"{ckpt}/step-200"
     evaluated = json.loads(recps("recps.evaluate", step).stdout)  # the model as it was at step 200
     assert 0.5 < evaluated["auc"] < straight["auc"] + 0.02
@@ -193,3 +197,51 @@ def test_an_unreachable_checkpoint_dir_is_refused_before_any_process_starts(tmp_
         run_distributed(cfg, tmp_path / "run")
     assert time.monotonic() - start < 30
     assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+
+
+def test_keep_last_removes_the_older_committed_step_checkpoints_only(tmp_path):
+    """prune_step_checkpoints: the committed step-N/ folders but the newest keep_last go (by N, not by
+    name order: step-9 is older than step-10); a folder without a manifest, the root's own checkpoint
+    and other folders stay; keep_last < 1 is refused naming the key."""
+    from recps.checkpoint import prune_step_checkpoints
+
+    root = tmp_path / "checkpoint"
+    for name in ("step-9", "step-10", "step-30", "step-100"):
+        (root / name / "t").mkdir(parents=True)
+        (root / name / "t" / "shard").write_bytes(b"x")
+        (root / name / "manifest.json").write_text("{}")
+    (root / "step-200").mkdir()  # a save that did not finish: not a checkpoint, not ours to remove
+    (root / "other").mkdir()
+    (root / "manifest.json").write_text("{}")
+    removed = prune_step_checkpoints(str(root), 2)
+    assert sorted(removed) == sorted([str(root / "step-9"), str(root / "step-10")])
+    assert sorted(p.name for p in root.iterdir()) == ["manifest.json", "other", "step-100", "step-200", "step-30"]
+    assert prune_step_checkpoints(str(root), 2) == []
+    with pytest.raises(ConfigError, match=r"checkpoint.keep_last=0: keep at least 1"):
+        prune_step_checkpoints(str(root), 0)
+
+
+def test_a_run_with_keep_last_keeps_its_newest_step_checkpoint_and_resumes_from_it(tmp_path, in_process_cluster):
+    """checkpoint.keep_last=1 with checkpoints every 30 steps: after the run one step-N/ is left, the
+    last one, beside the final checkpoint; a restart's resume point (the newest committed) is it."""
+    from recps.cluster import last_committed_checkpoint
+
+    cfg = small(["ps=async", "trainer.threads=1", "ps.checkpoint_every_steps=30", "checkpoint.keep_last=1",
+                 f"dataset.dir={tmp_path / 'data'}"])
+    metrics = in_process_cluster(cfg, tmp_path / "run", token="keep-last")
+    folders = [r["folder"] for r in metrics["checkpoints"]]
+    assert len(folders) >= 3
+    root = tmp_path / "run" / "checkpoint"
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith("step-")) == [Path(folders[-1]).name]
+    assert (Path(folders[-1]) / "manifest.json").is_file()
+    assert read_ps_checkpoint(folders[-1])  # whole and readable
+    # the final checkpoint (the folder itself) has the most steps: a restart would find the job finished
+    assert last_committed_checkpoint(cfg, tmp_path / "run") == str(root)
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two"])
+def test_a_bad_keep_last_is_refused_before_any_process_starts(value):
+    from recps.config import validate_config
+
+    with pytest.raises(ConfigError, match=rf"checkpoint.keep_last={value!r}|checkpoint.keep_last='?{value}'?: keep"):
+        validate_config(compose_config(["ps=async", f"checkpoint.keep_last={value}"]))

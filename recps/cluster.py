@@ -179,6 +179,26 @@ def _transport_encryption(cfg: DictConfig) -> None:
 def _before_launch(cfg: DictConfig, mode, out_dir: Path) -> None:
     _check_storage(cfg, mode, out_dir)
     _generate_data(cfg)
+    _check_data_paths(cfg)
+
+
+def _check_data_paths(cfg: DictConfig) -> None:
+    """Before any process starts: every file, folder or pattern of dataset.train / dataset.test names at
+    least one data file (after generated data was written). A data set built by its own `_target_`
+    (MovieLens ...) finds its files itself."""
+    from recps.data.reader import expand_paths
+    from recps.errors import DataError
+
+    if cfg.dataset.get("_target_"):
+        return
+    for key in ("train", "test"):
+        paths = cfg.dataset.get(key)
+        if not paths:
+            continue  # test: [] with dataset.test_fraction
+        try:
+            expand_paths(list(paths) if not isinstance(paths, str) else [paths])
+        except DataError as exc:
+            raise DataError(f"dataset.{key}: {exc} (or generate it: dataset.generate)") from None
 
 
 def _check_storage(cfg: DictConfig, mode, out_dir: Path) -> None:

@@ -228,11 +228,26 @@ def test_hydra_full_error_shows_the_traceback(tmp_path):
 
 
 def test_a_worker_that_fails_is_named_with_what_it_said(tmp_path):
-    """What only a worker can find (here: no data files) ends the run with the worker's own message."""
+    """What only a worker can find (here: rows that do not match the schema) ends the run with the
+    worker's own message."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("train.txt", "test.txt"):
+        (data / name).write_text("not\ta\trow\n" * 50)
+    run = tmp_path / "run"
+    proc = recps("recps.train", f"dataset.dir={data}", "dataset.generate=null", "progress=false",
+                 "checkpoint.save=false", f"hydra.run.dir={run}", timeout=300)
+    last = one_line_error(proc)
+    assert last.startswith("recps.train: LaunchError: worker0 (pid "), last
+    assert f"exited with code 1: DataError: {data / 'train.txt'}: no line matches dataset.schema" in last, last
+    assert last.endswith(f"its output is in {run / 'cluster.log'}")
+
+
+def test_missing_data_files_are_named_before_any_process_starts(tmp_path):
     run = tmp_path / "run"
     proc = recps("recps.train", f"dataset.dir={tmp_path / 'none'}", "dataset.generate=null", "progress=false",
                  "checkpoint.save=false", f"hydra.run.dir={run}", timeout=300)
     last = one_line_error(proc)
-    assert last.startswith("recps.train: LaunchError: worker0 (pid "), last
-    assert f"exited with code 1: DataError: {tmp_path / 'none' / 'train.txt'}: no such file" in last, last
-    assert last.endswith(f"its output is in {run / 'cluster.log'}")
+    assert last == (f"recps.train: DataError: dataset.train: {tmp_path / 'none' / 'train.txt'}: no such file; "
+                    "check the dataset path (or generate it: dataset.generate)"), last
+    assert "[server0]" not in proc.stdout + proc.stderr and "[worker0]" not in proc.stdout + proc.stderr

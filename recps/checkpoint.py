@@ -159,8 +159,13 @@ def load_checkpoint(job: "Job", path: str | os.PathLike) -> None:
         first = str(exc).splitlines()[0]
         raise ConfigError(f"{file} does not fit this model ({first}); resume with the config it was "
                           f"trained with ({rfs.join(parent_url(file), 'config.yaml')})") from exc
-    job.optimizer.load_state_dict(state["optimizer"])
-    job.collection.fused_optimizer.load_state_dict(state["embedding_optimizer"])
+    from recps.ps.modes.dense import load_optimizer_state
+
+    changed = load_optimizer_state(job.optimizer, state["optimizer"])  # moments from the file, settings from the config
+    changed += [f"embedding {c}" for c in load_optimizer_state(job.collection.fused_optimizer,
+                                                                 state["embedding_optimizer"])]
+    if changed:
+        log.info("%s: resumed with the configured %s (the checkpoint had the former)", file, ", ".join(changed))
     job.epochs_done = int(state["epochs_done"])
     job.steps_done = int(state["steps_done"])
 

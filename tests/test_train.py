@@ -123,6 +123,26 @@ def test_resume_continues_counts_and_restores_the_saved_weights(sweep, tmp_path)
     assert changed, "one more epoch changed no weight"
 
 
+def test_a_resume_takes_the_saved_moments_and_the_configured_learning_rate(sweep, tmp_path):
+    """optimizer.lr changed on a resume: the optimizer keeps the saved state (Adam's moments, step
+    counts) and takes the new lr (torch's load_state_dict alone would bring the saved lr back), as the
+    servers' tables do; the log says what changed."""
+    run = sweep["deepfm"]
+    saved = checkpoint_state(run)["optimizer"]
+    data_dir = run.parent.parent / "data"
+    out = tmp_path / "resumed"
+    proc = check(recps("recps.train", "trainer.epochs=0", "optimizer.lr=0.000123", f"trainer.resume={run / 'checkpoint'}",
+                       *small_synthetic(data_dir), f"hydra.run.dir={out}"))
+    loaded = checkpoint_state(out)["optimizer"]
+    assert [g["lr"] for g in loaded["param_groups"]] == [0.000123] * len(saved["param_groups"])
+    assert [g["lr"] for g in saved["param_groups"]] != [0.000123] * len(saved["param_groups"])
+    assert loaded["state"].keys() == saved["state"].keys()
+    for i, state in saved["state"].items():
+        for key, value in state.items():
+            assert torch.equal(torch.as_tensor(loaded["state"][i][key]), torch.as_tensor(value)), (i, key)
+    assert "resumed with the configured lr" in proc.stdout + proc.stderr
+
+
 def test_cfg_job_starts_nothing(tmp_path):
     """With the default config (an async PS cluster) `--cfg job` prints and launches nothing."""
     run_dir, data_dir = tmp_path / "run", tmp_path / "data"

@@ -25,7 +25,7 @@ from torch import nn
 from recps.device import to_device, to_host
 from recps.errors import ConfigError, PSError
 
-__all__ = ["flatten", "assign_flat", "torch_optimizer_rule", "LocalDenseUpdater", "PSDenseUpdater"]
+__all__ = ["flatten", "assign_flat", "torch_optimizer_rule", "load_optimizer_state", "LocalDenseUpdater", "PSDenseUpdater"]
 
 
 def flatten(tensors: Sequence[torch.Tensor | None], like: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -48,6 +48,31 @@ def assign_flat(params: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
     if pos != flat.numel():
         raise PSError(f"dense table holds {flat.numel()} values, the model's dense parameters {pos}; "
                       "the servers hold another model's table (a stale checkpoint?)")
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> list[str]:
+    """`optimizer.load_state_dict(state)` keeping its own hyperparameters (lr, betas, weight decay ...):
+    a resume takes the saved moments and step counts, and the config's settings, as the servers' tables
+    do (torch's load would bring back the saved ones). Returns what the checkpoint had otherwise, e.g.
+    ["lr 0.01 -> 0.001"].
+
+    >>> p = nn.Parameter(torch.zeros(1))
+    >>> saved = torch.optim.Adam([p], lr=0.01).state_dict()
+    >>> load_optimizer_state(torch.optim.Adam([p], lr=0.001), saved)
+    ['lr 0.01 -> 0.001']
+    """
+    configured = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+    optimizer.load_state_dict(state)
+    changed = []
+    for group, own in zip(optimizer.param_groups, configured):
+        for key, value in own.items():
+            saved = group.get(key)
+            same = torch.equal(torch.as_tensor(saved), torch.as_tensor(value)) if isinstance(
+                saved, torch.Tensor) or isinstance(value, torch.Tensor) else saved == value
+            if not same:
+                changed.append(f"{key} {saved!r} -> {value!r}")
+            group[key] = value
+    return changed
 
 
 def torch_optimizer_rule(optimizer: torch.optim.Optimizer) -> dict:

@@ -97,7 +97,7 @@ import torch
 from recps.device import same_device, to_device, to_host
 from recps.errors import ConfigError, PSError, PSTimeoutError
 from recps.ps.modes.base import Mode, OnArrivalServer, check_int, has_accessor
-from recps.ps.modes.dense import LocalDenseUpdater
+from recps.ps.modes.dense import LocalDenseUpdater, load_optimizer_state
 from recps.ps.table import Initializer, KeyIndex, unique_keys, warm_up_kernels
 
 __all__ = ["GeoMode", "GeoCommunicator", "GeoServer", "GeoDenseUpdater", "GEO_OPTIMIZERS"]
@@ -179,8 +179,12 @@ class GeoDenseUpdater(LocalDenseUpdater):
             return self.optimizer.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
+        """The saved moments and step counts; the hyperparameters stay the configured ones."""
         with self._lock:
-            self.optimizer.load_state_dict(state)
+            changed = load_optimizer_state(self.optimizer, state)
+        if changed:
+            log.info("geo: the dense optimizer resumes with the configured %s (the checkpoint had the former)",
+                     ", ".join(changed))
 
 
 class _StepGate:

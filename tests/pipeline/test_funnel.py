@@ -140,8 +140,10 @@ def test_each_stage_is_updated_by_its_own_modes_rule_on_one_server():
                     kjt = KeyedJaggedTensor.from_lengths_sync(  # key 0 of the stage's first feature, one row
                         keys=list(s.features), values=torch.zeros(1, dtype=torch.int64),
                         lengths=torch.tensor([1] + [0] * (len(s.features) - 1)))
-                    for _ in range(steps):
+                    for i in range(steps):
                         rows = ebc(kjt).values()[:, : int(s.model.embedding_dim)]  # its row (1, D)
+                        if i == 0 and s.mode.name == "geo":  # both replicas pulled the row at 0 before either
+                            fleet.client.barrier(f"test.{s.name}.pulled", timeout=30)  # synced (CI: one ran late)
                         _quartic(rows, targets[w]).backward()
                         ebc.communicator.step_end(0)
                     ebc.communicator.close()

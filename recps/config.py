@@ -290,14 +290,6 @@ def ps_mode(cfg: DictConfig):
         check_target_args(cfg.ps.table, "ps.table")
     node = OmegaConf.to_container(cfg.ps, resolve=True)
     node.pop("name", None)
-    rule = (node.get("table") or {}).get("optimizer")
-    if isinstance(rule, dict) and "name" in rule:  # the servers' rule: its own checks, named by their key here
-        from recps.ps.table.optimizers import make_rule
-
-        try:
-            make_rule(**rule)
-        except (ConfigError, TypeError) as e:  # TypeError: a key the rule does not take
-            raise ConfigError(f"ps.table.optimizer ({', '.join(f'{k}={v!r}' for k, v in rule.items())}): {e}") from None
     try:
         return instantiate(node, _convert_="all")
     except InstantiationException as e:

@@ -65,16 +65,6 @@ def test_an_optimizer_value_its_constructor_refuses_is_named():
     validate_config(compose_config(["optimizer.lr=0.01"]))
 
 
-@pytest.mark.parametrize("override, message", [
-    ("ps.table.optimizer.lr=-1", r"ps.table.optimizer \(name='rowwise_adagrad', lr=-1.*\): RowWiseAdagradRule: lr=-1"),
-    ("ps.table.optimizer.name=bogus", r"ps.table.optimizer \(name='bogus'.*optimizer 'bogus' is unknown"),
-    ("+ps.table.optimizer.momentum=0.9", r"ps.table.optimizer \(.*momentum=0.9\):.*unexpected keyword argument 'momentum'"),
-])
-def test_the_servers_table_optimizer_is_named_by_its_key(override, message):
-    with pytest.raises(ConfigError, match=message):
-        validate_config(compose_config(["ps=geo", override]))
-
-
 @pytest.mark.parametrize("overrides, message", [
     (["ps=async", "metrics=grouped", "metrics.group_key=bogus"],
      "recps.train: ConfigError: metrics.group_key='bogus' (from the override metrics.group_key=bogus) is not a sparse "

@@ -28,6 +28,7 @@ from recps.data.dataset import ExamplesSource
 from recps.ps.node import PSClient, PSServer, TableConfig
 from recps.ps.table import Initializer
 from recps.tasks import BinaryTask
+from tests.ps.modes.test_synchronous import run_threads
 
 FEATURES = ["C1", "C2", "C3", "C4"]
 DIM = 9  # not a multiple of 4: the TBE pads to 12 and must not change the arithmetic
@@ -474,27 +475,19 @@ def test_geo_threads_that_grow_at_once_neither_wait_for_the_other(server):
     its own growth): both go on at once, far within the timeout, and every update counts once."""
     client, geo = counting_geo(server, ("a", "b"))
     ready = threading.Barrier(2, timeout=10.0)
-    errors, took = [], {}
+    took = {}
 
     def train(thread: int) -> None:
-        try:
-            first = bags(geo, "a", torch.tensor([7, 8]) + 10 * thread)  # inside a step from here (own rows: two
-            # backwards writing one row at once may lose an update, which Hogwild accepts)
-            ready.wait()
-            start = time.monotonic()
-            second = bags(geo, "b", torch.arange(100, 180) + 1000 * thread)  # 80 new keys each: b grows
-            took[thread] = time.monotonic() - start
-            (first.sum() + second.sum()).backward()
-            geo.step_end(thread)
-        except BaseException as err:  # noqa: BLE001 - raised by the main thread
-            errors.append(err)
+        first = bags(geo, "a", torch.tensor([7, 8]) + 10 * thread)  # inside a step from here (own rows: two
+        # backwards writing one row at once may lose an update, which Hogwild accepts)
+        ready.wait()
+        start = time.monotonic()
+        second = bags(geo, "b", torch.arange(100, 180) + 1000 * thread)  # 80 new keys each: b grows
+        took[thread] = time.monotonic() - start
+        (first.sum() + second.sum()).backward()
+        geo.step_end(thread)
 
-    threads = [threading.Thread(target=train, args=(t,), daemon=True) for t in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30.0)
-    assert not errors, errors
+    run_threads([lambda: train(0), lambda: train(1)], timeout=30.0)
     assert max(took.values()) < 5.0, took  # the timeout is 20 s
     geo.flush()
     assert_counts(client, "a", {7: 1, 8: 1, 17: 1, 18: 1})
@@ -510,7 +503,6 @@ def test_geo_hogwild_threads_growing_replicas_count_every_update_once(server):
     not atomic); what is tested is that a growth or a sync loses none."""
     client, geo = counting_geo(server, ("a", "b"), k_steps=3, background_sync=True)
     steps, fresh = 120, 30
-    errors = []
 
     def own(thread: int) -> torch.Tensor:
         return torch.tensor([1, 2, 2, 3]) + 10 * thread  # (4,) every step of this thread
@@ -520,20 +512,12 @@ def test_geo_hogwild_threads_growing_replicas_count_every_update_once(server):
         return torch.cat([own(thread), new])
 
     def train(thread: int) -> None:
-        try:
-            for step in range(steps):
-                loss = sum(bags(geo, name, keys(thread, step, t)).sum() for t, name in enumerate(("a", "b")))
-                loss.backward()
-                geo.step_end(thread)
-        except BaseException as err:  # noqa: BLE001 - raised by the main thread
-            errors.append(err)
+        for step in range(steps):
+            loss = sum(bags(geo, name, keys(thread, step, t)).sum() for t, name in enumerate(("a", "b")))
+            loss.backward()
+            geo.step_end(thread)
 
-    threads = [threading.Thread(target=train, args=(t,), daemon=True) for t in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60.0)
-    assert not errors, errors
+    run_threads([lambda: train(0), lambda: train(1)], timeout=60.0)
     geo.flush()
     assert geo._replica("a").capacity == 8192 and geo.syncs >= 2
     for t, name in enumerate(("a", "b")):

@@ -57,7 +57,9 @@ def snapshot(client: PSClient) -> tuple[torch.Tensor, torch.Tensor]:
     return client.pull("emb", torch.arange(30)).wait(), client.pull_dense("dense").wait()
 
 
-def run_threads(fns) -> None:
+def run_threads(fns, timeout: float = 60.0) -> None:
+    """Each of `fns` in a thread of its own (daemons: a stuck one does not hold the run), each joined
+    for at most `timeout` s; raises the first error one raised."""
     errors = []
 
     def run(fn):
@@ -66,11 +68,11 @@ def run_threads(fns) -> None:
         except Exception as e:  # noqa: BLE001
             errors.append(e)
 
-    threads = [threading.Thread(target=run, args=(fn,)) for fn in fns]
+    threads = [threading.Thread(target=run, args=(fn,), daemon=True) for fn in fns]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(60)
+        t.join(timeout)
     if errors:
         raise errors[0]
 

@@ -303,14 +303,14 @@ GPU_PS_CONFIGS = {"geo-1S+1Wx1T": ("geo", "1S+1Wx1T"), "async-1S+1Wx1T": ("async
 
 def tbe_keys_per_second(device: str, batch: int = 4096, features: int = 26, dim: int = 16, rows: int = 100_000,
                         steps: int = 50, warmup: int = 5) -> dict[str, Any]:
-    """FBGEMM TBE forward + backward of ps=local's collection (recps.nn.LocalEmbeddingBagCollection: one
+    """FBGEMM TBE forward + backward of ps=local's collection (recps.embeddings.LocalEmbeddingBagCollection: one
     batched lookup, the fused row-wise Adagrad update in backward) on `device`, in this process: keys per
     second over `steps` steps of `features` x `batch` bags of one key each (uniform keys, 4 batches in turn)."""
     import torch
     from torchrec import KeyedJaggedTensor
 
     from recps.device import check_device
-    from recps.nn import LocalEmbeddingBagCollection
+    from recps.embeddings import LocalEmbeddingBagCollection
 
     dev = check_device(device)
     names = [f"C{i}" for i in range(1, features + 1)]

@@ -21,7 +21,7 @@ import torch
 def run(rows: int, threads: int, batch: int, vocab: int, model_name: str, seed: int, data_dir: str) -> dict:
     from recps.data.dataset import prepare_data
     from recps.metrics import MetricCollection
-    from recps.nn import LocalEmbeddingBagCollection
+    from recps.embeddings import LocalEmbeddingBagCollection
     from recps.tasks import BinaryTask
     from recps.trainer import LocalDenseUpdater, Trainer, dense_parameters
     import models

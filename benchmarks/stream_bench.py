@@ -4,7 +4,7 @@
     python -m benchmarks.stream_bench --fs file --passes 2 --rows 2000 --repeat 1        # a small check (CI)
     python -m benchmarks.stream_bench --markdown out.jsonl                                # the table again
 
-For each file system of --fs a drifting synthetic stream (recps.data.synthetic_stream) of one day
+For each file system of --fs a drifting synthetic stream (recps.data.generators.drifting) of one day
 of --passes hourly splits of --rows rows is written once. Then --repeat times, alternating
 (stream on file, batch on file, stream on hdfs, batch on hdfs, ...), one cluster of 1 server + 2
 workers x 1 thread (async, DeepFM) runs:
@@ -149,7 +149,7 @@ def main(argv=None) -> int:
         parser.error(f"--passes {args.passes}: a day holds 1 to 24 hourly passes")
     from benchmarks.checkpoint_bench import _Hdfs
     from recps.data.reader import expand_paths
-    from recps.data.synthetic_stream import write_stream
+    from recps.data.generators.drifting import write_stream
 
     work = Path(args.dir or tempfile.mkdtemp(prefix="recps-stream-bench-"))
     work.mkdir(parents=True, exist_ok=True)

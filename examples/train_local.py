@@ -25,7 +25,7 @@ from models import CTRDNN
 from recps.config import PROJECT_ROOT
 from recps.data.dataset import prepare_data
 from recps.metrics import MetricCollection
-from recps.nn import LocalEmbeddingBagCollection
+from recps.embeddings import LocalEmbeddingBagCollection
 
 DIM, HIDDEN, BATCH = 9, [64, 32], 256
 

@@ -311,7 +311,7 @@ def _generate_data(cfg: DictConfig) -> None:
     from hydra.utils import get_object
 
     # The dataset's own generator (recps.data.dataset.ensure_generated's rule, without importing torch here).
-    ensure_split = get_object(ds.get("generator") or "recps.data.synthetic.ensure_split")
+    ensure_split = get_object(ds.get("generator") or "recps.data.generators.ctr.ensure_split")
     gen = ds["generate"]
     ensure_split(ds["dir"], int(gen.pop("train_rows")), int(gen.pop("test_rows")), seed=int(gen.pop("seed", 0)), **gen)
 

@@ -26,7 +26,7 @@ from recps.errors import ConfigError
 from recps.job import Job  # re-exported: recps.run.Job
 from recps.metrics.groups import check_evaluation_groups, evaluate_pointwise
 from recps.metrics.reporter import MetricsReporter, build_reporter, check_metrics_config
-from recps.nn import LocalEmbeddingBagCollection, LocalEmbeddingCollection
+from recps.embeddings import LocalEmbeddingBagCollection, LocalEmbeddingCollection
 from recps.trainer import LocalDenseUpdater, Trainer, check_precision, dense_parameters
 
 __all__ = ["Job", "MODEL_ENGINE_KEYS", "MODEL_INJECTED", "build_job", "checkpoint_dir", "build_observers", "prepare_dataset", "run_training", "evaluate", "training_observers"]

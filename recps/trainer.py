@@ -42,7 +42,7 @@ from recps.data.batch import Batch
 from recps.data.dataset import ExamplesSource
 from recps.data.sharding import WorkerShards
 from recps.errors import ConfigError
-from recps.nn.placement import BatchPlacement
+from recps.embeddings.placement import BatchPlacement
 from recps.observer import TrainObserver  # re-exported: recps.trainer.TrainObserver
 from recps.ps.modes.dense import LocalDenseUpdater  # re-exported: recps.trainer.LocalDenseUpdater (ps=local)
 
@@ -416,7 +416,7 @@ class Trainer:
         self.observers = list(observers)
         self.prefetch = prefetch
         self._replicas = [thread_replica(model, collection) for _ in range(threads)]
-        # device=cuda: each thread's batches are copied up one step ahead (recps.nn.placement); on
+        # device=cuda: each thread's batches are copied up one step ahead (recps.embeddings.placement); on
         # the CPU the batches as they are. The KJT goes where the collection reads its keys when the
         # task hands it over as it is; a task that builds its own from it (sequences) gets it on the device.
         passes = getattr(task, "passes_batch_sparse", False)

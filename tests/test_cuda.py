@@ -5,7 +5,7 @@ lines; every host <-> device copy is then the tensor itself), and "cuda", which 
 "no CUDA device: torch.cuda.is_available() is False" where torch sees no GPU and never skips on a GPU
 machine (RECPS_REQUIRE_CUDA=1 makes the absence a failure). The cuda half compares with the CPU:
 
-- the copies (recps.device) and the prefetching batch loader (recps.nn.placement);
+- the copies (recps.device) and the prefetching batch loader (recps.embeddings.placement);
 - GEO's replica as a CUDA TBE and sync's pulled rows on the GPU, both against plain-torch SGD on the
   CPU (the exact equalities of tests/ps/modes/test_geo.py, to float tolerance);
 - ps=local, GEO and async runs of CTR-DNN (recps.run / recps.cluster, servers in this process) on a
@@ -26,7 +26,7 @@ from recps.config import compose_config, validate_config
 from recps.data.reader import TensorBatches
 from recps.device import check_device, to_device, to_host
 from recps.errors import ConfigError
-from recps.nn import BatchPlacement
+from recps.embeddings import BatchPlacement
 from recps.ps.embedding import PSEmbeddingBagCollection, pool_sum
 from recps.ps.modes import server_halves
 from recps.ps.modes.dense import PSDenseUpdater

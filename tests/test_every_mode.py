@@ -76,7 +76,7 @@ def small_dataset(dataset: DictConfig, folder: Path) -> dict:
     Skips the test (with the reason) when real data is absent; fails for a data set this test
     does not know how to shrink, so that a new one is sized deliberately."""
     name = str(dataset.get("name"))
-    if dataset.get("generate"):  # recps.data.synthetic / synthetic_multitask worlds
+    if dataset.get("generate"):  # recps.data.generators.ctr / synthetic_multitask worlds
         overrides = {"dir": str(folder / name), **{f"generate.{k}": v for k, v in GENERATED_ROWS.items()}}
         if "vocab" in dataset.generate:
             overrides["generate.vocab"] = min(int(dataset.generate.vocab), GENERATED_MAX_VOCAB)

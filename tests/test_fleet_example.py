@@ -18,7 +18,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from recps.config import PROJECT_ROOT
 from recps.launch import free_port
-from recps.nn import LocalEmbeddingBagCollection
+from recps.embeddings import LocalEmbeddingBagCollection
 from recps.ps.fleet import DistributedStrategy, Fleet
 from recps.ps.modes import SyncMode
 from recps.ps.roles import UserDefinedRoleMaker

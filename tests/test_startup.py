@@ -19,7 +19,7 @@ import torch
 from recps.config import PROJECT_ROOT
 from recps.data.dataset import LazyExamplesSource, WorkerExamplesSource, prepare_data
 from recps.data.sharding import WorkerShards
-from recps.data.synthetic import ensure_split
+from recps.data.generators.ctr import ensure_split
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -34,7 +34,7 @@ from recps import fs as rfs
 from recps.config import PROJECT_ROOT
 from recps.data.reader import expand_paths, load_tensors
 from recps.data.schema import Schema
-from recps.data.synthetic_stream import write_stream
+from recps.data.generators.drifting import write_stream
 from recps.ps.embedding import salted_keys
 from recps.ps.table.checkpoint import ShardReader, list_shards
 

@@ -2,7 +2,7 @@
 
 glibc's malloc keeps what a thread frees in that thread's arena when live allocations sit above it;
 the pass's reader and training threads are new every pass, so each pass could leave its freed data
-resident in another arena. recps.stream.worker._release_freed_memory (malloc_trim) runs after
+resident in another arena. recps.stream.pass_loop._release_freed_memory (malloc_trim) runs after
 every pass.
 
 The scenario runs in a fresh interpreter: inside the test process, memory that earlier tests freed
@@ -23,7 +23,7 @@ BLOCKS = 100  # 1 MiB each
 SCENARIO = f"""
 import json, threading
 import torch
-from recps.stream.worker import _release_freed_memory, _rss_mib
+from recps.stream.pass_loop import _release_freed_memory, _rss_mib
 
 kept = []
 

@@ -7,12 +7,12 @@ import time
 
 import pytest
 
-from recps.data.synthetic_stream import write_stream
+from recps.data.generators.drifting import write_stream
 from recps.errors import ConfigError, DataError
 from recps.stream.donefile import BASE_DONEFILE, PATCH_DONEFILE, Donefiles, ModelRecord
 from recps.stream.plan import StreamConfig, StreamPlan
 from recps.stream.source import pass_files, wait_for_splits, worker_files
-from recps.stream.worker import resume_point
+from recps.stream.pass_loop import resume_point
 
 
 def config(**kw) -> StreamConfig:

@@ -1,7 +1,7 @@
-"""Readers that turn files into `Batch(dense, sparse, labels)`, and the synthetic generator.
+"""Readers that turn files into `Batch(dense, sparse, labels)`; generated worlds in `generators/`.
 
-Names are imported on first use, so `python -m recps.data.synthetic` (numpy + pyarrow only)
-does not pay for importing torch and torchrec.
+Names are imported on first use, so a module that needs only the schema or the hashing does
+not pay for importing the readers (and torchrec).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A dataset config names a schema, train and test files, and optionally a `generate`
 block (a generator creates the files on first use: `generator`, by default
-recps.data.synthetic's) or a `test_fraction`
+recps.data.generators.ctr's) or a `test_fraction`
 (a deterministic split of the train files when there is no test file).
 """
 
@@ -111,7 +111,7 @@ def split_examples(examples: Examples, test_fraction: float, seed: int) -> tuple
     return examples.select(order[n_test:]), examples.select(order[:n_test])
 
 
-DEFAULT_GENERATOR = "recps.data.synthetic.ensure_split"
+DEFAULT_GENERATOR = "recps.data.generators.ctr.ensure_split"
 
 
 def ensure_generated(cfg: Mapping[str, Any]) -> Any:
@@ -119,7 +119,7 @@ def ensure_generated(cfg: Mapping[str, Any]) -> Any:
     without a `generate` block).
 
     `cfg.generator` names the `ensure_split(dir, train_rows, test_rows, seed=, **generate)`
-    to call (default: recps.data.synthetic's; recps.data.synthetic_multitask has its own).
+    to call (default: recps.data.generators.ctr's; recps.data.generators.multitask has its own).
     """
     if not cfg.get("generate"):
         return None

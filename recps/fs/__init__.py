@@ -43,7 +43,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from recps.fs._common import (DEFAULT_TIMEOUT_S, TIMEOUT_ENV, FileSystemError, FileSystemTimeoutError,
                               TransientFileSystemError, first_line, is_transient, retry_transient, timeout_s)
-from recps.fs._sweep import TEMPORARY_RE, is_temporary, sweep as _sweep_folder
+from recps.fs.stale import TEMPORARY_RE, is_temporary, sweep as _sweep_folder
 from recps.fs.webhdfs import WebHDFS
 
 __all__ = ["FileSystemError", "TransientFileSystemError", "FileSystemTimeoutError", "FileSystemPermissionError",
@@ -207,7 +207,7 @@ def _names_the_target(exc: BaseException) -> bool:
 
 def sweep_temporaries(url: str | os.PathLike, fs: fsspec.AbstractFileSystem | None = None) -> list[str]:
     """Remove the stale temporaries a killed writer left directly in folder `url` (recps's own
-    atomic-write names only, none a live writer may be using; see recps.fs._sweep), logging each;
+    atomic-write names only, none a live writer may be using; see recps.fs.stale), logging each;
     returns the paths removed. With `fs`, `url` is a path of that file system. Never raises for
     what it cannot list or remove (it logs it): saves and loads call it before they start."""
     if fs is None:

@@ -12,7 +12,7 @@ __all__ = ["enabled", "run_pipeline"]
 
 
 def enabled(cfg) -> bool:
-    from recps.pipeline.config import enabled as _enabled
+    from recps.pipeline.stages import enabled as _enabled
 
     return _enabled(cfg)
 

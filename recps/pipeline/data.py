@@ -7,7 +7,7 @@ A `FunnelData` is built by the `_target_` of `pipeline.world` (conf/pipeline/*.y
   order; the last `test_fraction` are held out. Every training rating is an exposure (label click =
   rating >= `click_rating`, long_view = rating >= `long_view_rating`); a held-out rating >= click_rating
   is a positive of the user's request. Items: item_id and category (the first genre).
-- `video_world(...)`: the generated video world (recps.data.video_world), whose click and long-view
+- `video_world(...)`: the generated video world (recps.data.generators.video_world), whose click and long-view
   labels come from a known model (its ideal ranking is known).
 
 Shapes: U users, I items, N exposures, R held-out requests (one per test user).
@@ -229,18 +229,18 @@ def movielens(ratings: str, movies: str, test_fraction: float = 0.2, click_ratin
 
 
 def video_world(dir: str, **config) -> FunnelData:
-    """The generated video world (recps.data.video_world) under `dir` (generated there once, by the
+    """The generated video world (recps.data.generators.video_world) under `dir` (generated there once, by the
     launcher, when its world.json is not of this config) as funnel data: users (user_id, age, region,
     activity), items (item_id, category, creator, duration), train impressions with labels click and
     long_view, held-out requests (the test impressions the user clicked), the train-seen items, and the
     world's ideal list (`ideal_topn`, seen items excluded). With a random bucket (`random_items_per_user` > 0)
     the held-out positives are its clicks (`logged_positives`: the logged test clicks), else the test clicks."""
-    from recps.data.video_world import VideoWorldConfig, ensure_world, load
+    from recps.data.generators.video_world import VideoWorldConfig, ensure_world, load
 
     try:
         wcfg = VideoWorldConfig(**config)
     except TypeError as exc:
-        raise ConfigError(f"pipeline.world: {exc}; its keys are recps.data.video_world.VideoWorldConfig's fields") from exc
+        raise ConfigError(f"pipeline.world: {exc}; its keys are recps.data.generators.video_world.VideoWorldConfig's fields") from exc
     ensure_world(dir, wcfg)
     world = load(dir)
     t = lambda frame, col: torch.from_numpy(frame[col].to_numpy(np.int64, copy=True))  # noqa: E731

@@ -30,7 +30,7 @@ from omegaconf import OmegaConf
 from recps import fs as rfs
 from recps.config import MODEL_ENGINE_KEYS
 from recps.errors import DataError
-from recps.pipeline.config import StageSpec
+from recps.pipeline.stages import StageSpec
 from recps.pipeline.data import Csr, FunnelData, pair_examples
 
 __all__ = ["Snapshot", "SharedBagCollection", "StageModel", "Funnel", "FunnelResult", "build_stage_model", "export_stage", "load_stage",

@@ -27,7 +27,7 @@ from omegaconf import OmegaConf
 
 from recps import fs as rfs
 from recps.errors import ConfigError, RecpsError
-from recps.pipeline.config import pipeline_specs
+from recps.pipeline.stages import pipeline_specs
 from recps.pipeline.funnel import EXPORT_DIR, Funnel, load_stage
 
 __all__ = ["load_funnel", "recommend", "latency", "main"]

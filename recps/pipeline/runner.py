@@ -19,7 +19,7 @@ starts, then starts `cluster.servers` servers and `cluster.workers` workers; eac
         export what the servers hold for it (read-only view): worker 0 writes <run dir>/funnel/<stage>.pt;
             every worker loads the same export (the next stage's candidates come from it)
         recall: item vectors -> the item index (worker 0 writes <run dir>/funnel/items.ann)
-    every worker evaluates the funnel on its share of the held-out requests (recps.pipeline.evaluate); the
+    every worker evaluates the funnel on its share of the held-out requests (recps.pipeline.held_out); the
     metrics merge through the servers (recps.metrics.ps_merger); worker 0 writes <run dir>/metrics.json and
     <run dir>/funnel/final_lists.json (its requests' lists); the launcher prints each stage's metrics and
     the funnel's.
@@ -40,7 +40,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from recps import fs as rfs
 from recps.errors import ConfigError
-from recps.pipeline.config import StageSpec, check_data, pipeline_specs, schedule
+from recps.pipeline.stages import StageSpec, check_data, pipeline_specs, schedule
 from recps.pipeline.data import FunnelData, pair_examples
 from recps.pipeline.funnel import (EXPORT_DIR, Funnel, build_index, build_stage_model, dense_width, export_stage,
                                    load_stage, outputs_of, score_inputs, stage_collection)
@@ -67,9 +67,9 @@ def run_pipeline(cfg: DictConfig, out_dir: Path) -> float:
     from recps.cluster import run_distributed
 
     if cfg.get("stream") is not None and bool(cfg.stream.get("enabled", False)):
-        from recps.pipeline.stream import run_funnel_stream
+        from recps.pipeline.incremental import run_funnel_stream
 
-        return run_funnel_stream(cfg, out_dir)  # every stage pass by pass (recps.pipeline.stream)
+        return run_funnel_stream(cfg, out_dir)  # every stage pass by pass (recps.pipeline.incremental)
     if cfg.ps.name not in ("sync", "async", "geo"):
         raise ConfigError(f"pipeline={cfg.pipeline.name} trains on the parameter server; ps={cfg.ps.name!r}: "
                           "drop ps=local (each stage's mode is pipeline.stages.<stage>.ps)")
@@ -291,7 +291,7 @@ def funnel_work(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -
         tables = {s.name: {t: fleet.client.table_spec(t)["mode"] for t in [*collections[s.name].table_dims(),
                                                                           f"{s.name}_dense"]} for s in specs}
         from recps.metrics.ps_merger import PSMerger
-        from recps.pipeline.evaluate import evaluate_funnel
+        from recps.pipeline.held_out import evaluate_funnel
 
         # every worker evaluates its share of the held-out requests; the tallies merge through the servers
         merger = PSMerger(fleet.client, prefix="pipeline.eval", timeout_s=max(timeout_s, _EVAL_TIMEOUT_S))
@@ -325,7 +325,7 @@ def _fmt(value) -> str:
 
 
 def summary_lines(metrics: dict[str, Any]) -> list[str]:
-    """Each stage's metrics, the funnel's, the baselines' (see recps.pipeline.evaluate)."""
+    """Each stage's metrics, the funnel's, the baselines' (see recps.pipeline.held_out)."""
     lines = []
     trained = metrics.get("stages_trained", {})
     stages = metrics.get("stages") or {}

@@ -24,7 +24,7 @@ What each call does:
 - `embedding_bag_collection(configs)` / `embedding_collection(configs)`: PS-backed drop-ins for
   torchrec's collections, bound to the communicator by `init_worker()`
   (`embedding_bag_collection_from_features(feature_names, dim)`: one table per feature, as
-  recps.nn.LocalEmbeddingBagCollection(feature_names, dim, num_embeddings) builds). `mode=` gives a
+  recps.embeddings.LocalEmbeddingBagCollection(feature_names, dim, num_embeddings) builds). `mode=` gives a
   collection its own PS mode (another mode object than the strategy's): its tables are tagged
   with that mode on the servers and trained by that mode's communicator, so one job may train
   a sync table and a GEO table side by side against the same servers.
@@ -251,7 +251,7 @@ class Fleet:
     def embedding_bag_collection_from_features(self, feature_names, embedding_dim: int, num_embeddings: int = 2**31 - 1,
                                                prefix: str = "embedding", mode: Mode | None = None) -> PSEmbeddingBagCollection:
         """`embedding_bag_collection` with one table `t_<feature>` of width `embedding_dim` per feature,
-        the arguments of recps.nn.LocalEmbeddingBagCollection(feature_names, embedding_dim, num_embeddings)
+        the arguments of recps.embeddings.LocalEmbeddingBagCollection(feature_names, embedding_dim, num_embeddings)
         (num_embeddings is informational here: the servers' tables grow with the keys)."""
         collection = PSEmbeddingBagCollection.from_features(feature_names, embedding_dim,
                                                             num_embeddings=num_embeddings, prefix=prefix)

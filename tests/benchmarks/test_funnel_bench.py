@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from recps.config import compose_config
-from recps.pipeline.config import pipeline_specs
+from recps.pipeline.stages import pipeline_specs
 
 from benchmarks import funnel_bench
 

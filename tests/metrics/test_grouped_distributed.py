@@ -304,7 +304,7 @@ def test_funnel_tally_merges_through_the_servers_to_the_union():
 def test_cli_stream_two_workers_evaluates_each_pass_with_gauc_and_pnr(tmp_path):
     """stream=hourly, ps=async, 2 workers, metrics=grouped: every pass's evaluation (each worker its
     rows, merged through the servers) and every pass's training report carry GAUC and PNR."""
-    from recps.data.synthetic_stream import write_stream
+    from recps.data.generators.drifting import write_stream
 
     root, out, run = tmp_path / "clicks", tmp_path / "model", tmp_path / "run"
     write_stream(str(root), days=1, hours=2, rows=1500, start_day="20261201")

@@ -64,7 +64,7 @@ def test_scores_are_the_gru_output_against_the_item_table(model, tiny_seq):
 
 def test_same_scores_over_local_fused_and_ps_collections(model, tiny_seq):
     """The model does not know which collection it got: same weights, same scores."""
-    from recps.nn import LocalEmbeddingCollection
+    from recps.embeddings import LocalEmbeddingCollection
 
     m = model()
     weight = m.sparse_arch.embeddings["t_item"].weight.detach().clone()  # (C, D)

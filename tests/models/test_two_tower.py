@@ -94,7 +94,7 @@ def test_dense_inputs_feed_the_query_tower():
 
 def test_trains_with_fbgemm_collection():
     """Over the local FBGEMM collection (ps=local), a few softmax steps raise the positives' scores."""
-    from recps.nn import LocalEmbeddingBagCollection
+    from recps.embeddings import LocalEmbeddingBagCollection
 
     torch.manual_seed(0)
     ebc = LocalEmbeddingBagCollection(list(FEATURES), 8, 64, optimizer="sgd", lr=0.5, init_std=0.1)

@@ -95,7 +95,7 @@ def test_vectors_read_their_own_tables():
 def test_same_logits_over_local_fused_and_ps_collections():
     """The model does not know which collection it got: same weights, same logits; the PS
     collection pulls each table's rows once per step and pushes their gradients."""
-    from recps.nn import LocalEmbeddingBagCollection
+    from recps.embeddings import LocalEmbeddingBagCollection
 
     m = model()
     tokens, negatives = [5, 2, 5, 9, 14, 3, 3], [7, 1]

@@ -109,7 +109,7 @@ def test_each_stage_is_updated_by_its_own_modes_rule_on_one_server():
     took every worker's push as it came (between the sync-of-the-mean and the local results); fusion
     (sync) one SGD step on the mean gradient per step. The servers tag each table with its stage's mode."""
     from recps.launch import free_port
-    from recps.pipeline.config import pipeline_specs
+    from recps.pipeline.stages import pipeline_specs
     from recps.pipeline.funnel import stage_collection
     from recps.ps.embedding import salted_keys
     from recps.ps.fleet import DistributedStrategy, Fleet
@@ -288,7 +288,7 @@ def test_evaluation_split_over_two_workers_merges_through_the_servers_to_the_one
     from omegaconf import OmegaConf
 
     from recps.metrics.ps_merger import PSMerger
-    from recps.pipeline.evaluate import evaluate_funnel
+    from recps.pipeline.held_out import evaluate_funnel
     from recps.pipeline.recommend import load_funnel
     from tests.metrics.ps_pair import servers_and_workers
 
@@ -326,7 +326,7 @@ def test_evaluation_split_over_two_workers_merges_through_the_servers_to_the_one
 
 def test_hits_and_csr_rows_match_a_loop():
     from recps.pipeline.data import csr_from_pairs
-    from recps.pipeline.evaluate import hits
+    from recps.pipeline.held_out import hits
 
     g = torch.Generator().manual_seed(0)
     rows, items = torch.randint(0, 6, (40,), generator=g), torch.randint(0, 30, (40,), generator=g)

@@ -91,11 +91,11 @@ def _table(folder: str, table: str) -> tuple[torch.Tensor, torch.Tensor]:
 def test_streaming_funnel_on_hdfs_two_passes_across_a_restart(tmp_path, hdfs):
     """Pass 1 (day 1) in one run, pass 2 (day 2) in a second run of the same stream, which resumes from
     pass 1's checkpoint on HDFS: pass 2's evaluation is the model pass 1 trained, bit for bit."""
-    from recps.pipeline.config import pipeline_specs
-    from recps.pipeline.evaluate import evaluate_funnel
+    from recps.pipeline.stages import pipeline_specs
+    from recps.pipeline.held_out import evaluate_funnel
     from recps.pipeline.funnel import Funnel, build_index, load_stage
     from recps.pipeline.runner import load_world
-    from recps.pipeline.stream import flat_metrics, funnel_view, read_pass, write_world_passes
+    from recps.pipeline.incremental import flat_metrics, funnel_view, read_pass, write_world_passes
 
     base = f"{hdfs.url}/funnel-stream-{os.getpid()}-{tmp_path.name}"
     root, out = f"{base}/impressions", f"{base}/model"

@@ -72,7 +72,7 @@ def test_geo_stage_dense_optimizer_continues_across_a_restart(tmp_path):
     import json
 
     from recps.pipeline.runner import load_world
-    from recps.pipeline.stream import write_world_passes
+    from recps.pipeline.incremental import write_world_passes
 
     stopped, whole = f"file://{tmp_path}/stopped", f"file://{tmp_path}/whole"
     load_world(compose_config(_overrides(tmp_path, stopped, tmp_path / "run")[:-1]))  # generates the world
@@ -111,7 +111,7 @@ def test_geo_stage_dense_optimizer_continues_across_a_restart(tmp_path):
 
 def _stage(name: str = "recall", optimizer=torch.optim.Adam, mode: str = "geo"):
     """A _StageTrainer's local-state half: its dense parameters, optimizer and dense updater (geo's)."""
-    from recps.pipeline.stream import _StageTrainer
+    from recps.pipeline.incremental import _StageTrainer
     from recps.ps.modes.dense import PSDenseUpdater
     from recps.ps.modes.geo import GeoDenseUpdater
 
@@ -134,7 +134,7 @@ def _trained(t, steps: int = 3):
 
 
 def test_local_state_round_trip_and_only_geo_keeps_one():
-    from recps.pipeline.stream import _load_stage_states
+    from recps.pipeline.incremental import _load_stage_states
 
     role = SimpleNamespace(name="worker0")
     saved = _trained(_stage()).local_state()
@@ -158,7 +158,7 @@ def test_local_state_round_trip_and_only_geo_keeps_one():
 
 
 def test_checkpoint_without_stage_states_warns_and_restarts_the_optimizer(caplog):
-    from recps.pipeline.stream import _load_stage_states
+    from recps.pipeline.incremental import _load_stage_states
 
     t = _stage()
     with caplog.at_level(logging.WARNING, logger="recps.pipeline"):
@@ -172,7 +172,7 @@ def test_checkpoint_without_stage_states_warns_and_restarts_the_optimizer(caplog
 
 
 def test_missing_or_foreign_stage_state_is_refused_naming_stage_file_and_fix():
-    from recps.pipeline.stream import _load_stage_states
+    from recps.pipeline.incremental import _load_stage_states
 
     role = SimpleNamespace(name="worker0")
     coarse = _trained(_stage("coarse")).local_state()

@@ -291,7 +291,7 @@ def test_a_stream_restarts_itself_and_resumes_from_its_records_exactly_once(tmp_
     pass_counts, stats = stream_tests.pass_counts, stream_tests.stats
 
     from recps import fs as rfs
-    from recps.data.synthetic_stream import write_stream
+    from recps.data.generators.drifting import write_stream
 
     day, root, out = "20261201", str(tmp_path / "clicks"), str(tmp_path / "model")
     info = write_stream(root, days=1, hours=3, rows=2000, start_day=day)

@@ -329,7 +329,7 @@ class _Replica:
         self.width = -(-dim // 4) * 4  # P: TBE rows are multiples of 4 wide; pad columns stay 0
         self.optimizer, self.lr, self.eps = optimizer, lr, eps
         # Row-wise Adagrad's state is mean(g^2) over P columns = (D/P) x the mean over D: rescale
-        # lr and eps by sqrt(D/P) so the padding changes nothing (as recps.nn.local_embedding).
+        # lr and eps by sqrt(D/P) so the padding changes nothing (as recps.embeddings.local_embedding).
         scale = math.sqrt(dim / self.width) if optimizer == "rowwise_adagrad" else 1.0
         self._tbe_lr, self._tbe_eps = lr * scale, eps * scale
         self.lock = threading.Lock()

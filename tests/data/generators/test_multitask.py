@@ -13,8 +13,8 @@ from omegaconf import open_dict
 from sklearn.metrics import roc_auc_score
 
 from recps.config import PROJECT_ROOT, register_resolvers
-from recps.data import synthetic
-from recps.data import synthetic_multitask as mt
+from recps.data.generators import ctr as synthetic
+from recps.data.generators import multitask as mt
 from recps.data.dataset import prepare_data
 from recps.errors import ConfigError
 

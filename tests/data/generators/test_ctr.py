@@ -1,4 +1,4 @@
-"""recps.data.synthetic: determinism, the planted truth, key distributions, file formats."""
+"""recps.data.generators.ctr: determinism, the planted truth, key distributions, file formats."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from recps.data import synthetic as syn
+from recps.data.generators import ctr as syn
 from recps.data.schema import CRITEO_DENSE, CRITEO_SPARSE, Schema
 from recps.errors import ConfigError, DataError
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from recps import fs as rfs
-from recps.fs._sweep import STALE_AFTER_S, process_started
+from recps.fs.stale import STALE_AFTER_S, process_started
 from recps.ps.table import SparseTable, make_rule
 
 # A save of a table big enough to be caught mid-write (SAVING is printed just before it starts).

@@ -45,7 +45,7 @@ class LocalEmbeddingBagCollection(nn.Module):
         init_std: rows start uniform in ±init_std·√3 (std init_std); 0 keeps torchrec's default.
         device: "cpu" or "cuda" ("cuda:N"): where the rows live and the TBE computes (FBGEMM's CPU
             TBE, or its CUDA TBE: EmbeddingLocation.DEVICE, ComputeDevice.CUDA); the batch's KJT
-            must be there too (`input_device`, recps.nn.placement).
+            must be there too (`input_device`, recps.embeddings.placement).
     """
 
     def __init__(

@@ -1,4 +1,4 @@
-"""recps.nn.LocalEmbeddingBagCollection: its direct TBE lookup equals torchrec's forward exactly."""
+"""recps.embeddings.LocalEmbeddingBagCollection: its direct TBE lookup equals torchrec's forward exactly."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from recps.nn import LocalEmbeddingBagCollection
+from recps.embeddings import LocalEmbeddingBagCollection
 
 NAMES = ["C1", "C2", "C3"]
 

@@ -564,7 +564,7 @@ def stream_work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequ
         return metrics
 
 
-# For pass loops over another trainer (recps.pipeline.stream: the funnel, every stage on the same servers):
+# For pass loops over another trainer (recps.pipeline.incremental: the funnel, every stage on the same servers):
 # the loop whose `_share`, `_evaluate` and `_train` a subclass replaces (its waits, saves, donefiles, day
 # ends and restarts stay these), and the launcher's checks of stream.out.
 PassLoop = _Loop

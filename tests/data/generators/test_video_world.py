@@ -1,4 +1,4 @@
-"""recps.data.video_world: the generated video world, its label model, ideal lists and files."""
+"""recps.data.generators.video_world: the generated video world, its label model, ideal lists and files."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ import pytest
 from omegaconf import OmegaConf
 
 from recps import fs
-from recps.data import video_world as vw
+from recps.data.generators import video_world as vw
 from recps.data.interactions import read_movies, read_ratings
 from recps.data.reader import load_tensors
 from recps.data.schema import Schema
-from recps.data.synthetic import _exact_auc
+from recps.data.generators.ctr import _exact_auc
 from recps.errors import ConfigError, DataError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SMALL = vw.VideoWorldConfig(users=300, items=4000, creators=400, seed=3, metric_users=100)
 
 

@@ -2,14 +2,14 @@
 
 Every stage of the funnel trains pass by pass from time-partitioned impressions (HDFS or any recps.fs URL),
 each stage in its own PS mode, on ONE set of servers for the whole stream. The pass loop is the stream's
-(recps.stream.worker.PassLoop: waits for the splits' donefiles, Paddle's save modes, donefiles, day ends,
+(recps.stream.pass_loop.PassLoop: waits for the splits' donefiles, Paddle's save modes, donefiles, day ends,
 exactly-once restarts); this module gives it the funnel's three steps:
 
     read     the pass's impression files (user_id, item_id, time, click, long_view; `write_world_passes`
              writes a generated world's train impressions in that layout), every worker the whole pass
     evaluate the whole funnel as trained up to the previous pass on the world's held-out requests (seen
              items and item statistics from the passes before this one), every worker its share, the
-             metrics merged through the servers (recps.pipeline.evaluate). The first pass of a fresh stream has no model yet: nothing is
+             metrics merged through the servers (recps.pipeline.held_out). The first pass of a fresh stream has no model yet: nothing is
              evaluated. Each pass's record in <run dir>/stream_metrics.jsonl holds the metrics flat
              (ndcg@10, stage/<stage>/pass_through, most_popular/ndcg@10, ...) and `evaluated_model`, the
              pass whose exports were evaluated with their sha256
@@ -53,7 +53,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from recps import fs as rfs
 from recps.errors import ConfigError, DataError
-from recps.pipeline.config import StageSpec, check_data, pipeline_specs, schedule
+from recps.pipeline.stages import StageSpec, check_data, pipeline_specs, schedule
 from recps.pipeline.data import FunnelData, csr_from_pairs, exposure_bucket
 from recps.pipeline.funnel import (EXPORT_DIR, Funnel, build_index, build_stage_model, dense_width, export_stage,
                                    load_stage, stage_collection)
@@ -95,14 +95,14 @@ class Impressions:
 
 def write_world_passes(world_dir: str, root: str, start_day: str, days: int, hours: int, split_interval: int = 60,
                        layout: str = "hhmm", donefile: str = "_SUCCESS", overwrite: bool = False) -> dict[str, Any]:
-    """A generated video world's train impressions (recps.data.video_world, under `world_dir`) as a stream:
+    """A generated video world's train impressions (recps.data.generators.video_world, under `world_dir`) as a stream:
     `days` days from `start_day`, each day's first `hours` hours in splits of `split_interval` minutes, split
     s holding the impressions of the s-th of as many equal time windows over the world's train period (its
     30 days compressed into the stream's splits, in time order). Each split folder gets PASS_FILE (parquet,
     COLUMNS) and then its `donefile`, both written atomically. Raises FileExistsError before writing
     anything when a split is complete already (unless `overwrite`). Returns {"splits": [...], "rows": [...]}."""
     from recps.data.partitions import split_path
-    from recps.data.video_world import load
+    from recps.data.generators.video_world import load
     from recps.stream.plan import next_day, parse_day
 
     day = parse_day(start_day, "start_day")
@@ -148,7 +148,7 @@ def read_pass(files: Sequence[str], num_users: int, num_items: int) -> Impressio
             frame = pd.read_parquet(io.BytesIO(rfs.read_bytes(f)), columns=list(COLUMNS))
         except (ValueError, KeyError, OSError) as exc:
             raise DataError(f"stream file {f}: not a funnel impressions file with columns {list(COLUMNS)} ({exc}); "
-                            "write the passes with recps.pipeline.stream.write_world_passes") from exc
+                            "write the passes with recps.pipeline.incremental.write_world_passes") from exc
         users, items = frame["user_id"].to_numpy(np.int64), frame["item_id"].to_numpy(np.int64)
         bad = (users < 0) | (users >= num_users) | (items < 0) | (items >= num_items)
         if bad.any():
@@ -459,9 +459,9 @@ class FunnelLoop(PassLoop):
 
     def _evaluate(self, source: _PassData) -> dict[str, float]:
         """The whole funnel as trained up to the previous pass, on the held-out requests: every worker its
-        share (requests w, w + W, ...), merged through the servers (recps.pipeline.evaluate); worker 0 keeps
+        share (requests w, w + W, ...), merged through the servers (recps.pipeline.held_out); worker 0 keeps
         the metrics for the pass's record."""
-        from recps.pipeline.evaluate import evaluate_funnel
+        from recps.pipeline.held_out import evaluate_funnel
 
         if not self.stages and self.resume.folder:
             self.refresh()  # a resumed job (after PassLoop redid a day end cut short): the servers' model
@@ -731,13 +731,13 @@ def summary_lines(metrics: dict[str, Any], top_n: int = 10) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """python -m recps.pipeline.stream --root URL --start-day YYYYMMDD [--days N --hours H] [OVERRIDES ...]
+    """python -m recps.pipeline.incremental --root URL --start-day YYYYMMDD [--days N --hours H] [OVERRIDES ...]
 
     The world of the training command's own overrides (pipeline=video_funnel pipeline.world.users=...:
     generated under pipeline.world.dir if it is not there yet) written as the stream's passes."""
     from recps.config import compose_config
 
-    p = argparse.ArgumentParser(prog="python -m recps.pipeline.stream",
+    p = argparse.ArgumentParser(prog="python -m recps.pipeline.incremental",
                                 description="Write a generated video world's train impressions as hourly passes.")
     p.add_argument("--root", required=True, help="the stream's root (stream.root), any recps.fs URL")
     p.add_argument("--start-day", required=True, help="YYYYMMDD (stream.start_day)")

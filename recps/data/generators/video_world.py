@@ -138,7 +138,7 @@ import pyarrow.parquet as pq
 import torch
 
 from recps import fs
-from recps.data.synthetic import _exact_auc
+from recps.data.generators.ctr import _exact_auc
 from recps.errors import ConfigError, DataError
 
 __all__ = [
@@ -160,7 +160,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-GENERATOR = "recps.data.video_world"
+GENERATOR = "recps.data.generators.video_world"
 FORMAT_VERSION = 1
 META = "world.json"
 AGES = 7
@@ -873,7 +873,7 @@ def read_info(out: str | os.PathLike) -> dict[str, Any]:
         meta = json.loads(_read(path))
     except FileNotFoundError:
         raise DataError(f"{path} not found: no complete video world there (world.json is written last); "
-                        f"generate it: python -m recps.data.video_world --out {os.fspath(out)}") from None
+                        f"generate it: python -m recps.data.generators video_world --out {os.fspath(out)}") from None
     except json.JSONDecodeError as e:
         raise DataError(f"{path} is not valid JSON ({e}); regenerate the world") from None
     if meta.get("generator") != GENERATOR or meta.get("format_version") != FORMAT_VERSION:
@@ -980,8 +980,8 @@ def prepare_recall(name: str, dir: str, generate: dict[str, Any], ratings: str, 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """python -m recps.data.video_world --users U --items I --out DIR [--seed S] [--KEY VALUE ...]"""
-    p = argparse.ArgumentParser(prog="python -m recps.data.video_world", description=__doc__.split("\n")[0])
+    """python -m recps.data.generators video_world --users U --items I --out DIR [--seed S] [--KEY VALUE ...]"""
+    p = argparse.ArgumentParser(prog="python -m recps.data.generators video_world", description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="directory or fsspec URL to write the world to")
     defaults = VideoWorldConfig()
     for f in dataclasses.fields(VideoWorldConfig):

@@ -654,7 +654,7 @@ class GeneratorInfo:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "generator": "recps.data.synthetic",
+            "generator": "recps.data.generators.ctr",
             "format_version": FORMAT_VERSION,
             "file": os.path.basename(self.path),
             "format": self.fmt,
@@ -687,14 +687,14 @@ def load_info(path: str | os.PathLike) -> GeneratorInfo:
             meta = json.load(f)
     except FileNotFoundError:
         raise DataError(
-            f"{meta_path} not found; it is written next to every file recps.data.synthetic "
+            f"{meta_path} not found; it is written next to every file recps.data.generators.ctr "
             f"generates (regenerate the file)"
         ) from None
     except json.JSONDecodeError as e:
         raise DataError(f"{meta_path} is not valid JSON ({e}); regenerate the file") from None
-    if meta.get("generator") != "recps.data.synthetic" or meta.get("format_version") != FORMAT_VERSION:
+    if meta.get("generator") != "recps.data.generators.ctr" or meta.get("format_version") != FORMAT_VERSION:
         raise DataError(
-            f"{meta_path} is not a recps.data.synthetic sidecar of format_version "
+            f"{meta_path} is not a recps.data.generators.ctr sidecar of format_version "
             f"{FORMAT_VERSION}; regenerate the file"
         )
     config = SyntheticConfig(**{f.name: meta[f.name] for f in dataclasses.fields(SyntheticConfig)})
@@ -980,7 +980,7 @@ def _hex_words(col: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
     if len(bad):
         raise DataError(
             f"{name} row {bad[0]} holds {arr[int(bad[0])].as_py()!r}, not 8 hex characters; "
-            f"true_logits reads files written by recps.data.synthetic only"
+            f"true_logits reads files written by recps.data.generators.ctr only"
         )
     filled = pc.if_else(pa.array(present), arr, pa.scalar("00000000"))  # every value 8 chars
     offsets = np.frombuffer(filled.buffers()[1], dtype=np.int32)[filled.offset : filled.offset + n + 1]
@@ -1027,12 +1027,8 @@ def true_probs(columns: Any, info: GeneratorInfo) -> np.ndarray:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "--stream" in argv:  # a drifting, time-partitioned stream: its own flags
-        from recps.data import synthetic_stream  # it imports this module
-
-        return synthetic_stream.main([a for a in argv if a != "--stream"])
     parser = argparse.ArgumentParser(
-        prog="python -m recps.data.synthetic",
+        prog="python -m recps.data.generators ctr",
         description="Write Criteo-like click data with a planted logistic truth; prints the "
         "best reachable AUC and writes <out>.meta.json.",
     )
@@ -1050,11 +1046,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="if > 0, --out is a folder receiving train.* and test.* (an independent stream)",
     )
     parser.add_argument("--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS)
-    parser.add_argument(
-        "--stream", action="store_true",
-        help="write a drifting time-partitioned stream instead (recps.data.synthetic_stream; "
-        "see --stream --help for its flags: --days, --hours, --split-interval, --drift, ...)",
-    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     world = dict(

@@ -1,4 +1,4 @@
-"""recps.data.synthetic_stream: the split folders and donefiles, determinism, refusals, the CLI,
+"""recps.data.generators.drifting: the split folders and donefiles, determinism, refusals, the CLI,
 the Criteo reader on its parts, and drift that is really there (new keys, moving click rates)."""
 
 from __future__ import annotations
@@ -16,14 +16,15 @@ import pytest
 from sklearn.metrics import roc_auc_score
 
 from recps import fs as rfs
-from recps.data import synthetic as syn
-from recps.data import synthetic_stream as ss
+from recps.data.generators import ctr as syn
+from recps.data.generators import drifting as ss
+from recps.data.generators.__main__ import main as generators_main
 from recps.data.hashing import missing_key
 from recps.data.reader import load_tensors
 from recps.data.schema import CRITEO_SPARSE, Schema
 from recps.errors import ConfigError, DataError
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SCHEMA = Schema.from_config({"format": "criteo"})  # conf/dataset/synthetic.yaml's schema block
 COLUMNS = Schema.criteo().columns
 MISSING = np.array([missing_key(c) for c in CRITEO_SPARSE])  # (S,) the reader's key of an empty field
@@ -186,7 +187,7 @@ def test_a_split_without_donefile_is_rewritten_and_another_stream_is_refused(tmp
 def test_cli_writes_a_stream_and_refuses_to_rewrite_it(tmp_path, capsys):
     out = tmp_path / "cli"
     proc = subprocess.run(
-        [sys.executable, "-m", "recps.data.synthetic", "--stream", "--days", "2", "--hours", "1", "--rows", "400",
+        [sys.executable, "-m", "recps.data.generators", "drifting", "--days", "2", "--hours", "1", "--rows", "400",
          "--out", str(out), "--start-day", "20270301", "--seed", "5", "--vocab", "40", "--files-per-split", "1",
          "--split-interval", "30", "--drift", "key_churn=0.05"],
         cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)},
@@ -197,11 +198,11 @@ def test_cli_writes_a_stream_and_refuses_to_rewrite_it(tmp_path, capsys):
         assert (out / split / "_SUCCESS").exists() and (out / split / "part-00000").stat().st_size > 0
     info = ss.load_stream_info(str(out))
     assert (info.seed, info.vocab[0], info.drift.key_churn, info.drift.weight_rotation) == (5, 40, 0.05, 0.5)
-    same = ["--stream", "--days", "2", "--hours", "1", "--rows", "400", "--out", str(out), "--start-day", "20270301",
+    same = ["drifting", "--days", "2", "--hours", "1", "--rows", "400", "--out", str(out), "--start-day", "20270301",
             "--seed", "5", "--vocab", "40", "--files-per-split", "1", "--split-interval", "30"]
-    assert syn.main(same) == 2
+    assert generators_main(same) == 2
     assert f"error: stream split {out}/20270301/0000 is complete" in capsys.readouterr().err
-    assert syn.main(same + ["--drift", "none", "--overwrite"]) == 0
+    assert generators_main(same + ["--drift", "none", "--overwrite"]) == 0
     assert ss.load_stream_info(str(out)).drift == ss.StreamDrift.none()
 
 

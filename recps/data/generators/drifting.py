@@ -1,6 +1,6 @@
 """A drifting synthetic click stream: time-partitioned Criteo text whose planted truth moves.
 
-`write_stream(out, days, hours, rows)` (CLI: `python -m recps.data.synthetic --stream ...`)
+`write_stream(out, days, hours, rows)` (CLI: `python -m recps.data.generators drifting ...`)
 writes to any fsspec URL (recps.fs), for each of `days` calendar days from `start_day` and
 each split of `split_interval` minutes in the day's first `hours` hours, one split folder
 (`recps.data.partitions.split_path`):
@@ -10,7 +10,7 @@ each split of `split_interval` minutes in the day's first `hours` hours, one spl
     <out>/20261201/0000/_SUCCESS            the empty data donefile, written last
     <out>/20261201/0100/...
 
-The world is recps.data.synthetic's, reused as it is (a `SyntheticConfig`: its key draws,
+The world is recps.data.generators.ctr's, reused as it is (a `SyntheticConfig`: its key draws,
 missing fields, dense counts, hashed per-key weights, planted pairwise term, calibrated
 scales and bias, and its text line format, so the Criteo reader reads the parts unchanged).
 On top of it three things drift with the clock t, in hours since `start_day` 00:00 (the
@@ -99,7 +99,7 @@ import numpy as np
 import pyarrow.csv as pa_csv
 
 from recps import fs as rfs
-from recps.data import synthetic
+from recps.data.generators import ctr as synthetic
 from recps.data.partitions import DEFAULT_DONEFILE, LAYOUTS, split_path
 from recps.data.schema import CRITEO_SPARSE
 from recps.errors import ConfigError, DataError
@@ -290,7 +290,7 @@ class StreamInfo:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "generator": "recps.data.synthetic_stream",
+            "generator": "recps.data.generators.drifting",
             "format_version": FORMAT_VERSION,
             "start_day": self.start_day,
             "days": list(self.days),
@@ -547,8 +547,8 @@ def load_stream_info(out: str) -> StreamInfo:
                         f"stream root?)") from None
     except json.JSONDecodeError as e:
         raise DataError(f"{url} is not valid JSON ({e}); rewrite the stream") from None
-    if meta.get("generator") != "recps.data.synthetic_stream" or meta.get("format_version") != FORMAT_VERSION:
-        raise DataError(f"{url} is not a recps.data.synthetic_stream sidecar of format_version "
+    if meta.get("generator") != "recps.data.generators.drifting" or meta.get("format_version") != FORMAT_VERSION:
+        raise DataError(f"{url} is not a recps.data.generators.drifting sidecar of format_version "
                         f"{FORMAT_VERSION}; rewrite the stream")
     return StreamInfo(
         out=str(out), days=tuple(meta["days"]), hours=meta["hours"], rows=meta["rows"],
@@ -599,7 +599,7 @@ def true_probs(columns: Any, info: StreamInfo, day: str, minute: int, *,
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m recps.data.synthetic --stream",
+        prog="python -m recps.data.generators drifting",
         description="Write a drifting, time-partitioned synthetic click stream (Criteo text, a "
         "_SUCCESS donefile per split, <out>/_stream.json describing it).",
     )

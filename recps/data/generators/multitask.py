@@ -1,6 +1,6 @@
-"""Two-label generated data: clicks from `recps.data.synthetic` plus a planted second label.
+"""Two-label generated data: clicks from `recps.data.generators.ctr` plus a planted second label.
 
-The click world is `recps.data.synthetic`'s (a `SyntheticConfig`; its click label, best
+The click world is `recps.data.generators.ctr`'s (a `SyntheticConfig`; its click label, best
 reachable AUC and true logits are reused unchanged). This module adds a second label,
 "conversion", with its own planted logit that shares part of the click logit:
 
@@ -62,7 +62,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from recps.data import synthetic
+from recps.data.generators import ctr as synthetic
 from recps.data.hashing import hash_strings
 from recps.data.schema import CRITEO_DENSE, CRITEO_SPARSE
 from recps.errors import ConfigError, DataError
@@ -89,7 +89,7 @@ COLUMNS = LABELS + CRITEO_DENSE + CRITEO_SPARSE
 CALIBRATION_ROWS = 32768
 FORMAT_VERSION = 1
 META_SUFFIX = ".meta.json"
-GENERATOR = "recps.data.synthetic_multitask"
+GENERATOR = "recps.data.generators.multitask"
 
 _CALIBRATION_STREAM = 2**31 - 1  # synthetic's highest user stream; train and test use 0 and 1
 _P_WEIGHT, _P_IMPORTANCE, _P_ROW = 11, 12, 13  # purposes of the hashed quantities (own key families)
@@ -435,7 +435,7 @@ def ensure_split(directory: str | os.PathLike, train_rows: int, test_rows: int, 
                  fmt: str = "parquet", **options: Any) -> tuple[MultitaskInfo, MultitaskInfo]:
     """`generate_split`, unless `directory` already holds that exact split (by sidecars).
 
-    The signature of `recps.data.synthetic.ensure_split`, so a dataset config names it as
+    The signature of `recps.data.generators.ctr.ensure_split`, so a dataset config names it as
     its `generator`; only fmt="parquet" is written.
     """
     if fmt != "parquet":

@@ -39,7 +39,7 @@ from torchrec.modules.embedding_configs import EmbeddingConfig
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
 from recps.errors import ConfigError
-from recps.nn.local_embedding import LocalEmbeddingBagCollection
+from recps.embeddings.local_embedding import LocalEmbeddingBagCollection
 
 __all__ = ["LocalEmbeddingCollection"]
 

@@ -22,9 +22,10 @@ __all__ = ["main", "evaluate_checkpoint"]
 
 def evaluate_checkpoint(path: str, overrides: Sequence[str] = ()) -> dict[str, float]:
     from recps import fs as rfs
-    from recps.checkpoint import find_checkpoint, load_checkpoint, parent_url, verify_ps_checkpoint
+    from recps.job.checkpoint import find_checkpoint, load_checkpoint, parent_url, verify_ps_checkpoint
     from recps.config import register_resolvers
-    from recps.run import build_job, evaluate
+    from recps.job.build import build_job
+    from recps.job.run import evaluate
 
     register_resolvers()
     kind, found = find_checkpoint(path)

@@ -52,7 +52,7 @@ from torch import nn
 
 from recps.debug.format import DumpWriter, Record
 from recps.errors import ConfigError, DataError
-from recps.observer import TrainObserver
+from recps.job.observer import TrainObserver
 
 __all__ = ["DebugDump", "DumpEstimate", "FIELDS", "build_dump", "check_debug_config"]
 
@@ -203,7 +203,7 @@ class DebugDump(TrainObserver):
     # ---- TrainObserver ----------------------------------------------------------------------------
 
     def on_fit_plan(self, steps: int | None) -> None:
-        """Before on_fit_start (recps.trainer.Trainer.fit): the steps the fit takes over all its threads
+        """Before on_fit_start (recps.job.loop.Trainer.fit): the steps the fit takes over all its threads
         (None: unknown); its first step's records times the ones selected give the size estimate."""
         self._planned = None if steps is None else int(steps)
 

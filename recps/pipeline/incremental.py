@@ -202,7 +202,7 @@ class _StageTrainer:
     def __init__(self, fleet, spec: StageSpec, specs: Sequence[StageSpec], role, timeout_s: float) -> None:
         from hydra.utils import instantiate
 
-        from recps.trainer import dense_parameters
+        from recps.job.loop import dense_parameters
 
         self.fleet, self.spec, self.role, self.timeout_s = fleet, spec, role, timeout_s
         self.collection = stage_collection(spec)
@@ -230,7 +230,7 @@ class _StageTrainer:
     def start(self) -> None:
         """After the tables exist (and a resumed checkpoint was loaded): the servers' dense values, the
         stage mode's updater, the trainer."""
-        from recps.trainer import Trainer
+        from recps.job.loop import Trainer
 
         mode = self.spec.mode
         _assign_flat(self.dense, self.server_values())  # every worker starts equal
@@ -335,7 +335,7 @@ class _FunnelFleet:
 
 def _read_worker_states(folder: str, manifest: dict, files: Sequence[str]) -> list[dict]:
     """The worker state files `files` of the checkpoint `folder`, each checked against its manifest."""
-    from recps.checkpoint import read_recorded
+    from recps.job.checkpoint import read_recorded
 
     return [torch.load(io.BytesIO(read_recorded(folder, manifest, rel)), map_location="cpu", weights_only=True)
             for rel in files]
@@ -410,7 +410,7 @@ class _PassData:
 
 
 @dataclass
-class _PassStats:  # what PassLoop.run reads of a pass's training (recps.trainer.TrainStats' fields)
+class _PassStats:  # what PassLoop.run reads of a pass's training (recps.job.loop.TrainStats' fields)
     steps: int
     examples: int
     seconds: float
@@ -569,11 +569,11 @@ def funnel_stream_work(cfg: DictConfig, role, out_dir: Path, data=None, observer
     """A worker of the streaming funnel (recps.cluster.driver.run_role's `work`); worker 0 returns the metrics."""
     import os
 
-    from recps.checkpoint import verify_ps_checkpoint
+    from recps.job.checkpoint import verify_ps_checkpoint
     from recps.cluster.checkpoint import merge_worker_states
     from recps.cluster.process import fleet_for, on_this_machine
     from recps.ps.fleet import DistributedStrategy
-    from recps.run import seed_everything
+    from recps.job.build import seed_everything
     from recps.stream.plan import StreamPlan
     from recps.stream.source import pass_files
 

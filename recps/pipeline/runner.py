@@ -148,7 +148,7 @@ def _train_stage(fleet, spec: StageSpec, model, collection, examples, role, time
 
     from recps.data.dataset import ExamplesSource
     from recps.data.sharding import WorkerShards
-    from recps.trainer import Trainer, dense_parameters
+    from recps.job.loop import Trainer, dense_parameters
 
     task_cfg = OmegaConf.to_container(spec.task, resolve=True)
     task_cfg.pop("objective", None)
@@ -252,7 +252,7 @@ def funnel_work(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -
     """A worker of the funnel job; see the module docstring. Worker 0 returns the metrics."""
     from recps.cluster.process import fleet_for, on_this_machine
     from recps.ps.fleet import DistributedStrategy
-    from recps.run import seed_everything
+    from recps.job.build import seed_everything
 
     specs = pipeline_specs(cfg)
     world = data if isinstance(data, FunnelData) else load_world(cfg)

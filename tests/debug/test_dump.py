@@ -24,8 +24,8 @@ from hydra import compose, initialize_config_dir
 from recps.config import PROJECT_ROOT, register_resolvers
 from recps.debug import build_dump, diff_runs, dump_files, read_index, read_record
 from recps.errors import ConfigError
-from recps.run import build_job, run_training
-from recps.trainer import TrainObserver
+from recps.job.build import build_job, run_training
+from recps.job.observer import TrainObserver
 
 ROWS, BATCH = 3000, 256
 STEPS = math.ceil(ROWS / BATCH)  # 12

@@ -131,10 +131,10 @@ _CLUSTER_TIMEOUT_S = 300
 
 def _run_in_process(cfg, out_dir: Path, token: str = "in-process", **worker_kwargs) -> dict:
     """ps=sync|async|geo with one server and one worker: server 0 on a thread, worker 0 here, as
-    `cluster=local`'s processes run them (recps.cluster.run_role). `worker_kwargs` go to the
+    `cluster=local`'s processes run them (recps.cluster.driver.run_role). `worker_kwargs` go to the
     worker's run_role (data=, observers=). Returns worker 0's metrics."""
-    from recps.cluster import run_role
-    from recps.launch import free_port
+    from recps.cluster.driver import run_role
+    from recps.cluster.launch import free_port
     from recps.ps.roles import UserDefinedRoleMaker
 
     address = f"127.0.0.1:{free_port()}"

@@ -9,7 +9,7 @@ __all__ = ["servers_and_workers"]
 
 def servers_and_workers(work) -> None:
     """One real server node and two worker clients on threads; work(rank, client)."""
-    from recps.launch import free_port
+    from recps.cluster.launch import free_port
     from recps.ps.modes import server_halves
     from recps.ps.node import ServerNode, connect
     from recps.ps.roles import UserDefinedRoleMaker

@@ -33,7 +33,7 @@ import torch
 import zmq
 
 from recps.errors import PSError
-from recps.launch import free_port
+from recps.cluster.launch import free_port
 from recps.ps.node.coordinator import Coordinator, CoordinatorClient
 from recps.ps.roles import UserDefinedRoleMaker
 from recps.ps.transport import TransportClient, security

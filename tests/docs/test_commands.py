@@ -129,7 +129,7 @@ def _check(cfg, overrides: list[str]) -> None:
     """What recps.train checks before it reads data or starts a process."""
     validate_config(cfg, overrides=overrides)
     if cfg.get("pipeline") is not None and str(cfg.pipeline.get("name", "none")) != "none":
-        from recps.pipeline.config import pipeline_specs, schedule
+        from recps.pipeline.stages import pipeline_specs, schedule
 
         schedule(cfg, pipeline_specs(cfg))
     if cfg.get("stream") is not None and bool(cfg.stream.get("enabled", False)):

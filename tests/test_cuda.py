@@ -13,7 +13,7 @@ machine (RECPS_REQUIRE_CUDA=1 makes the absence a failure). The cuda half compar
 
 On a machine without CUDA, `device=cuda` fails before any data is read or process started, naming
 the value, why (torch.cuda.is_available() is False: the CPU build) and the fix (make setup-gpu); the
-CLI's one line for it: tests/test_precision.py::test_device_cuda_without_a_gpu_names_the_fix.
+CLI's one line for it: tests/job/test_precision.py::test_device_cuda_without_a_gpu_names_the_fix.
 """
 
 from __future__ import annotations

@@ -222,7 +222,7 @@ def test_server_processes_sigterm_and_sigkill(tmp_path):
     a barrier fails naming it within dead_after_s and a pull fails at once (not after its 60 s
     timeout) naming "server1 at <endpoint>". Then SIGTERM stops server 2 at once and the coordinator
     stops counting it alive. (A SIGTERM while the job is still whole counts as a loss every peer
-    hears: tests/ps/test_sigterm.py.)"""
+    hears: tests/cluster/test_sigterm.py.)"""
     servers, workers = _roles(3, 2)
     dead_after = 2.0
     logs = [open(tmp_path / f"server{i}.log", "wb") for i in (1, 2)]
@@ -254,7 +254,7 @@ def test_server_processes_sigterm_and_sigkill(tmp_path):
 
         procs[1].send_signal(signal.SIGTERM)
         # At once. Its exit code and how the coordinator records it depend on whether server2 had heard
-        # of server1's death yet (then: 1, left; else a loss it reports: dead; tests/ps/test_sigterm.py)
+        # of server1's death yet (then: 1, left; else a loss it reports: dead; tests/cluster/test_sigterm.py)
         assert procs[1].wait(15) in (0, 1)
         deadline = time.monotonic() + 10.0  # its leave reaches the coordinator with its last heartbeat
         while node.coordinator.members()["server2"]["state"] == "alive" and time.monotonic() < deadline:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location("_liveness", Path(__file__).with_name("test_liveness.py"))
+_spec = importlib.util.spec_from_file_location("_liveness", Path(__file__).parents[1] / "ps" / "test_liveness.py")
 _liveness = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_liveness)
 Cluster, DEAD_AFTER_S, HEARTBEAT_S, REQUEST_TIMEOUT_S = (_liveness.Cluster, _liveness.DEAD_AFTER_S, _liveness.HEARTBEAT_S,

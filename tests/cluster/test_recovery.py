@@ -285,9 +285,9 @@ def test_a_stream_restarts_itself_and_resumes_from_its_records_exactly_once(tmp_
     occurrences over the 3 passes and every record is written once."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("_stream_tests", Path(__file__).parents[1] / "test_stream.py")
+    spec = importlib.util.spec_from_file_location("_stream_tests", Path(__file__).parents[1] / "stream" / "test_stream.py")
     stream_tests = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(stream_tests)  # tests/test_stream.py's recomputations from the data
+    spec.loader.exec_module(stream_tests)  # tests/stream/test_stream.py's recomputations from the data
     pass_counts, stats = stream_tests.pass_counts, stream_tests.stats
 
     from recps import fs as rfs

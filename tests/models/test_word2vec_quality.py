@@ -21,7 +21,7 @@ from recps.config import compose_config
 
 pytestmark = pytest.mark.slow
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "word2vec_text"
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "word2vec_text"
 COMMON_WORDS = ["war", "city", "music", "science", "king", "water"]
 
 

@@ -222,7 +222,7 @@ def test_model_trains_in_mode(model, mode, data_folder, tmp_path, in_process_clu
 
 # ------------------------------------------------------------------ real multi-process clusters
 
-# One per family that the CTR cluster tests (tests/ps/test_cluster_training.py) do not cover;
+# One per family that the CTR cluster tests (tests/cluster/test_cluster_training.py) do not cover;
 # the modes rotate so that each one also runs through the launcher.
 CLI_RUNS = [("gru4rec", "sync"), ("two_tower", "geo"), ("mmoe", "async")]
 

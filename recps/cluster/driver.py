@@ -60,7 +60,7 @@ from recps.cluster.process import role_logging
 from recps.config import check_cluster_config, cluster_checkpoint_every, ps_mode
 from recps.errors import ConfigError, DataError, RecpsError
 from recps.job.checkpoint import MANIFEST, committed_checkpoints, find_checkpoint, is_committed
-from recps.job.settings import checkpoint_dir
+from recps.job.settings import checkpoint_dir, node_settings
 from recps.ps.fleet import ENCRYPTION_ENV, STORAGE_ROOTS_ENV
 from recps.ps.roles import ROLE_ENV, detect_role_maker
 
@@ -197,7 +197,7 @@ def run_role(cfg: DictConfig, role, out_dir: Path, *, data=None, observers: Sequ
     if role.is_server:
         from recps.cluster.server import serve
 
-        serve(cfg, role, Path(out_dir), storage_roots(cfg, out_dir))
+        serve(node_settings(cfg), role, Path(out_dir), storage_roots(cfg, out_dir))
         return None
     if work is None:
         from recps.cluster.work import work

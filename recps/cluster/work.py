@@ -32,6 +32,7 @@ from recps.data.sharding import WorkerShards
 from recps.job.build import Job, build_job
 from recps.job.checkpoint import commit_ps_checkpoint
 from recps.job.loop import left_of_target, planned_steps
+from recps.job.settings import node_settings
 from recps.job.run import Fit, base_metrics, data_metrics, evaluate, train
 from recps.ps.fleet import DENSE_TABLE, DistributedStrategy
 
@@ -92,7 +93,8 @@ def work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence = 
     job = build_job(cfg, data)  # the same data, model, task and trainer as ps=local, over a PS-backed collection
     job.trainer.observers = [*job.trainer.observers, *observers]
     strategy = DistributedStrategy(ps_mode(cfg), threads=job.settings.trainer.threads)
-    return _train(job, strategy, lambda: fleet_for(cfg, role), role, Path(out_dir))
+    settings = node_settings(cfg)
+    return _train(job, strategy, lambda: fleet_for(settings, role), role, Path(out_dir))
 
 
 def _train(job: Job, strategy: DistributedStrategy, open_fleet, role, out_dir: Path) -> dict[str, Any] | None:

@@ -2,7 +2,7 @@
 
     settings     JobSettings (trainer, checkpoint, observers' settings, the config's YAML): typed, built once
     build        build_job(cfg) -> Job: data, collection, model, task, optimizer, trainer, observers;
-                 the only module here that reads a DictConfig (with settings)
+                 the only modules here that read the composed config: build and settings
     loop         the training loop (Trainer.fit: Hogwild threads; hooks: updater, prefetch, on_step,
                  observers, pauses) and the step arithmetic of resumes (planned_steps, left_of_target)
     precision    mixed precision of the loop (fp32, bf16, fp16 with a loss scale)

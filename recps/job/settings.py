@@ -1,4 +1,5 @@
-"""A job's settings, typed: what the job's code reads of the composed config, built once (`build_settings`).
+"""A job's settings, typed: what the job's code (and its cluster's processes: NodeSettings) reads of the
+composed config, built once (`build_settings`, `node_settings`).
 
 Light on purpose (omegaconf only, no torch): the cluster's launcher reads them too.
 """
@@ -10,7 +11,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-__all__ = ["TrainerSettings", "CheckpointSettings", "JobSettings", "build_settings", "checkpoint_dir"]
+__all__ = ["TrainerSettings", "CheckpointSettings", "JobSettings", "NodeSettings", "build_settings", "checkpoint_dir",
+           "node_settings"]
 
 
 @dataclass(frozen=True)
@@ -82,3 +84,25 @@ def build_settings(cfg: DictConfig) -> JobSettings:
 def checkpoint_dir(cfg: DictConfig, out_dir: str | Path) -> str:
     """Where the run's checkpoint goes: checkpoint.dir (a path or fsspec URL), else <run dir>/checkpoint."""
     return str(cfg.checkpoint.get("dir") or Path(out_dir) / "checkpoint")
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """conf `cluster:` as a node reads it (node_settings builds it), and the
+    training threads per worker (whether this machine is crowded)."""
+
+    connect_timeout_s: float
+    dead_after_s: float
+    server_threads: int | None = None  # a server's handler threads (None: chosen from the cores here)
+    server_torch_threads: int | None = None  # a server's intra-op threads (None: torch's, or 1 when crowded)
+    trainer_threads: int = 1
+
+
+def node_settings(cfg: DictConfig) -> NodeSettings:
+    """The NodeSettings of a composed config (conf `cluster:`, trainer.threads)."""
+    c = cfg.cluster
+    server_threads, torch_threads = c.get("server_threads"), c.get("server_torch_threads")
+    return NodeSettings(connect_timeout_s=float(c.connect_timeout_s), dead_after_s=float(c.dead_after_s),
+                        server_threads=None if server_threads is None else int(server_threads),
+                        server_torch_threads=None if torch_threads is None else int(torch_threads),
+                        trainer_threads=int(cfg.trainer.threads))

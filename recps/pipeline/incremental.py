@@ -571,6 +571,7 @@ def funnel_stream_work(cfg: DictConfig, role, out_dir: Path, data=None, observer
 
     from recps.job.checkpoint import verify_ps_checkpoint
     from recps.cluster.checkpoint import merge_worker_states
+    from recps.job.settings import node_settings
     from recps.cluster.process import fleet_for, on_this_machine
     from recps.ps.fleet import DistributedStrategy
     from recps.job.build import seed_everything
@@ -594,7 +595,7 @@ def funnel_stream_work(cfg: DictConfig, role, out_dir: Path, data=None, observer
     plan = StreamPlan(config)
     for p in _passes_before(config, resume.next) if resume.folder else ():  # seen items, item statistics
         history = history + read_pass(pass_files(plan.split_folders(p)), world.num_users, world.num_items)
-    with fleet_for(cfg, role) as fleet:
+    with fleet_for(node_settings(cfg), role) as fleet:
         trainers = {s.name: _StageTrainer(fleet, s, specs, role, timeout_s) for s in specs}
         for s in specs:
             fleet.add_collection(trainers[s.name].collection, mode=s.mode)

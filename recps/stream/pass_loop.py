@@ -498,6 +498,7 @@ def stream_work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequ
     import torch
 
     from recps.cluster.checkpoint import load_worker_state
+    from recps.job.settings import node_settings
     from recps.cluster.process import fleet_for, on_this_machine
     from recps.cluster.work import STATS_TABLE, ProgressLog
     from recps.config import ps_mode
@@ -524,7 +525,7 @@ def stream_work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequ
         manifest = verify_ps_checkpoint(resume.folder, needed=[*job.collection.table_dims(), DENSE_TABLE],
                                         worker_states=False)
         job.steps_done = resume.steps
-    with fleet_for(cfg, role) as fleet:
+    with fleet_for(node_settings(cfg), role) as fleet:
         fleet.add_collection(job.collection)
         dist = fleet.distributed_optimizer(job.optimizer, strategy)
         fleet.init_worker(load_from=resume.folder)

@@ -561,7 +561,7 @@ def _work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence =
             load_worker_state(resume["folder"], resume["manifest"], resume["state_files"], fleet)
         job.trainer.updater = dist.updater
         job.trainer.prefetch = strategy.mode.prefetches
-        fleet.client.create_dense_table(STATS_TABLE, 4, mode="geo")  # GEO's server half adds what arrives
+        fleet.create_dense_table(STATS_TABLE, 4, mode="geo")  # GEO's server half adds what arrives
         job.trainer.on_step = ProgressLog(batch_size, threads) if role.index == 0 else None
         tables = [*job.collection.table_dims(), DENSE_TABLE]  # named: the servers hold other tables too
         pauses = None
@@ -572,7 +572,7 @@ def _work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence =
                                       origin=origin)
         # Global metrics (merged over every worker and thread through the servers; worker 0
         # logs and writes them) and the debug dump (each worker's threads write their own files).
-        with training_observers(job, out_dir, client=fleet.client, rank=role.index) as reporter:
+        with training_observers(job, out_dir, client=fleet.channel(), rank=role.index) as reporter:
             cpu = time.process_time()
             stats = job.trainer.fit(source, batch_size, epochs=epochs, max_steps=max_steps, progress=False,
                                     thread_steps_per_epoch=per_thread, first_epoch=first_epoch, skip=skip,
@@ -581,7 +581,7 @@ def _work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence =
         # Everything is sent (geo: the last deltas) and nothing more will be: worker 0 below
         # overwrites its dense params with the servers' values, which must not count as a delta.
         fleet.close_communicators()
-        fleet.client.push_dense(STATS_TABLE, torch.tensor(
+        fleet.push_dense(STATS_TABLE, torch.tensor(
             [float(stats.examples), stats.examples_per_sec, stats.seconds, cpu])).wait()
         log.info("%s trained: %d steps, %d examples, %.0f examples/s", role.name, stats.steps, stats.examples,
                  stats.examples_per_sec)
@@ -594,7 +594,7 @@ def _work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence =
         # Worker 0: evaluate what the servers hold (every worker's pushes / deltas are in).
         fleet.read_servers()
         metrics: dict[str, Any] = evaluate(job)
-        total_examples, total_rate, _, total_cpu = fleet.client.pull_dense(STATS_TABLE).wait().tolist()
+        total_examples, total_rate, _, total_cpu = fleet.pull_dense(STATS_TABLE).tolist()
         metrics.update(
             examples_per_sec=total_rate, train_examples=int(total_examples), train_steps=stats.steps,
             worker_cpu_seconds=total_cpu,
@@ -616,7 +616,7 @@ def _work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence =
             progress = read_progress(ckpt, role.num_workers)
             commit_ps_checkpoint(ckpt, tables, cfg, {"steps": job.steps_done + stats.steps, "workers": progress,
                                                      "origin": origin},
-                                 save=lambda: fleet.client.save(ckpt, mode="full", tables=tables,
+                                 save=lambda: fleet.save(ckpt, mode="full", tables=tables,
                                                                 timeout=max(strategy.mode.timeout_s, 600.0)))
             metrics["checkpoint"] = ckpt
         from recps import fs as rfs
@@ -717,13 +717,12 @@ class CheckpointPauses:
         self.at: int | None = None
         self.clock = time.perf_counter()
         w, workers = self.role.index, self.role.num_workers
-        client = fleet.client
-        client.create_dense_table(CONTROL_TABLE, 2 * workers + 1, mode="geo")
+        fleet.create_dense_table(CONTROL_TABLE, 2 * workers + 1, mode="geo")
         plan = torch.zeros(2 * workers + 1)
         plan[2 * w], plan[2 * w + 1] = float(planned >> 20), float(planned & (2**20 - 1))
-        client.push_dense(CONTROL_TABLE, plan).wait()
+        fleet.push_dense(CONTROL_TABLE, plan).wait()
         fleet.barrier("recps.checkpoint.plan", timeout=self.timeout_s)
-        values = [int(v) for v in client.pull_dense(CONTROL_TABLE).wait().tolist()]
+        values = [int(v) for v in fleet.pull_dense(CONTROL_TABLE).tolist()]
         self.limit = min((values[2 * i] << 20) | values[2 * i + 1] for i in range(workers))
         log.info("%s: checkpoints every %s during training, before step %d (the fewest steps of a worker)",
                  self.role.name, f"{self._round(self.every_steps)} steps" if self.every_steps else f"{self.every_s:g} s",
@@ -750,7 +749,7 @@ class CheckpointPauses:
         from recps.checkpoint import commit_ps_checkpoint, is_committed, prune_step_checkpoints
 
         start = time.perf_counter()
-        fleet, role, client = self.fleet, self.role, self.fleet.client
+        fleet, role = self.fleet, self.role
         trained_s = start - self.clock
         self.meetings += 1
         saving = bool(self.every_steps) or self.meetings > 1  # (seconds) the first meeting measures the rate
@@ -771,7 +770,7 @@ class CheckpointPauses:
                 progress = read_progress(folder, role.num_workers)
                 commit_ps_checkpoint(folder, self.tables, self.cfg,
                                      {"steps": self.job.steps_done + steps, "workers": progress, "origin": self.origin},
-                                     save=lambda: client.save(folder, mode="full", tables=self.tables,
+                                     save=lambda: fleet.save(folder, mode="full", tables=self.tables,
                                                               timeout=self.timeout_s))
                 save_s = time.perf_counter() - t
                 keep = self.cfg.checkpoint.get("keep_last")
@@ -780,16 +779,16 @@ class CheckpointPauses:
                         log.info("%s: removed %s (checkpoint.keep_last=%d)", role.name, old, int(keep))
                 for obs in self.job.trainer.observers:
                     if (hook := getattr(obs, "on_checkpoint", None)) is not None:
-                        hook(folder, self.job.steps_done + steps, client)
+                        hook(folder, self.job.steps_done + steps, fleet.channel())
             if self.every_s:  # the steps to the next meeting, from worker 0's rate since the last one
                 rate = (steps - self.met_at) / max(trained_s, 1e-3)
                 interval = min(2**24, self._round(max(1.0, rate * float(self.every_s))))
                 change = torch.zeros(2 * role.num_workers + 1)
                 change[-1] = float(interval - self.control)
-                client.push_dense(CONTROL_TABLE, change).wait()
+                fleet.push_dense(CONTROL_TABLE, change).wait()
         fleet.barrier(f"recps.checkpoint.{self.meetings}.done", timeout=self.timeout_s)
         if self.every_s:
-            self.interval = self.control = int(client.pull_dense(CONTROL_TABLE).wait()[-1])
+            self.interval = self.control = int(fleet.pull_dense(CONTROL_TABLE)[-1])
         pause_s = time.perf_counter() - start
         if saving:
             self.records.append({"folder": folder, "steps": self.job.steps_done + steps,

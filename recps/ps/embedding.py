@@ -91,6 +91,7 @@ from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor, Keyed
 from recps.device import same_device, to_device, to_host
 from recps.errors import ConfigError, PSError
 from recps.splitmix import splitmix64
+from recps.ps.modes.base import CountsStatistics, PlacesReplicas, StartsPulls
 from recps.ps.table.keys import unique_keys
 
 __all__ = [
@@ -300,9 +301,9 @@ class _PSCollectionBase(nn.Module):
         """Send the pulls of `features`, the KJT this thread passes to forward() next (see the module
         docstring). A no-op with a communicator that cannot start a pull (sync, GEO)."""
         communicator = self._communicator()
-        start = getattr(communicator, "pull_start", None)
-        if start is None or isinstance(communicator, FusedBagLookup) or self._prefetch_off:
+        if not isinstance(communicator, StartsPulls) or isinstance(communicator, FusedBagLookup) or self._prefetch_off:
             return
+        start = communicator.pull_start
         self.drop_prefetch()
         if self._missing(features):
             self._turn_prefetch_off()  # these are not the features forward() will get
@@ -344,9 +345,8 @@ class _PSCollectionBase(nn.Module):
         """Sets (or replaces) the communicator: Fleet binds it in init_worker; evaluation may bind a
         reader of the servers' values. A communicator that keeps a local replica (GEO) places it on
         this collection's device."""
-        place = getattr(communicator, "place_replicas", None)
-        if place is not None:
-            place(self.device)
+        if isinstance(communicator, PlacesReplicas):
+            communicator.place_replicas(self.device)
         self.communicator = communicator
 
     def table_dims(self) -> dict[str, int]:
@@ -401,8 +401,7 @@ class _PSCollectionBase(nn.Module):
 
     def _counts_statistics(self, communicator, table: PSTable) -> bool:
         """Whether pushes of `table` carry shows and clicks (the communicator asks for them)."""
-        counts = getattr(communicator, "counts_statistics", None)
-        return counts is not None and bool(counts(table.name))
+        return isinstance(communicator, CountsStatistics) and bool(communicator.counts_statistics(table.name))
 
     def _occurrence_clicks(self, table: PSTable, lengths: torch.Tensor, batch: int, n: int) -> torch.Tensor | None:
         """(N,) the click of the example of each of the N keys, or None without clicks.

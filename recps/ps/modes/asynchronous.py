@@ -59,6 +59,7 @@ import torch
 
 from recps.errors import ConfigError, PSError, PSTimeoutError
 from recps.ps.modes.base import Mode, OnArrivalServer, check_int, has_accessor, merged_statistics
+from recps.ps.modes.server_reader import ServerReader
 from recps.ps.node import PSClient
 
 __all__ = ["AsyncMode", "AsyncCommunicator", "AsyncServer"]
@@ -163,6 +164,10 @@ class AsyncCommunicator:
         """Send the pull of (K,) unique keys now; the returned function waits for its (K, D) rows
         (up to timeout_s). A prefetch (recps.ps.embedding) overlaps the round trip with compute."""
         return functools.partial(self.client.pull(table, keys, assume_unique=True).wait, self.timeout_s)
+
+    def server_reader(self) -> ServerReader:
+        """A read-only view of this communicator's servers (ReadsServers): evaluation, frozen tables."""
+        return ServerReader(self.client, timeout_s=self.timeout_s)
 
     def counts_statistics(self, table: str) -> bool:
         """Whether pushes of `table` carry shows and clicks (its servers' table has an accessor)."""

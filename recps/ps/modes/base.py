@@ -18,14 +18,27 @@ Contract, for every mode:
     async — sent (merged in the background, bounded queue) and applied on arrival;
     geo   — applied locally to the worker's replica with SGD; deltas go to the servers
             every k steps.
-- `counts_statistics(table)`: whether the servers' sparse table `table` keeps CTR statistics
-  (it has an accessor); pushes of other tables carry none (a table without an accessor
-  refuses them).
+- `counts_statistics(table)` (optional, `CountsStatistics`): whether the servers' sparse table
+  `table` keeps CTR statistics (it has an accessor); pushes of other tables carry none (a table
+  without an accessor refuses them). A communicator without it is asked for none.
 - `pull_dense(table)` / `push_dense(table, grads)` do the same for a flat (N,) dense table.
 - `step_end(thread)` marks the end of one training step of `thread` (sync: the step's
   barrier; geo: counts towards k). Every thread calls it once per step.
 - `flush(timeout_s)` sends whatever is queued and waits until the servers applied it;
   `close()` flushes and releases sockets and threads. Both are idempotent.
+Optional abilities, each a Protocol of its own (checked with isinstance, never probed by name):
+- `CountsStatistics`: `counts_statistics(table)`, above.
+- `StartsPulls`: `pull_start(table, keys)` sends a pull now and returns the function that waits
+  for its rows (async): the embedding prefetches the next batch's rows with it.
+- `PlacesReplicas`: `place_replicas(device)`: the communicator keeps local replicas (GEO) and
+  puts them on the device of the collection that binds it.
+- `KeepsWorkerState`: `state_dict()` / `load_state_dict(state)`: what the worker holds that the
+  servers do not (GEO's replicas), for a checkpoint.
+- `NumbersSteps`: `step`, the number of the step being accumulated (sync): a dense refresh
+  happens once per step.
+- `ReadsServers`: `server_reader()`, a read-only view of the servers this communicator talks to
+  (a ServerReader; a read-only view answers itself).
+
 Errors: a dead or silent server raises `recps.errors.PSTimeoutError` naming the server,
 the table and the key count, within the timeout.
 
@@ -50,11 +63,14 @@ from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
 
-from recps.errors import ConfigError
+from recps.errors import ConfigError, PSError
+from recps.ps.modes.abilities import (CountsStatistics, KeepsWorkerState, NumbersSteps, PlacesReplicas, ReadsServers,
+                                      StartsPulls)
 from recps.ps.modes.dense import PSDenseUpdater, torch_optimizer_rule
 from recps.ps.node.specs import TableConfig
 
-__all__ = ["Communicator", "Mode", "OnArrivalServer", "check_int", "has_accessor", "merged_statistics"]
+__all__ = ["Communicator", "CountsStatistics", "StartsPulls", "PlacesReplicas", "KeepsWorkerState", "NumbersSteps",
+           "ReadsServers", "Mode", "OnArrivalServer", "check_int", "has_accessor", "merged_statistics"]
 
 
 @runtime_checkable

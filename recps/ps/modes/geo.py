@@ -98,6 +98,7 @@ from recps.device import same_device, to_device, to_host
 from recps.errors import ConfigError, PSError, PSTimeoutError
 from recps.ps.modes.base import Mode, OnArrivalServer, check_int, has_accessor
 from recps.ps.modes.dense import LocalDenseUpdater, load_optimizer_state
+from recps.ps.modes.server_reader import ServerReader
 from recps.ps.table import Initializer, KeyIndex, unique_keys, warm_up_kernels
 
 __all__ = ["GeoMode", "GeoCommunicator", "GeoServer", "GeoDenseUpdater", "GEO_OPTIMIZERS"]
@@ -714,6 +715,10 @@ class GeoCommunicator:
             return replica.rows[to_device(slots, replica.device), : replica.dim]  # (K, D) a copy, where the replica is
 
         return self._with_slots(replica, keys, read)
+
+    def server_reader(self) -> ServerReader:
+        """A read-only view of this communicator's servers (ReadsServers): evaluation, frozen tables."""
+        return ServerReader(self.client, timeout_s=self.timeout_s)
 
     def counts_statistics(self, table: str) -> bool:
         """Whether `table` keeps shows and clicks (its servers' table has an accessor)."""

@@ -57,6 +57,7 @@ import torch
 
 from recps.errors import ConfigError, PSError, PSTimeoutError
 from recps.ps.modes.base import Mode, has_accessor, merged_statistics
+from recps.ps.modes.server_reader import ServerReader
 from recps.ps.node import PSClient
 from recps.ps.node.server import HostedTable
 
@@ -129,6 +130,10 @@ class SyncCommunicator:
     def pull(self, table: str, keys: torch.Tensor) -> torch.Tensor:
         """(K,) unique keys -> (K, D) rows as of the last completed step."""
         return self.client.pull(table, keys, assume_unique=True).wait(self.timeout_s)
+
+    def server_reader(self) -> ServerReader:
+        """A read-only view of this communicator's servers (ReadsServers): evaluation, frozen tables."""
+        return ServerReader(self.client, timeout_s=self.timeout_s)
 
     def counts_statistics(self, table: str) -> bool:
         """Whether pushes of `table` carry shows and clicks (its servers' table has an accessor)."""

@@ -175,8 +175,8 @@ class AsyncCommunicator:
 
     def push(self, table: str, keys: torch.Tensor, grads: torch.Tensor, shows: torch.Tensor | None = None,
              clicks: torch.Tensor | None = None) -> None:
-        """Queue (K, D) gradients of (K,) keys, with their (K,) shows and clicks (None: one show,
-        no click per key); blocks while max_pending pushes are unapplied. The communicator keeps
+        """Queue (K, D) gradients of (K,) keys, with their (K,) shows and clicks (both for a table
+        with an accessor, else neither); blocks while max_pending pushes are unapplied. The communicator keeps
         the tensors: do not modify them afterwards."""
         if grads.dim() != 2 or grads.shape[0] != keys.numel():
             raise ConfigError(f"push {table!r}: grads have shape {tuple(grads.shape)} for {keys.numel()} keys; expected (K, D)")

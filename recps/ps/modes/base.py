@@ -9,10 +9,10 @@ Contract, for every mode:
 - `push(table, keys, grads, shows=None, clicks=None)` hands (K, D) gradient rows for unique
   `keys` of one thread's batch (already summed over the batch's duplicates, scaled as the loss
   was: mean over the batch), and, for a table whose `counts_statistics(table)` is true, the
-  keys' (K,) shows and clicks in that batch (the CTR accessor's statistics, recps.ps.embedding).
-  Every mode hands the servers' table the exact sums of the shows and clicks of all pushes,
-  however it merges or delays them; without them the servers count one show per key per
-  request they receive. When the update is applied is the mode's policy:
+  keys' (K,) shows and clicks in that batch (the CTR accessor's statistics, decided once where
+  the batch enters: recps.ps.embedding, one show per occurrence and its example's click). Both
+  or neither; required for such a table, refused for another. Every mode hands the servers'
+  table the exact sums of the shows and clicks of all pushes, however it merges or delays them. When the update is applied is the mode's policy:
     sync  — merged over the worker's threads, sent once per step, applied by the servers
             when every worker's gradient for that step arrived;
     async — sent (merged in the background, bounded queue) and applied on arrival;
@@ -82,8 +82,6 @@ class Communicator(Protocol):
     def push(self, table: str, keys: torch.Tensor, grads: torch.Tensor,
              shows: torch.Tensor | None = None, clicks: torch.Tensor | None = None) -> None: ...
 
-    def counts_statistics(self, table: str) -> bool: ...
-
     def pull_dense(self, table: str) -> torch.Tensor: ...
 
     def push_dense(self, table: str, grads: torch.Tensor) -> None: ...
@@ -102,15 +100,18 @@ def has_accessor(client, table: str) -> bool:
 
 
 def merged_statistics(pushes) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The shows and clicks of pushes (keys (K,), rows, shows (K,) | None, clicks (K,) | None)
-    whose keys are concatenated: (sum K,) each, in the same order. A push without shows counts one
-    per key, without clicks none (the client's and the table's default); (None, None) when no
-    push has either, so the servers keep their default."""
-    if all(p[2] is None and p[3] is None for p in pushes):
+    """The shows and clicks of pushes (keys (K,), rows, shows (K,) | None, clicks (K,) | None) of one
+    table whose keys are concatenated: (sum K,) each, in the same order; (None, None) when none has
+    statistics (a table without accessor). Every push of a table with an accessor carries both
+    (recps.ps.embedding decides them, once, from the batch): a push with only one of them, or
+    pushes of one table with and without them, raise PSError."""
+    given = [p[2] is not None and p[3] is not None for p in pushes]
+    if not any(p[2] is not None or p[3] is not None for p in pushes):
         return None, None
-    shows = torch.cat([torch.ones(p[0].numel()) if p[2] is None else p[2].to(torch.float32) for p in pushes])
-    clicks = torch.cat([torch.zeros(p[0].numel()) if p[3] is None else p[3].to(torch.float32) for p in pushes])
-    return shows, clicks
+    if not all(given):
+        raise PSError(f"{sum(given)} of {len(pushes)} pushes of one table carry shows and clicks; every push of a "
+                      "table with an accessor gives both (counts_statistics(table)), of one without neither")
+    return torch.cat([p[2].to(torch.float32) for p in pushes]), torch.cat([p[3].to(torch.float32) for p in pushes])
 
 
 def check_int(owner: str, name: str, value, lowest: int, optional: bool = False) -> None:

@@ -142,7 +142,7 @@ class SyncCommunicator:
     def push(self, table: str, keys: torch.Tensor, grads: torch.Tensor, shows: torch.Tensor | None = None,
              clicks: torch.Tensor | None = None) -> None:
         """Buffer one thread's (K, D) gradients for this step (sent by step_end), with the keys' (K,)
-        shows and clicks (None: one show, no click per key). Keeps the tensors."""
+        shows and clicks (both for a table with an accessor, else neither). Keeps the tensors."""
         if grads.dim() != 2 or grads.shape[0] != keys.numel():
             raise ConfigError(f"push {table!r}: grads have shape {tuple(grads.shape)} for {keys.numel()} keys; expected (K, D)")
         with self._cond:

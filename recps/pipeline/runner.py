@@ -62,14 +62,10 @@ def load_world(cfg: DictConfig) -> FunnelData:
 
 
 def run_pipeline(cfg: DictConfig, out_dir: Path) -> float:
-    """recps.train's entry with pipeline != none: launch the cluster (or be one of its processes), then
+    """recps.pipeline.run_pipeline's entry with pipeline != none and no stream: launch the cluster (or be one of its processes), then
     print and write the funnel's metrics; returns pipeline.objective (NaN in the cluster's processes)."""
     from recps.cluster import run_distributed
 
-    if cfg.get("stream") is not None and bool(cfg.stream.get("enabled", False)):
-        from recps.pipeline.incremental import run_funnel_stream
-
-        return run_funnel_stream(cfg, out_dir)  # every stage pass by pass (recps.pipeline.incremental)
     if cfg.ps.name not in ("sync", "async", "geo"):
         raise ConfigError(f"pipeline={cfg.pipeline.name} trains on the parameter server; ps={cfg.ps.name!r}: "
                           "drop ps=local (each stage's mode is pipeline.stages.<stage>.ps)")

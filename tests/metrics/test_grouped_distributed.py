@@ -31,7 +31,7 @@ from recps.metrics.groups import batch_groups, evaluate_pointwise
 from recps.metrics.reporter import MetricsReporter, build_reporter
 from recps.tasks import BinaryTask
 from recps.trainer import LocalDenseUpdater, Trainer
-from tests.metrics.ps_pair import servers_and_workers
+from tests.helpers.cluster import servers_and_workers
 
 DENSE, ROWS, USERS = 4, 16, 11
 GROUPED = ["auc", "gauc", "pnr"]

@@ -32,7 +32,7 @@ from recps.metrics.reporter import GlooMerger, MetricsReporter, build_reporter, 
 from recps.tasks import BinaryTask
 from recps.trainer import LocalDenseUpdater, Trainer
 
-from tests.metrics.ps_pair import servers_and_workers
+from tests.helpers.cluster import servers_and_workers
 NAMES = ["auc", "logloss", "accuracy", "actual_ctr", "predicted_ctr", "copc", "mae", "rmse"]
 DENSE, ROWS = 5, 32
 

@@ -290,7 +290,7 @@ def test_evaluation_split_over_two_workers_merges_through_the_servers_to_the_one
     from recps.metrics.ps_merger import PSMerger
     from recps.pipeline.held_out import evaluate_funnel
     from recps.pipeline.recommend import load_funnel
-    from tests.metrics.ps_pair import servers_and_workers
+    from tests.helpers.cluster import servers_and_workers
 
     run, _, _ = funnel_run
     cfg = OmegaConf.load(run / "recps-job.yaml")

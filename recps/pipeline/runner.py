@@ -1,6 +1,6 @@
 """`python -m recps.train pipeline=video_funnel`: every stage of the funnel on one set of parameter servers.
 
-The launcher (recps.cluster.run_distributed) checks the pipeline config and the data before any process
+The launcher (recps.cluster.driver.run_distributed) checks the pipeline config and the data before any process
 starts, then starts `cluster.servers` servers and `cluster.workers` workers; each worker runs
 `funnel_work`:
 
@@ -64,7 +64,7 @@ def load_world(cfg: DictConfig) -> FunnelData:
 def run_pipeline(cfg: DictConfig, out_dir: Path) -> float:
     """recps.train's entry with pipeline != none: launch the cluster (or be one of its processes), then
     print and write the funnel's metrics; returns pipeline.objective (NaN in the cluster's processes)."""
-    from recps.cluster import run_distributed
+    from recps.cluster.driver import run_distributed
 
     if cfg.get("stream") is not None and bool(cfg.stream.get("enabled", False)):
         from recps.pipeline.incremental import run_funnel_stream
@@ -250,7 +250,7 @@ def _index(cfg, s: StageSpec, stages: dict, world, role, export_dir: str, traine
 
 def funnel_work(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -> dict[str, Any] | None:
     """A worker of the funnel job; see the module docstring. Worker 0 returns the metrics."""
-    from recps.cluster import fleet_for, on_this_machine
+    from recps.cluster.process import fleet_for, on_this_machine
     from recps.ps.fleet import DistributedStrategy
     from recps.run import seed_everything
 

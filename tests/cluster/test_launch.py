@@ -14,7 +14,7 @@ import time
 import pytest
 
 from recps.errors import ConfigError
-from recps.launch import LaunchError, free_port, launch, main
+from recps.cluster.launch import LaunchError, free_port, launch, main
 from recps.ps.roles import EnvRoleMaker
 
 pytestmark = pytest.mark.timeout(90)
@@ -414,7 +414,7 @@ def test_cli_restarts(child):
 
 
 def test_restart_count_comes_from_recps_launch_or_torchrun():
-    from recps.launch import restart_count
+    from recps.cluster.launch import restart_count
 
     assert restart_count({}) == 0
     assert restart_count({"RECPS_RESTART_COUNT": "2"}) == 2

@@ -166,7 +166,7 @@ def test_geo_resume_from_a_mid_run_checkpoint(tmp_path_factory):
 
 
 def test_a_committed_step_checkpoint_is_never_overwritten(tmp_path):
-    from recps.cluster import run_distributed
+    from recps.cluster.driver import run_distributed
 
     step = tmp_path / "checkpoint" / "step-100"
     step.mkdir(parents=True)
@@ -177,7 +177,7 @@ def test_a_committed_step_checkpoint_is_never_overwritten(tmp_path):
 
 
 def test_both_checkpoint_intervals_are_refused():
-    from recps.cluster import ps_mode
+    from recps.config import ps_mode
 
     cfg = compose_config(["ps=sync", "ps.checkpoint_every_steps=10", "ps.checkpoint_every_seconds=60"])
     with pytest.raises(ConfigError, match="both set; give one of them"):
@@ -187,8 +187,8 @@ def test_both_checkpoint_intervals_are_refused():
 def test_an_unreachable_checkpoint_dir_is_refused_before_any_process_starts(tmp_path):
     import time
 
-    from recps.cluster import run_distributed
-    from recps.launch import free_port
+    from recps.cluster.driver import run_distributed
+    from recps.cluster.launch import free_port
 
     dead = f"127.0.0.1:{free_port()}"  # nothing listens there
     cfg = compose_config([*SMALL, "ps=async", f"checkpoint.dir=hdfs://{dead}/ckpt", f"dataset.dir={tmp_path}"])
@@ -224,7 +224,7 @@ def test_keep_last_removes_the_older_committed_step_checkpoints_only(tmp_path):
 def test_a_run_with_keep_last_keeps_its_newest_step_checkpoint_and_resumes_from_it(tmp_path, in_process_cluster):
     """checkpoint.keep_last=1 with checkpoints every 30 steps: after the run one step-N/ is left, the
     last one, beside the final checkpoint; a restart's resume point (the newest committed) is it."""
-    from recps.cluster import last_committed_checkpoint
+    from recps.cluster.checkpoint import last_committed_checkpoint
 
     cfg = small(["ps=async", "trainer.threads=1", "ps.checkpoint_every_steps=30", "checkpoint.keep_last=1",
                  f"dataset.dir={tmp_path / 'data'}"])

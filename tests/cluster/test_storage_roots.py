@@ -1,4 +1,4 @@
-"""A PS job's servers save and load only inside the job's folders (recps.cluster.storage_roots):
+"""A PS job's servers save and load only inside the job's folders (recps.cluster.driver.storage_roots):
 a request naming any other path is refused (recps.ps.node.server.check_storage_path), so a
 client holding the token cannot have a server write elsewhere. cluster.encryption reaches every
 process the job starts."""
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from recps.cluster import storage_roots
+from recps.cluster.driver import storage_roots
 from recps.config import PROJECT_ROOT, compose_config
 from recps.errors import ConfigError
 from recps.ps.node.server import check_storage_path

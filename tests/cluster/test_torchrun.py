@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from recps.config import PROJECT_ROOT
-from recps.launch import free_port
+from recps.cluster.launch import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -55,10 +55,10 @@ def ps_servers(num_servers: int = 1, token: str = "test") -> Iterator[tuple[list
 
 def run_in_process(cfg, out_dir: Path, token: str = "in-process", **worker_kwargs) -> dict:
     """ps=sync|async|geo with one server and one worker: server 0 on a thread, worker 0 here, as
-    `cluster=local`'s processes run them (recps.cluster.run_role). `worker_kwargs` go to the
+    `cluster=local`'s processes run them (recps.cluster.driver.run_role). `worker_kwargs` go to the
     worker's run_role (data=, observers=). Returns worker 0's metrics."""
-    from recps.cluster import run_role
-    from recps.launch import free_port
+    from recps.cluster.driver import run_role
+    from recps.cluster.launch import free_port
     from recps.ps.roles import UserDefinedRoleMaker
 
     address = f"127.0.0.1:{free_port()}"
@@ -85,7 +85,7 @@ def run_in_process(cfg, out_dir: Path, token: str = "in-process", **worker_kwarg
 
 def servers_and_workers(work) -> None:
     """One real server node and two worker clients on threads; work(rank, client)."""
-    from recps.launch import free_port
+    from recps.cluster.launch import free_port
     from recps.ps.modes import server_halves
     from recps.ps.node import ServerNode, connect
     from recps.ps.roles import UserDefinedRoleMaker
@@ -150,7 +150,7 @@ class RoleProcesses:
 
     def __init__(self, folder: Path, servers: int, workers: int, token: str = LIVENESS_TOKEN,
                  dead_after_s: float = DEAD_AFTER_S, request_timeout_s: float = REQUEST_TIMEOUT_S) -> None:
-        from recps.launch import free_port
+        from recps.cluster.launch import free_port
         from recps.ps.roles import UserDefinedRoleMaker
 
         self.folder = folder

@@ -236,7 +236,7 @@ def test_config_errors_and_off():
 def test_cluster_refuses_gloo_merge_before_starting_anything(tmp_path):
     from hydra import compose, initialize_config_dir
 
-    from recps.cluster import run_distributed
+    from recps.cluster.driver import run_distributed
     from recps.config import PROJECT_ROOT, register_resolvers
 
     register_resolvers()

@@ -11,7 +11,7 @@ steps is below the mean of the first quarter (measured margins: 3 to 25 standard
 Speed: a spawned cluster costs ~20 s of process starts and imports per run, and 80 runs would
 take half an hour. Here the cluster lives in this process instead: server 0 (with the
 coordinator) serves on a thread on 127.0.0.1, and worker 0 trains in the test's thread,
-both through `recps.cluster.run_role`, the code each process of `cluster=local` runs (Fleet,
+both through `recps.cluster.driver.run_role`, the code each process of `cluster=local` runs (Fleet,
 the mode's communicator, the PS-backed collection, ZeroMQ on loopback, the training metrics,
 worker 0's evaluation with the servers' values). A model's data set is read once and shared
 by its four runs. A few true multi-process runs (`python -m recps.train ... ps=...`) keep the

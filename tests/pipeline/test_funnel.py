@@ -108,7 +108,7 @@ def test_each_stage_is_updated_by_its_own_modes_rule_on_one_server():
     the recall table (GEO, k_steps large) holds 0 + the mean of each worker's local SGD; coarse (async)
     took every worker's push as it came (between the sync-of-the-mean and the local results); fusion
     (sync) one SGD step on the mean gradient per step. The servers tag each table with its stage's mode."""
-    from recps.launch import free_port
+    from recps.cluster.launch import free_port
     from recps.pipeline.stages import pipeline_specs
     from recps.pipeline.funnel import stage_collection
     from recps.ps.embedding import salted_keys

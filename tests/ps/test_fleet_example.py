@@ -17,7 +17,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from recps.config import PROJECT_ROOT
-from recps.launch import free_port
+from recps.cluster.launch import free_port
 from recps.embeddings import LocalEmbeddingBagCollection
 from recps.ps.fleet import DistributedStrategy, Fleet
 from recps.ps.modes import SyncMode

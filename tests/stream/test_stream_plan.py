@@ -75,7 +75,7 @@ def test_wait_is_bounded_and_names_the_split(tmp_path):
 
 
 def test_an_unreachable_file_system_is_waited_on_within_the_bound_then_named(caplog):
-    from recps.launch import free_port
+    from recps.cluster.launch import free_port
 
     split = f"hdfs://127.0.0.1:{free_port()}/clicks/20261201/0000"  # nothing listens there
     t = time.monotonic()

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from recps.errors import PSError, PSTimeoutError
-from recps.launch import free_port
+from recps.cluster.launch import free_port
 from recps.ps.modes import server_halves
 from recps.ps.node import Coordinator, CoordinatorClient, ServerNode, connect
 from recps.ps.roles import Role
@@ -100,7 +100,7 @@ def test_silent_peer_is_declared_dead_and_barriers_fail_naming_it():
 def test_a_dead_peer_fails_the_others_saying_whether_the_launcher_restarts_the_job(monkeypatch, environ, note):
     """The failure every peer hears says what follows, from what its launcher put in its environment
     (recps.launch: RECPS_MAX_RESTARTS = cluster.restarts, RECPS_RESTART_COUNT; torchrun: its pair)."""
-    from recps.launch import MAX_RESTARTS_ENV
+    from recps.cluster.launch import MAX_RESTARTS_ENV
     from recps.ps.node.coordinator import MAX_RESTARTS_ENV as NODE_MAX_RESTARTS_ENV
 
     assert MAX_RESTARTS_ENV == NODE_MAX_RESTARTS_ENV  # the launcher sets what the nodes read
@@ -120,7 +120,7 @@ def test_a_dead_peer_fails_the_others_saying_whether_the_launcher_restarts_the_j
 def test_recps_launch_tells_its_processes_how_many_restarts_the_job_has(tmp_path):
     import io
 
-    from recps.launch import launch
+    from recps.cluster.launch import launch
 
     # The server prints, then marks a file; the worker waits (at most 30 s) for that mark before it exits, since
     # a worker's end stops the servers and a slow server start would otherwise be stopped before it printed.

@@ -30,6 +30,67 @@ if _CHECKOUT not in sys.path:
 from tests.helpers.cli import follow_launch  # noqa: E402 - after the sys.path entry above
 from tests.helpers.cluster import ps_servers, run_in_process  # noqa: E402
 
+# ------------------------------------------------------------------------------------ e2e
+
+_SPAWNED: list[str] = []
+_PROCESS_FIXTURES = {"hdfs", "private_hdfs", "launch_output"}
+_SAVED_STARTS = pytest.StashKey[list]()
+
+
+def _noting(what: str, start):
+    def spawn(*args, **kwargs):
+        _SPAWNED.append(what)
+        return start(*args, **kwargs)
+    return spawn
+
+
+def _watch_spawns() -> list[tuple[object, str, object]]:
+    """Note every process this test process starts (subprocess and multiprocessing both end in one
+    of these) while a test not marked e2e runs; returns what to restore."""
+    import _posixsubprocess
+
+    patched = [(subprocess, "_fork_exec"), (_posixsubprocess, "fork_exec"), (os, "fork"), (os, "posix_spawn"),
+               (os, "posix_spawnp")]
+    saved = [(mod, name, getattr(mod, name)) for mod, name in patched if hasattr(mod, name)]
+    for mod, name, start in saved:
+        setattr(mod, name, _noting(f"{getattr(mod, '__name__', mod)}.{name}", start))
+    return saved
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test marked slow (an end-to-end run: a whole job trained, a quality figure) is e2e as well,
+    whether it starts a process or runs its cluster on threads: make test-fast skips it too."""
+    for item in items:
+        if item.get_closest_marker("slow") is not None and item.get_closest_marker("e2e") is None:
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("e2e") is None:
+        item.stash[_SAVED_STARTS] = _watch_spawns()
+        _SPAWNED.clear()
+        used = _PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+        if used:
+            pytest.fail(f"{item.nodeid} uses {', '.join(sorted(used))} (processes): mark it e2e", pytrace=False)
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    try:
+        return (yield)
+    finally:
+        saved = item.stash.get(_SAVED_STARTS, None)
+        if saved is not None:
+            for mod, name, start in saved:
+                setattr(mod, name, start)
+            if _SPAWNED:
+                spawned, _SPAWNED[:] = sorted(set(_SPAWNED)), []
+                pytest.fail(f"{item.nodeid} started a process ({', '.join(spawned)}) but is not marked e2e: "
+                            "add @pytest.mark.e2e (make test-fast runs -m 'not e2e')", pytrace=False)
+
+
 _HDFS_SCRIPTS = Path(__file__).resolve().parent / "hdfs"
 # start_hdfs.sh waits at most RECPS_HDFS_TIMEOUT (120 s) for the cluster and 480 s for the
 # one-time jar download; this bound stays under the suite's 600 s pytest-timeout.

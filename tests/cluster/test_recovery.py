@@ -216,6 +216,7 @@ COMMITTED = r"\[worker0\].*committed \S+/(step-\d+)"
 RESTART = r"restart (\d) of {n} in [\d.]+ s: (\w+) \(pid \d+\) (was killed by SIGKILL|exited with code \d+)(.*)"
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("mode, epochs", [("async", 1), ("geo", 2)])
 def test_killed_server_then_worker_recovered_with_every_row_counted_once(tmp_path, mode, epochs, launch_output):
@@ -252,6 +253,7 @@ def test_killed_server_then_worker_recovered_with_every_row_counted_once(tmp_pat
     assert assert_exact_counts(overrides, run / "checkpoint") > 1000
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("victim", ["server0", "worker1"])
 def test_a_process_stalled_past_dead_after_s_does_not_end_a_run_with_restarts(tmp_path, victim, launch_output):
@@ -278,6 +280,7 @@ def test_a_process_stalled_past_dead_after_s_does_not_end_a_run_with_restarts(tm
     assert assert_exact_counts(overrides, run / "checkpoint") > 1000
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_a_stream_restarts_itself_and_resumes_from_its_records_exactly_once(tmp_path, launch_output):
     """stream=hourly (cluster.restarts=3 there): server0 killed while the stream waits for pass 3; the
@@ -348,6 +351,7 @@ def _children_by_rank(parent: int) -> dict[int, int]:
     return found
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["async", "geo"])
 def test_killed_server_then_worker_recovered_by_torchrun_elastic_restarts(tmp_path, mode, launch_output):

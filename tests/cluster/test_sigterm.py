@@ -20,6 +20,8 @@ import pytest
 
 from tests.helpers.cluster import DEAD_AFTER_S, HEARTBEAT_S, RoleProcesses as Cluster, role_processes
 
+pytestmark = pytest.mark.e2e  # every test here starts a process
+
 
 @pytest.fixture
 def cluster(tmp_path):

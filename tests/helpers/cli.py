@@ -1,6 +1,6 @@
 """Running recps as a user does: `python -m <module> <args>` from the checkout, in a child process.
 
-`run_module` (and its shorthand `recps_train`) waits for the child and returns a `CliRun`: its
+`run_command` (any program), `run_module` and its shorthand `recps_train` wait for the child and returns a `CliRun`: its
 return code, stdout, stderr and, when a `hydra.run.dir=` override was given, the run folder. With
 `check` (the default: exit 0) a different exit fails the test with the command and the tail of
 both outputs; a child that outlives `timeout` fails it the same way, with what it printed so far.
@@ -24,18 +24,19 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["PROJECT_ROOT", "CliRun", "run_module", "recps_train", "job_process", "follow_launch", "child_env"]
+__all__ = ["PROJECT_ROOT", "CliRun", "run_command", "run_module", "recps_train", "job_process", "follow_launch", "child_env"]
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]  # the checkout: tests/helpers/cli.py
 TAIL_CHARS = 4000
 
 
-def child_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+def child_env(env: Mapping[str, str | None] | None = None) -> dict[str, str]:
     """os.environ with this checkout first on PYTHONPATH (so a child imports this worktree's recps,
-    models and tests, not an installed copy), then `env` on top."""
+    models and tests, not an installed copy), then `env` on top (a None value removes the name)."""
     path = os.environ.get("PYTHONPATH", "")
     parts = [str(PROJECT_ROOT), *(p for p in path.split(os.pathsep) if p and p != str(PROJECT_ROOT))]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(parts), **(env or {})}
+    merged = {**os.environ, "PYTHONPATH": os.pathsep.join(parts), **(env or {})}
+    return {k: v for k, v in merged.items() if v is not None}
 
 
 def _text(data) -> str:
@@ -69,21 +70,21 @@ class CliRun(subprocess.CompletedProcess):
 
     @property
     def command(self) -> str:
-        return " ".join(str(a) for a in self.args[1:]) if self.args[:1] == [sys.executable] else " ".join(self.args)
+        return " ".join(["python", *self.args[1:]] if self.args[:1] == [sys.executable] else self.args)
 
     def describe(self, what: str) -> str:
-        return (f"`python {self.command}` (cwd {self.cwd}) {what} after {self.seconds:.0f} s\n"
+        return (f"`{self.command}` (cwd {self.cwd}) {what} after {self.seconds:.0f} s\n"
                 f"--- stdout (last {TAIL_CHARS} characters):\n{self.stdout[-TAIL_CHARS:]}\n"
                 f"--- stderr (last {TAIL_CHARS} characters):\n{self.stderr[-TAIL_CHARS:]}")
 
 
-def run_module(module: str, *args: str, cwd: str | os.PathLike = PROJECT_ROOT,
-               env: Mapping[str, str] | None = None, timeout: float = 300,
-               check: int | None = 0) -> CliRun:
-    """`python -m module *args` in `cwd` (default: the checkout) with child_env(env), waited for at
-    most `timeout` s. `check`: the exit code the test expects (0 by default; None: any); another one,
-    or the timeout, fails the test naming the command, with the tail of stdout and stderr."""
-    cmd = [sys.executable, "-m", module, *map(str, args)]
+def run_command(cmd: Sequence[str], cwd: str | os.PathLike = PROJECT_ROOT, env: Mapping[str, str | None] | None = None,
+                timeout: float = 300, check: int | None = 0) -> CliRun:
+    """`cmd` (a program and its arguments: python -m ..., torchrun ..., mpirun ...) in `cwd` (default:
+    the checkout) with child_env(env), waited for at most `timeout` s. `check`: the exit code the
+    test expects (0 by default; None: any); another one, or the timeout, fails the test naming the
+    command, with the tail of stdout and stderr."""
+    cmd = [str(a) for a in cmd]
     start = time.monotonic()
     try:
         proc = subprocess.run(cmd, cwd=cwd, env=child_env(env), capture_output=True, text=True, timeout=timeout)
@@ -94,6 +95,11 @@ def run_module(module: str, *args: str, cwd: str | os.PathLike = PROJECT_ROOT,
     if check is not None and run.returncode != check:
         pytest.fail(run.describe(f"exited {run.returncode}, expected {check},"), pytrace=False)
     return run
+
+
+def run_module(module: str, *args: str, **kwargs) -> CliRun:
+    """`python -m module *args` (see run_command for cwd, env, timeout and check)."""
+    return run_command([sys.executable, "-m", module, *args], **kwargs)
 
 
 def recps_train(*overrides: str, **kwargs) -> CliRun:

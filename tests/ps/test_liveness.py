@@ -22,7 +22,6 @@ import contextlib
 import os
 import re
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -37,6 +36,7 @@ from recps.ps.transport import TransportClient, security
 from recps.ps.transport.security import curve_keys
 from tests.helpers.cluster import (DEAD_AFTER_S, HEARTBEAT_S, LIVENESS_TOKEN as TOKEN, REQUEST_TIMEOUT_S,
                                    RoleProcesses as Cluster, role_processes)
+from tests.helpers.cli import job_process
 
 @pytest.fixture
 def cluster(tmp_path):
@@ -50,6 +50,7 @@ def _failure(c: Cluster, name: str) -> tuple[float, str]:
     return float(m.group(1)), m.group(2)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_stalls_shorter_than_dead_after_s_end_nothing(cluster):
     c = cluster(servers=2, workers=1)
@@ -67,6 +68,7 @@ def test_stalls_shorter_than_dead_after_s_end_nothing(cluster):
     assert re.search(r"stalled for \d", c.log("server0"))  # the coordinator saw its own stall and forgave it
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_stalled_server_fails_the_workers_calls_at_once_naming_it(cluster):
     c = cluster(servers=2, workers=1)
@@ -83,6 +85,7 @@ def test_stalled_server_fails_the_workers_calls_at_once_naming_it(cluster):
     assert c.exit_code("server1", 3 * DEAD_AFTER_S) == 1, c.log("server1")  # dead, and it learns it on resume
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_stalled_coordinator_is_detected_by_everyone_naming_server0(cluster):
     c = cluster(servers=2, workers=1)
@@ -104,6 +107,7 @@ def test_stalled_coordinator_is_detected_by_everyone_naming_server0(cluster):
     assert exited - resumed > DEAD_AFTER_S, log0  # no one declared dead on the first tick back
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_stalled_worker_fails_the_others_naming_it_and_itself_on_resume(cluster):
     c = cluster(servers=1, workers=2)
@@ -173,6 +177,7 @@ def test_fail_server_fails_a_request_in_flight_at_once_and_every_later_one():
 # ------------------------------------------------------------------------- under recps.launch
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_launched_run_fails_naming_the_stalled_server0_soon_after_the_stall(tmp_path, launch_output):
     """`python -m recps.train` (its recps.launch cluster), cluster.restarts left at none: server0 (the
@@ -184,11 +189,9 @@ def test_launched_run_fails_naming_the_stalled_server0_soon_after_the_stall(tmp_
            "trainer.epochs=100000", "trainer.batch_size=16", f"cluster.dead_after_s={DEAD_AFTER_S}",
            f"dataset.dir={tmp_path / 'data'}", "dataset.generate.train_rows=2000", "dataset.generate.test_rows=500",
            "dataset.generate.vocab=1000", f"hydra.run.dir={tmp_path / 'run'}"]
-    proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
     pids: dict[str, int] = {}
     lines: list[str] = []
-    try:
+    with job_process(cmd) as proc:  # its process group killed at the end, whatever ends the block
         joined = launch_output(proc, r"\[(worker\d)\].*async mode", lines, pids, time.monotonic() + 120, count=2)
         assert joined == {"worker0", "worker1"}, "".join(lines[-40:])
         time.sleep(2 * HEARTBEAT_S)
@@ -200,10 +203,6 @@ def test_launched_run_fails_naming_the_stalled_server0_soon_after_the_stall(tmp_
         rest, _ = proc.communicate(timeout=60)
         took = time.monotonic() - resumed
         lines.append(rest)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
     out = "".join(lines)
     print(f"server0 stalled under recps.launch: the run ended {took:.1f} s after the stall's end")
     assert proc.returncode != 0

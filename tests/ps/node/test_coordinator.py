@@ -117,6 +117,7 @@ def test_a_dead_peer_fails_the_others_saying_whether_the_launcher_restarts_the_j
         assert f"this run of the job cannot finish without it: {note}" in str(worker.failure)
 
 
+@pytest.mark.e2e
 def test_recps_launch_tells_its_processes_how_many_restarts_the_job_has(tmp_path):
     import io
 
@@ -196,6 +197,7 @@ def _spawn_server(role: Role, dead_after_s: float, log) -> subprocess.Popen:
     )
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_server_processes_sigterm_and_sigkill(tmp_path):
     """Server 0 (with the coordinator) here; servers 1 and 2 are processes. After SIGKILL of server 1,

@@ -8,19 +8,17 @@ here: the rows get unscaled gradients and an overflowing step changes nothing.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 from torch import nn
 
-from recps.config import PROJECT_ROOT, compose_config
+from recps.config import compose_config
 from recps.errors import ConfigError
 from recps.observer import TrainObserver
 from recps.run import build_job, evaluate
 from recps.trainer import Precision, Trainer
+from tests.helpers.cli import CliRun, recps_train
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -125,13 +123,13 @@ def test_a_bad_precision_is_refused_before_any_data_is_read(tmp_path):
         Trainer(job.model, job.collection, job.task, job.trainer.updater, precision="fp16", device="cpu")
 
 
-def _cli(tmp_path, *overrides: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "recps.train", *overrides, "progress=false",
-                           f"hydra.run.dir={tmp_path / 'run'}", *world(tmp_path / "data", 1000, 500, 100)[:4]],
-                          cwd=PROJECT_ROOT, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
-                          capture_output=True, text=True, timeout=300)
+def _cli(tmp_path, *overrides: str) -> CliRun:
+    """recps.train on a small world, expected to fail (the tests read why)."""
+    return recps_train(*overrides, "progress=false", f"hydra.run.dir={tmp_path / 'run'}",
+                       *world(tmp_path / "data", 1000, 500, 100)[:4], check=None)
 
 
+@pytest.mark.e2e
 def test_the_cli_refuses_fp8_in_one_line(tmp_path):
     proc = _cli(tmp_path, "ps=local", "trainer.precision=fp8")
     assert proc.returncode != 0
@@ -142,6 +140,7 @@ def test_the_cli_refuses_fp8_in_one_line(tmp_path):
     assert not (tmp_path / "data").exists() and not (tmp_path / "run" / "metrics.json").exists()
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: device=cuda is valid")
 @pytest.mark.parametrize("mode,fix", [(mode, "torch.cuda.is_available() is False on this machine") for mode in ("local", "async")]
                          + [("async", "run `make setup-gpu` and train with .venv-gpu/bin/python (torch's CUDA build "

@@ -129,6 +129,7 @@ def test_api_misuse_is_named():
                                                                      momentum=0.9))
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_worker_fails_naming_the_server_when_it_is_killed():
     """No launcher here: the worker itself must notice, within its timeout, and name the server."""
@@ -157,6 +158,7 @@ def test_worker_fails_naming_the_server_when_it_is_killed():
             server.wait()
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_fleet_example_runs_on_one_server_and_two_workers_and_learns_like_the_local_script():
     sys.path.insert(0, str(EXAMPLES))

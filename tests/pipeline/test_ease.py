@@ -9,12 +9,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from recps.config import PROJECT_ROOT
 from recps.errors import ConfigError
 from recps.metrics import funnel as fm
 from recps.pipeline import ease as ease_module
 from recps.pipeline.ease import EASE, choose_l2, holdout_latest, ndcg_at_k
 
-ML = Path(__file__).resolve().parents[3] / "shared" / "data" / "movielens_latest_small"  # ../shared/data
+# ../shared/data next to the checkout, else the copy the repo ships (the same files: GroupLens allows it)
+ML = next((p for p in (PROJECT_ROOT.parent / "shared" / "data" / "movielens_latest_small",
+                       PROJECT_ROOT / "datasets" / "movielens_latest_small") if (p / "ratings.csv").exists()),
+          PROJECT_ROOT.parent / "shared" / "data" / "movielens_latest_small")
 
 
 def small_matrix(seed: int = 0, users: int = 30, items: int = 8) -> torch.Tensor:
@@ -121,13 +125,16 @@ def test_holdout_latest_keeps_each_users_latest_rows():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (ML / "ratings.csv").exists(), reason=f"MovieLens latest-small not in {ML} "
-                    "(see /work/shared/data/movielens_latest_small/PROVENANCE.txt)")
+@pytest.mark.skipif(not (ML / "ratings.csv").exists(), reason=f"MovieLens latest-small is neither in {ML} nor in "
+                    "datasets/movielens_latest_small (see its PROVENANCE.txt)")
 def test_movielens_ndcg_on_the_funnel_split():
     """The funnel's split (recps.pipeline.data.movielens defaults: each user's last 20% held out, positives
     rating >= 4, every training rating seen and excluded from the list). EASE over the training ratings;
     λ chosen on a validation split carved from the training rows (each user's latest 20% of them,
-    positives rating >= 4), then refitted on all training rows and measured once on the test split."""
+    positives rating >= 4), then refitted on all training rows and measured once on the test split.
+    Measured: validation NDCG@10 0.1104 / 0.1133 / 0.1127 at l2 100 / 300 / 1000, l2=300 chosen, test
+    NDCG@10 0.1015 over 591 requests (issue 29's ~0.12 picked l2 on the test users). Four fits of the
+    ~9k x 9k Gram: 507 s on the 2-core machine at load ~15 (slow)."""
     from recps.pipeline.data import movielens
 
     data = movielens(str(ML / "ratings.csv"), str(ML / "movies.csv"))
@@ -142,4 +149,4 @@ def test_movielens_ndcg_on_the_funnel_split():
     got = float(pair[0] / pair[1])
     print(f"EASE on MovieLens latest-small: validation NDCG@10 {results}, chosen l2={best}; test NDCG@10 "
           f"{got:.4f} over {int(pair[1])} requests ({time.time() - started:.0f} s)")
-    assert got > 0.05, (got, results)  # most-popular: 0.0093 on this split, the default funnel 0.022
+    assert got > 0.08, (got, results)  # most-popular: 0.0093 on this split, the default funnel 0.022

@@ -255,8 +255,8 @@ class VideoWorldConfig:
     candidate_factor: int = 8
     metric_users: int = 300
     random_items_per_user: int = 0
-    short_term_weight: float = 1.0
-    short_term_half_life_days: float = 2.0
+    short_term_weight: float = 2.0
+    short_term_half_life_days: float = 5.0
     cross_scale: float = 0.5
 
     def __post_init__(self) -> None:

@@ -484,8 +484,9 @@ class Fleet:
     def _local_dense_updater(self):
         """The dense updater whose optimizer runs on this worker (geo), or None."""
         updater = self._optimizer.updater if self._optimizer is not None else None
-        updater = getattr(updater, "updater", updater)  # _EveryMode wraps the strategy's
-        return updater if hasattr(updater, "state_dict") else None
+        if isinstance(updater, _EveryMode):  # it wraps the strategy's
+            updater = updater.updater
+        return updater if isinstance(updater, KeepsWorkerState) else None  # geo's GeoDenseUpdater
 
     def save(self, path: str, mode: str = "full", tables: Sequence[str] | None = None,
              timeout: float | None = None) -> dict[str, int]:

@@ -17,17 +17,26 @@ features, user side then item side, as its model names them.
 
 from __future__ import annotations
 
+import io
 import logging
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
+import pandas as pd
 import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
 
+from recps import fs as rfs
+from recps.data.generators.video_world import VideoWorldConfig, ensure_world, load
+from recps.data.interactions import read_movies, read_ratings
 from recps.data.reader import Examples
 from recps.errors import ConfigError, DataError
+from recps.targets import check_target_args
 
-__all__ = ["FunnelData", "Csr", "movielens", "video_world", "pair_examples", "csr_from_pairs", "exposure_bucket"]
+__all__ = ["FunnelData", "Csr", "movielens", "video_world", "pair_examples", "csr_from_pairs", "exposure_bucket",
+           "load_world"]
 
 log = logging.getLogger("recps.pipeline")
 
@@ -169,13 +178,6 @@ def movielens(ratings: str, movies: str, test_fraction: float = 0.2, click_ratin
     """MovieLens latest-small (or any ratings/movies pair in its layout) as funnel data; see the module doc.
     The items are every movie of `movies` (recall retrieves over all of them). `max_users` > 0 keeps the
     first that many users (tests)."""
-    import io
-
-    import pandas as pd
-
-    from recps import fs as rfs
-    from recps.data.interactions import read_movies, read_ratings
-
     if not 0.0 < float(test_fraction) < 1.0:
         raise ConfigError(f"pipeline.world.test_fraction={test_fraction}; use a value in (0, 1)")
     frame = read_ratings(ratings)
@@ -235,8 +237,6 @@ def video_world(dir: str, **config) -> FunnelData:
     long_view, held-out requests (the test impressions the user clicked), the train-seen items, and the
     world's ideal list (`ideal_topn`, seen items excluded). With a random bucket (`random_items_per_user` > 0)
     the held-out positives are its clicks (`logged_positives`: the logged test clicks), else the test clicks."""
-    from recps.data.generators.video_world import VideoWorldConfig, ensure_world, load
-
     try:
         wcfg = VideoWorldConfig(**config)
     except TypeError as exc:
@@ -283,3 +283,10 @@ def video_world(dir: str, **config) -> FunnelData:
         utility_ndcg=utility_ndcg, logged_positives=logged, test_shown=shown,
         evaluated_on="random_bucket" if len(bucket) else "logged",
     )
+
+
+def load_world(cfg) -> FunnelData:
+    """The funnel's data, `pipeline.world` of the composed config (its `_target_`: movielens, video_world),
+    its arguments bound to the constructor's signature first."""
+    check_target_args(cfg.pipeline.world, "pipeline.world")
+    return instantiate(OmegaConf.to_container(cfg.pipeline.world, resolve=True), _convert_="all")

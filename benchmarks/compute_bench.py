@@ -45,7 +45,7 @@ else each round takes, the devices alternating (cuda first in odd rounds):
    server processes, and the same run with `device=cpu`.
 The table gives per configuration the medians on both devices, the GPU's speedup and its AUC minus
 the CPU's; --out defaults to benchmarks/results/compute_bench_cuda.json. No GPU figure of this project
-has been measured yet (no GPU was available to the sessions that wrote it): README "GPU".
+has been measured yet (no GPU was available to the sessions that wrote it): docs/gpu.md.
 """
 
 from __future__ import annotations

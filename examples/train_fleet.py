@@ -3,7 +3,7 @@
     python examples/train_local.py --rows 20000 --epochs 2
     python -m recps.launch --servers 1 --workers 2 -- python examples/train_fleet.py --rows 20000 --epochs 2 --mode geo
 
-train_fleet.py is train_local.py with its Fleet part, 12 lines in place of 5 (tests/test_fleet_example.py counts them):
+train_fleet.py is train_local.py with its Fleet part, 12 lines in place of 5 (tests/ps/test_fleet_example.py counts them):
 
     diff -w examples/train_local.py examples/train_fleet.py
 

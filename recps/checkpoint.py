@@ -38,6 +38,7 @@ import os
 import posixpath
 import time
 import uuid
+from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 import torch
@@ -51,7 +52,7 @@ from recps.errors import ConfigError
 if TYPE_CHECKING:
     from recps.job import Job
 
-__all__ = ["save_checkpoint", "load_checkpoint", "checkpoint_file", "find_checkpoint", "commit_ps_checkpoint",
+__all__ = ["checkpoint_dir", "save_checkpoint", "load_checkpoint", "checkpoint_file", "find_checkpoint", "commit_ps_checkpoint",
            "verify_ps_checkpoint", "read_recorded", "committed_checkpoints", "prune_step_checkpoints",
            "read_ps_checkpoint", "MANIFEST", "LOCAL_RECORD", "FORMAT_VERSION"]
 
@@ -62,6 +63,11 @@ MANIFEST = "manifest.json"  # a PS checkpoint's commit record
 LOCAL_RECORD = "checkpoint.json"  # a local checkpoint's record: sha256 of checkpoint.pt and config.yaml
 LOCAL_FILES = ("checkpoint.pt", "config.yaml")
 SPEC_FILE = "spec.json"  # recps.ps.node.server.SPEC_FILE
+
+
+def checkpoint_dir(cfg, out_dir: str | os.PathLike) -> str:
+    """Where the run's checkpoint goes: checkpoint.dir (a path or fsspec URL), else <run dir>/checkpoint."""
+    return str(cfg.checkpoint.get("dir") or Path(out_dir) / "checkpoint")
 
 
 def checkpoint_file(path: str | os.PathLike) -> str:

@@ -17,7 +17,7 @@ import torch
 from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from recps.checkpoint import load_checkpoint, save_checkpoint
+from recps.checkpoint import checkpoint_dir, load_checkpoint, save_checkpoint
 from recps.config import MODEL_ENGINE_KEYS, MODEL_INJECTED, TASK_ENGINE_KEYS, check_target_args
 from recps.data.dataset import PreparedData, prepare_data
 from recps.debug.dump import build_dump, check_debug_config
@@ -79,11 +79,6 @@ def prepare_dataset(cfg: DictConfig, seed: int) -> PreparedData:
         check_target_args(cfg, "dataset", injected=("seed",))
         return instantiate(cfg, seed=seed, _convert_="all")
     return prepare_data(cfg, seed=seed)
-
-
-def checkpoint_dir(cfg: DictConfig, out_dir: Path) -> str:
-    """Where the run's checkpoint goes: checkpoint.dir (a path or fsspec URL), else <run dir>/checkpoint."""
-    return str(cfg.checkpoint.get("dir") or Path(out_dir) / "checkpoint")
 
 
 def build_job(cfg: DictConfig, data: PreparedData | None = None) -> Job:

@@ -279,9 +279,13 @@ def write_summary(sweep_dir: str | os.PathLike, jobs: Sequence[SweepJob] | None 
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m recps.sweep SWEEP_DIR   (writes SWEEP_DIR/summary.csv and summary.md)")
-    found = collect_jobs(sys.argv[1])
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m recps.sweep",
+                                     description="A sweep's table again: writes SWEEP_DIR/summary.csv and summary.md.")
+    parser.add_argument("sweep_dir", help="the folder of a `python -m recps.train -m` sweep")
+    folder = parser.parse_args().sweep_dir
+    found = collect_jobs(folder)
     if not found:
-        sys.exit(f"{sys.argv[1]}: no {JOB_RECORD} below it; give the folder of a `python -m recps.train -m` sweep")
-    print(write_summary(sys.argv[1], found))
+        sys.exit(f"{folder}: no {JOB_RECORD} below it; give the folder of a `python -m recps.train -m` sweep")
+    print(write_summary(folder, found))

@@ -40,7 +40,7 @@ from typing import Any, Iterator
 import hydra
 from omegaconf import DictConfig
 
-import recps.launch as _launch
+import recps.cluster.launch as _launch
 from recps.config import composition_error_message, override_source, register_resolvers, validate_config
 
 __all__ = ["main", "cli", "error_message", "summary_lines", "held_out_metric_names"]
@@ -109,7 +109,7 @@ def _run(cfg: DictConfig) -> float:
 
         metrics = run_training(cfg, out_dir)
     else:
-        from recps.cluster import run_distributed
+        from recps.cluster.driver import run_distributed
 
         metrics = run_distributed(cfg, out_dir)
         if metrics is None:  # a server or worker of the cluster: the launcher reports
@@ -151,7 +151,7 @@ _startup: dict[str, float] = {}
 @contextmanager
 def _one_torch_thread() -> Iterator[None]:
     """Torch ops of the block (the checks build metric states) run on this thread: no OpenMP team starts,
-    so a launcher may still fork its cluster's processes (recps.launch.can_fork; a child forked after a
+    so a launcher may still fork its cluster's processes (recps.cluster.launch.can_fork; a child forked after a
     team started would hang in its first parallel op). torch's thread count is restored after it."""
     torch = sys.modules.get("torch")
     if torch is None:
@@ -170,7 +170,7 @@ def _log_startup() -> None:
     and the config's checks took (benchmarks/startup_bench.py reads it)."""
     if "checked" in _startup:
         return
-    from recps.launch import process_age
+    from recps.cluster.launch import process_age
 
     now = _startup["checked"] = _time.perf_counter()
     age = process_age()

@@ -7,13 +7,13 @@ machine (RECPS_REQUIRE_CUDA=1 makes the absence a failure). The cuda half compar
 
 - the copies (recps.device) and the prefetching batch loader (recps.embeddings.placement);
 - GEO's replica as a CUDA TBE and sync's pulled rows on the GPU, both against plain-torch SGD on the
-  CPU (the exact equalities of tests/ps/modes/test_geo.py, to float tolerance);
+  CPU (the exact equalities of tests/ps/modes/test_geo.py, with tests/helpers/reference.py, to float tolerance);
 - ps=local, GEO and async runs of CTR-DNN (recps.run / recps.cluster, servers in this process) on a
   small generated world: first losses and AUC against the same run on the CPU.
 
 On a machine without CUDA, `device=cuda` fails before any data is read or process started, naming
 the value, why (torch.cuda.is_available() is False: the CPU build) and the fix (make setup-gpu); the
-CLI's one line for it: tests/test_precision.py::test_device_cuda_without_a_gpu_names_the_fix.
+CLI's one line for it: tests/job/test_precision.py::test_device_cuda_without_a_gpu_names_the_fix.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from recps.ps.modes.geo import GeoMode
 from recps.ps.modes.synchronous import SyncMode
 from recps.ps.node import PSClient, PSServer, TableConfig
 from recps.tasks import BinaryTask
-from tests.ps.modes.test_geo import DIM, FEATURES, INIT, ReferenceEBC, examples, make_model, reference_sgd
+from tests.helpers.reference import DIM, FEATURES, INIT, ReferenceEBC, examples, make_model, reference_sgd
 
 NO_CUDA = not torch.cuda.is_available()
 

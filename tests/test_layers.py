@@ -52,6 +52,7 @@ def test_the_contracts_are_the_ones_designed():
     assert CONFIG["session_options"]["root_packages"] == ["recps", "models"]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("contract", list(CONTRACTS))
 def test_contract_holds(contract):
     proc = _lint("--contract", contract)

@@ -313,7 +313,7 @@ _STAGES_KEY = "stages"  # a worker state file's entry: {stage: _StageTrainer.loc
 
 
 class _FunnelFleet:
-    """The fleet as the pass loop sees it: `worker_state` (what recps.cluster.write_progress saves in this
+    """The fleet as the pass loop sees it: `worker_state` (what recps.cluster.checkpoint.write_progress saves in this
     worker's state file of a pass checkpoint) adds the stages' local state under "stages"; everything
     else is the fleet's."""
 
@@ -343,13 +343,13 @@ def _load_stage_states(trainers: dict[str, "_StageTrainer"], states: list[dict],
                        folder: str, role) -> list[str]:
     """Each stage's local state (geo's dense optimizer) from the checkpoint's worker `states` (read from
     `files` under `folder`: this worker's own on a resume onto as many workers, else every worker's,
-    merged by recps.ps.fleet.merge_worker_states: the moments' means). Returns the stages loaded.
+    merged by recps.cluster.checkpoint.merge_worker_states: the moments' means). Returns the stages loaded.
 
     A checkpoint whose state files hold no "stages" entry was written before the streaming funnel saved
     them (or while no stage kept local state): each GEO stage's optimizer restarts from fresh state, with
     a warning naming it. One that holds the entry but not a GEO stage's state is refused (ConfigError
     naming the stage, the file and the fix): the stage trained in another mode when it was written."""
-    from recps.ps.fleet import merge_worker_states
+    from recps.cluster.checkpoint import merge_worker_states
 
     stateful = [t for t in trainers.values() if t.has_local_state]
     if not stateful:
@@ -564,12 +564,13 @@ def _passes_before(config, stop) -> list:
 
 
 def funnel_stream_work(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -> dict[str, Any] | None:
-    """A worker of the streaming funnel (recps.cluster.run_role's `work`); worker 0 returns the metrics."""
+    """A worker of the streaming funnel (recps.cluster.driver.run_role's `work`); worker 0 returns the metrics."""
     import os
 
     from recps.checkpoint import verify_ps_checkpoint
-    from recps.cluster import fleet_for, on_this_machine
-    from recps.ps.fleet import DistributedStrategy, merge_worker_states
+    from recps.cluster.checkpoint import merge_worker_states
+    from recps.cluster.process import fleet_for, on_this_machine
+    from recps.ps.fleet import DistributedStrategy
     from recps.run import seed_everything
     from recps.stream.plan import StreamPlan
     from recps.stream.source import pass_files
@@ -612,7 +613,7 @@ def funnel_stream_work(cfg: DictConfig, role, out_dir: Path, data=None, observer
             files = [w["state_file"] for w in (workers[role.index:role.index + 1] if same else workers)
                      if w.get("state_file")]
             states = _read_worker_states(resume.folder, manifest, files)
-            if states:  # geo: the replicas' keys and accumulators (recps.cluster.load_worker_state's)
+            if states:  # geo: the replicas' keys and accumulators (recps.cluster.checkpoint.load_worker_state's)
                 fleet.load_worker_state(states[0] if len(states) == 1 else merge_worker_states(states))
             loaded = _load_stage_states(trainers, states, files, resume.folder, role)  # geo: the dense optimizers
             log.info("%s resumes the streaming funnel %s from %s (local dense state of %s); next pass %s", role.name,
@@ -675,7 +676,7 @@ def _check(cfg: DictConfig) -> None:
 def run_funnel_stream(cfg: DictConfig, out_dir: Path) -> float:
     """recps.pipeline.run_pipeline's entry with stream.enabled: check, launch (or be one of the cluster's
     processes), print each pass's funnel metrics; returns pipeline.objective of the last evaluated pass."""
-    from recps.cluster import run_distributed
+    from recps.cluster.driver import run_distributed
 
     if cfg.ps.table.get("accessor") is None:
         raise ConfigError("stream=hourly needs the tables' CTR accessor (deltas, bases and shrink select by it); "

@@ -1,6 +1,6 @@
 """`python -m recps.train pipeline=video_funnel`: every stage of the funnel on one set of parameter servers.
 
-The launcher (recps.cluster.run_distributed) checks the pipeline config and the data before any process
+The launcher (recps.cluster.driver.run_distributed) checks the pipeline config and the data before any process
 starts, then starts `cluster.servers` servers and `cluster.workers` workers; each worker runs
 `funnel_work`:
 
@@ -55,7 +55,7 @@ _EVAL_TIMEOUT_S = 3600.0  # how long a worker waits for the others' evaluation o
 def run_pipeline(cfg: DictConfig, out_dir: Path) -> float:
     """recps.pipeline.run_pipeline's entry with pipeline != none and no stream: launch the cluster (or be one of its processes), then
     print and write the funnel's metrics; returns pipeline.objective (NaN in the cluster's processes)."""
-    from recps.cluster import run_distributed
+    from recps.cluster.driver import run_distributed
 
     if cfg.ps.name not in ("sync", "async", "geo"):
         raise ConfigError(f"pipeline={cfg.pipeline.name} trains on the parameter server; ps={cfg.ps.name!r}: "
@@ -228,7 +228,7 @@ def _index(cfg, s: StageSpec, stages: dict, world, role, export_dir: str, traine
 
 def funnel_work(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -> dict[str, Any] | None:
     """A worker of the funnel job; see the module docstring. Worker 0 returns the metrics."""
-    from recps.cluster import fleet_for, on_this_machine
+    from recps.cluster.process import fleet_for, on_this_machine
     from recps.ps.fleet import DistributedStrategy
     from recps.run import seed_everything
 

@@ -106,7 +106,7 @@ def _int(node, key: str, where: str, minimum: int) -> int:
 def _share(name: str, where: str, node: DictConfig, share, features: list[str], earlier: list[StageSpec],
            names: list[str]) -> dict[str, str]:
     """inputs.share {feature: stage}: the feature's rows are that earlier stage's (one table on the servers),
-    read frozen by this stage (see README "Pipelines", shared tables)."""
+    read frozen by this stage (see docs/funnel.md, "Stages sharing a table")."""
     if share is None:
         return {}
     if not isinstance(share, DictConfig):

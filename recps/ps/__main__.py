@@ -1,4 +1,7 @@
-"""Run one parameter server from the environment's role: `python -m recps.ps`.
+"""Run one parameter server from the environment's role: `python -m recps.ps` (a Fleet script's server).
+
+The PS package's own entry, configured by its options; a `python -m recps.train` cluster's server runs
+recps.cluster.server instead (the job's config sets its threads and storage roots).
 
 The role comes from `recps.ps.roles.detect_role_maker()` (RECPS_* variables set by
 `python -m recps.launch`, torchrun, MPI or Slurm); the process serves every PS mode's tables

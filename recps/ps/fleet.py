@@ -69,8 +69,7 @@ from recps.ps.node.server import STORAGE_ROOTS_ENV  # the folders a server may s
 from recps.ps.transport.security import ENCRYPTION_ENV  # curve (default) or off, the same on every process
 from recps.ps.roles import Role, detect_role_maker
 
-__all__ = ["Fleet", "WorkerChannel", "DistributedStrategy", "STORAGE_ROOTS_ENV", "ENCRYPTION_ENV", "DistributedOptimizer", "DENSE_TABLE", "ReadsServers", "ServerReader", "init", "read_checkpoint",
-           "merge_worker_states"]
+__all__ = ["Fleet", "WorkerChannel", "DistributedStrategy", "STORAGE_ROOTS_ENV", "ENCRYPTION_ENV", "DistributedOptimizer", "DENSE_TABLE", "ReadsServers", "ServerReader", "init", "read_checkpoint"]
 
 log = logging.getLogger(__name__)
 
@@ -613,44 +612,6 @@ class _EveryMode:
 def init(role_maker=None, **kwargs) -> Fleet:
     """A Fleet for this process (Paddle's `fleet.init(role_maker)`), usable as a context manager."""
     return Fleet(role_maker, **kwargs)
-
-
-def _mean(tensors: list[torch.Tensor]) -> torch.Tensor:
-    return torch.stack([t.to(torch.float64) for t in tensors]).mean(0).to(tensors[0].dtype)
-
-
-def merge_worker_states(states: list[dict]) -> dict:
-    """One `Fleet.worker_state` from those of another run's workers, for a resume onto another
-    number of workers: a replica holds every key any of them held, with the mean of their
-    accumulators for it; the local dense optimizer's state tensors are the workers' means
-    (each worker applied its own steps to the same parameters); other entries: the first's."""
-    merged: dict = {}
-    tables = sorted({t for s in states for t in s.get("sparse", {})})
-    if tables:
-        merged["sparse"] = {}
-        for table in tables:
-            parts = [s["sparse"][table] for s in states if table in s.get("sparse", {})]
-            keys = torch.cat([p["keys"] for p in parts])  # (K,)
-            acc = torch.cat([p["state"] for p in parts]).to(torch.float64)  # (K, ...)
-            uniq, inverse = torch.unique(keys, return_inverse=True)
-            sums = torch.zeros((uniq.numel(), *acc.shape[1:]), dtype=torch.float64).index_add_(0, inverse, acc)
-            counts = torch.bincount(inverse, minlength=uniq.numel()).to(torch.float64)
-            mean = sums / counts.reshape(-1, *([1] * (acc.dim() - 1)))
-            merged["sparse"][table] = {"keys": uniq, "state": mean.to(parts[0]["state"].dtype)}
-    optimizers = [s["dense_optimizer"] for s in states if "dense_optimizer" in s]
-    if optimizers:
-        per_param: dict = {}
-        for opt in optimizers:
-            for index, entry in opt["state"].items():
-                per_param.setdefault(index, []).append(entry)
-        merged["dense_optimizer"] = {
-            "param_groups": optimizers[0]["param_groups"],
-            "state": {index: {name: _mean([e[name] for e in entries if name in e])
-                              if isinstance(value, torch.Tensor) else value
-                              for name, value in entries[0].items()}
-                      for index, entries in per_param.items()},
-        }
-    return merged
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""Who am I in the cluster: a `Role`, read from the environment by a role maker.
+"""Who am I in the cluster: a `Role`, read from the environment by a role maker (below recps.cluster: the nodes and Fleet read it).
 
 A cluster has S servers and W workers. Each process learns its `Role` (kind, index within its
 kind, S, W, the coordinator's "host:port", its own host, the cluster token) from one role maker:

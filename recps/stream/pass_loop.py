@@ -63,7 +63,7 @@ def stream_config(cfg: DictConfig) -> StreamConfig:
 
 def run_stream(cfg: DictConfig, out_dir: Path) -> dict[str, Any] | None:
     """recps.train's entry with stream.enabled: launch the cluster, or be one of its processes."""
-    from recps.cluster import run_distributed
+    from recps.cluster.driver import run_distributed
 
     if cfg.ps.name not in ("sync", "async", "geo"):
         raise ConfigError(f"stream=hourly trains on the parameter server; ps={cfg.ps.name!r}: use ps=sync, async or geo")
@@ -283,7 +283,7 @@ class _Loop:
 
     def _checkpoint(self, p: Pass, delta: str | None) -> float:
         from recps.checkpoint import commit_ps_checkpoint
-        from recps.cluster import read_progress
+        from recps.cluster.checkpoint import read_progress
 
         folder = _pass_folder(self.config, p)
         t = time.perf_counter()
@@ -374,7 +374,7 @@ class _Loop:
                                     thread_steps_per_epoch=per_thread, first_epoch=self.passes_done)
 
     def run(self) -> list[dict]:
-        from recps.cluster import write_progress
+        from recps.cluster.checkpoint import write_progress
 
         r, zero = self.resume, self.role.index == 0
         if zero:
@@ -492,10 +492,13 @@ def _rss_mib() -> float | None:
 
 
 def stream_work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence = ()) -> dict[str, Any] | None:
-    """A stream job's worker (recps.cluster.run_role's `work`); worker 0 returns and writes metrics.json."""
+    """A stream job's worker (recps.cluster.driver.run_role's `work`); worker 0 returns and writes metrics.json."""
     import torch
 
-    from recps.cluster import STATS_TABLE, ProgressLog, fleet_for, load_worker_state, on_this_machine, ps_mode
+    from recps.cluster.checkpoint import load_worker_state
+    from recps.cluster.process import fleet_for, on_this_machine
+    from recps.cluster.work import STATS_TABLE, ProgressLog
+    from recps.config import ps_mode
     from recps.data.dataset import ExamplesSource, PreparedData
     from recps.data.reader import empty_examples
     from recps.data.schema import Schema

@@ -32,7 +32,7 @@ from recps.metrics.reporter import GlooMerger, MetricsReporter, build_reporter, 
 from recps.tasks import BinaryTask
 from recps.trainer import LocalDenseUpdater, Trainer
 
-from tests.metrics.ps_pair import servers_and_workers
+from tests.helpers.cluster import servers_and_workers
 NAMES = ["auc", "logloss", "accuracy", "actual_ctr", "predicted_ctr", "copc", "mae", "rmse"]
 DENSE, ROWS = 5, 32
 
@@ -236,7 +236,7 @@ def test_config_errors_and_off():
 def test_cluster_refuses_gloo_merge_before_starting_anything(tmp_path):
     from hydra import compose, initialize_config_dir
 
-    from recps.cluster import run_distributed
+    from recps.cluster.driver import run_distributed
     from recps.config import PROJECT_ROOT, register_resolvers
 
     register_resolvers()
@@ -284,6 +284,7 @@ def _check_two_workers(reports: list[list[dict]]) -> None:
         assert (WORKER_BATCHES[0] + r["step"] - 1) * ROWS <= r["examples"] <= sum(WORKER_BATCHES) * ROWS
 
 
+@pytest.mark.e2e
 def test_gloo_two_workers_two_threads_uneven_steps(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[__name__.count(".")]))
     ctx = mp.start_processes(_gloo_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=False, start_method="spawn")

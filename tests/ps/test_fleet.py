@@ -20,7 +20,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from recps.config import PROJECT_ROOT
 from recps.errors import ConfigError, PSError, PSTimeoutError
-from recps.launch import free_port, launch
+from recps.cluster.launch import free_port, launch
 from recps.ps.embedding import salted_keys
 from recps.ps.fleet import DistributedStrategy, Fleet
 from recps.ps.modes import AsyncMode, GeoMode, SyncMode
@@ -129,6 +129,7 @@ def test_api_misuse_is_named():
                                                                      momentum=0.9))
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_worker_fails_naming_the_server_when_it_is_killed():
     """No launcher here: the worker itself must notice, within its timeout, and name the server."""
@@ -157,6 +158,7 @@ def test_worker_fails_naming_the_server_when_it_is_killed():
             server.wait()
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_fleet_example_runs_on_one_server_and_two_workers_and_learns_like_the_local_script():
     sys.path.insert(0, str(EXAMPLES))
@@ -204,7 +206,7 @@ def test_dense_rule_on_the_servers_equals_the_torch_optimizer(make):
 
 def test_geo_sync_settings_travel_from_conf_to_the_communicator():
     """ps.background_sync / ps.local_init of conf/ps/geo.yaml reach GeoCommunicator."""
-    from recps.cluster import ps_mode
+    from recps.config import ps_mode
     from recps.config import compose_config
     from recps.ps.node import PSClient, PSServer
 
@@ -226,7 +228,7 @@ def test_geo_sync_settings_travel_from_conf_to_the_communicator():
 
 def test_table_capacity_from_conf_and_its_errors():
     """ps.table.capacity reserves the sparse tables' rows up front; a bad value names the fix."""
-    from recps.cluster import ps_mode
+    from recps.config import ps_mode
     from recps.config import compose_config
 
     assert ps_mode(compose_config(["ps=async"])).table.capacity == 0
@@ -239,7 +241,7 @@ def test_table_capacity_from_conf_and_its_errors():
 
 def test_async_merge_settings_travel_from_conf_to_the_communicator():
     """ps.min_merge / ps.dense_min_merge of conf/ps/async.yaml reach AsyncCommunicator; bad values name the fix."""
-    from recps.cluster import ps_mode
+    from recps.config import ps_mode
     from recps.config import compose_config
     from recps.ps.node import PSClient, PSServer
 
@@ -260,7 +262,7 @@ def test_async_merge_settings_travel_from_conf_to_the_communicator():
 
 
 def test_prefetch_is_async_only_and_on_by_default_there():
-    from recps.cluster import ps_mode
+    from recps.config import ps_mode
     from recps.config import compose_config
 
     assert ps_mode(compose_config(["ps=async"])).prefetches
@@ -276,7 +278,7 @@ def test_a_misspelled_mode_knob_fails_before_anything_starts_naming_the_key_and_
     signature, which names the knob meant."""
     from hydra.errors import ConfigCompositionException
 
-    from recps.cluster import ps_mode
+    from recps.config import ps_mode
     from recps.config import compose_config
 
     with pytest.raises(ConfigCompositionException, match="ps.k_step"):
@@ -376,7 +378,7 @@ def test_two_modes_in_one_job_each_table_follows_its_own_mode():
 
 
 def test_merge_worker_states_unions_replicas_and_averages_optimizer_state():
-    from recps.ps.fleet import merge_worker_states
+    from recps.cluster.checkpoint import merge_worker_states
 
     a = {"sparse": {"t": {"keys": torch.tensor([5, 1, 9]), "state": torch.tensor([1.0, 2.0, 3.0])}},
          "dense_optimizer": {"param_groups": [{"lr": 0.1, "params": [0]}],

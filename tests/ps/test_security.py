@@ -272,6 +272,7 @@ def test_attack_replay_of_a_captured_request(curve, encryption):
         server.stop()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("curve", [True, False], ids=["curve", "plaintext-control"])
 def test_attack_reply_altered_on_the_way(curve):
     """A proxy flips one bit of the server's reply. CURVE: the box does not open, the client raises
@@ -317,6 +318,7 @@ def test_attack_reply_from_an_impostor_server():
         impostor.stop()
 
 
+@pytest.mark.e2e
 def test_attack_wrong_token_on_a_ps_server(tmp_path):
     """A probe with another token can neither list the tables, pull rows, push, save nor stop."""
     server = _ps_server()
@@ -341,6 +343,7 @@ def test_attack_wrong_token_on_a_ps_server(tmp_path):
 # --------------------------------------------------------------------------- memory before authentication
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("declared", [16 << 30, 1 << 30], ids=["16GiB", "1GiB"])
 def test_attack_oversized_declared_frame(server_process, declared):
     """A CURVE greeting, then a command frame that declares `declared` bytes, then as much data as
@@ -370,6 +373,7 @@ def test_attack_oversized_declared_frame(server_process, declared):
     assert server.client.call(0, "pull").tensors[0].tolist() == [1.0] * 4 and server.alive()
 
 
+@pytest.mark.e2e
 def test_attack_flood_of_unauthenticated_connections(server_process):
     """12 connections each start a handshake frame just under the bound and send all of it but the
     last KiB, with max_unauthenticated=4: the server holds at most 4 (the others are shut down at
@@ -404,6 +408,7 @@ def test_attack_flood_of_unauthenticated_connections(server_process):
     assert refused >= 1  # the attacker saw its extra connections shut
 
 
+@pytest.mark.e2e
 def test_handshake_that_never_finishes_is_dropped():
     server = TransportServer(lambda *a: [], token=TOKEN, handshake_timeout_s=0.5).start()
     try:
@@ -427,6 +432,7 @@ def test_handshake_that_never_finishes_is_dropped():
 # ------------------------------------------------------------------------------------ logs, fuzzing
 
 
+@pytest.mark.e2e
 def test_rejections_are_counted_exactly_and_logged_once_per_interval(caplog):
     """3000 malformed messages from a token holder and 50 connections that speak no ZMTP: every one
     counted by reason, and the log has the first at once, then a line per 5 s interval and one at
@@ -557,6 +563,7 @@ def _expected_rejection(frames: list[bytes], digest: bytes) -> str | None:
     return None if msg.token_digest == digest else "token"
 
 
+@pytest.mark.e2e
 def test_fuzz_decoder_and_a_live_ps_server(server_process, tmp_path):
     """10^5 fuzzed messages. The decoder raises WireError or returns a message, nothing else, and
     its memory stays bounded. A live PS server (its own process, CURVE, storage confined to
@@ -612,6 +619,7 @@ def test_fuzz_decoder_and_a_live_ps_server(server_process, tmp_path):
     print(f"fuzz: {n} messages, decoder {decode_s:.1f} s, {expected}, statuses {statuses}, RSS +{grown >> 20} MiB")
 
 
+@pytest.mark.e2e
 def test_fuzz_raw_bytes_before_authentication(server_process):
     """500 connections that send random bytes (a third after a valid CURVE greeting) and close:
     each is refused and counted exactly once, and the server keeps serving."""

@@ -19,7 +19,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConf
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from recps.data.batch import Batch
-from recps.launch import free_port
+from recps.cluster.launch import free_port
 from recps.ps.embedding import PSEmbeddingBagCollection, PSEmbeddingCollection, ps_table_name, salted_keys
 from recps.ps.fleet import DistributedStrategy, Fleet
 from recps.ps.modes import AsyncMode, GeoMode, SyncMode

@@ -50,7 +50,7 @@ def test_accessor_and_count_filter_reach_the_servers(mode, tmp_path, in_process_
     ("ps.table.accessor={delta_keep_days:-1}", r"CtrAccessor: delta_keep_days=-1; it must be >= 0"),
 ])
 def test_bad_accessor_or_entry_fails_before_any_process_starts(override, message, tmp_path):
-    from recps.cluster import run_distributed
+    from recps.cluster.driver import run_distributed
 
     with pytest.raises(ConfigError, match=message):
         run_distributed(compose_config(["ps=async", *SMALL, override]), tmp_path / "run")

@@ -1,4 +1,4 @@
-"""Joining a cluster from a `Role`: `ServerNode(role)` is a server, `connect(role)` gives a worker its client.
+"""Joining a cluster from a `Role`: `ServerNode(role)` is a server, `connect(role)` gives a worker its client (L1: Fleet builds on it).
 
     server i                                   worker j
     --------                                   --------
@@ -16,7 +16,7 @@ its next heartbeat (`ServerNode.failure`, `PSClient.failure`; a worker's calls i
 once), and so does the dead peer if it comes back; a peer that loses the coordinator fails too.
 
 >>> from recps.ps.roles import UserDefinedRoleMaker
->>> from recps.launch import free_port
+>>> from recps.cluster.launch import free_port
 >>> address = f"127.0.0.1:{free_port()}"
 >>> server_role = UserDefinedRoleMaker("server", 0, 1, 1, coordinator=address, token="t").role()
 >>> worker_role = UserDefinedRoleMaker("worker", 0, 1, 1, coordinator=address, token="t").role()

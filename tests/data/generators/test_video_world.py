@@ -17,6 +17,7 @@ from recps.data.reader import load_tensors
 from recps.data.schema import Schema
 from recps.data.generators.ctr import _exact_auc
 from recps.errors import ConfigError, DataError
+from tests.helpers.cli import recps_train
 
 ROOT = Path(__file__).resolve().parents[3]
 SMALL = vw.VideoWorldConfig(users=300, items=4000, creators=400, seed=3, metric_users=100)
@@ -291,16 +292,10 @@ E2E_WORLD = ["dataset.generate.users=1000", "dataset.generate.items=10000", "dat
 
 
 def _train(*overrides: str) -> dict:
-    import subprocess
-    import sys
-
-    proc = subprocess.run([sys.executable, "-m", "recps.train", *overrides], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600, env=dict(os.environ, HYDRA_FULL_ERROR="0"))
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    run_dir = next(o.split("=", 1)[1] for o in overrides if o.startswith("hydra.run.dir="))
-    return json.loads(Path(run_dir, "metrics.json").read_text())
+    return recps_train(*overrides, env={"HYDRA_FULL_ERROR": "0"}, timeout=600).metrics()
 
 
+@pytest.mark.e2e
 def test_a_ranker_trains_on_the_impressions_below_the_best_reachable_auc(tmp_path):
     """dataset=video_world model=deepfm: the reader reads the Parquet as is; the test AUC is
     clearly above chance and below the truth's (measured 0.721 against 0.859)."""
@@ -311,6 +306,7 @@ def test_a_ranker_trains_on_the_impressions_below_the_best_reachable_auc(tmp_pat
     assert 0.6 < m["auc"] < best, (m["auc"], best)
 
 
+@pytest.mark.e2e
 def test_two_tower_trains_on_the_recall_view_and_beats_most_popular(tmp_path):
     m = _train("dataset=video_world_recall", "model=two_tower", "ps=local", f"dataset.dir={tmp_path / 'world'}",
                f"hydra.run.dir={tmp_path / 'run'}", *E2E_WORLD)

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.e2e  # every test here starts a process
+
 REPO = Path(__file__).resolve().parents[3]
 TABLES, ROWS, PASSES = 16, 20_000, 12
 GROWTH_BOUND_MIB = 50.0

@@ -1,0 +1,189 @@
+"""A worker's role body for a batch job (`python -m recps.train ps=sync|async|geo`): `work`.
+
+It builds the job over a PS-backed embedding collection, joins through `recps.ps.fleet.Fleet`,
+trains `trainer.threads` Hogwild threads on shards worker * T + thread of W * T (resumed where a
+checkpoint stopped, pausing for mid-run checkpoints: recps.cluster.checkpoint), sends what is
+queued and waits for the others; worker 0 then evaluates on the held-out split with the servers'
+values, has the servers save their shards under <run dir>/checkpoint and writes
+<run dir>/metrics.json. `ProgressLog` is worker 0's progress line (also the stream's).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from hydra.utils import get_object
+from omegaconf import DictConfig, OmegaConf
+
+from recps import fs as rfs
+from recps.checkpoint import checkpoint_dir, commit_ps_checkpoint
+from recps.cluster.checkpoint import CheckpointPauses, load_worker_state, read_progress, resume_point, write_progress
+from recps.cluster.launch import process_age, restart_count
+from recps.cluster.process import fleet_for, on_this_machine
+from recps.config import ps_mode
+from recps.data.dataset import prepare_data, worker_parses_its_shards
+from recps.data.sharding import WorkerShards
+from recps.ps.fleet import DENSE_TABLE, DistributedStrategy
+from recps.run import build_job, evaluate, training_observers
+from recps.trainer import left_of_target, planned_steps
+
+__all__ = ["work", "worker_data", "ProgressLog", "STATS_TABLE"]
+
+log = logging.getLogger("recps.cluster")
+
+STATS_TABLE = "recps_stats"  # [examples, examples/s, seconds, CPU seconds] summed over workers (a GEO-mode table: pushes add)
+_PROGRESS_EVERY_S = 5.0
+
+
+class ProgressLog:
+    """A log line every few seconds from worker 0 (a tqdm bar does not survive line forwarding), and one
+    at its first step (with the process's age: benchmarks/startup_bench.py reads it)."""
+
+    def __init__(self, batch_size: int, threads: int) -> None:
+        self.batch_size, self.threads = batch_size, threads
+        self.start = self.last = time.perf_counter()
+        self.lock = threading.Lock()
+        self.first = True
+
+    def __call__(self, thread: int, step: int, loss: float) -> None:
+        now = time.perf_counter()
+        if self.first:
+            with self.lock:
+                first, self.first = self.first, False
+            if first:
+                age = process_age()
+                log.info("first training step done (loss %.4f)%s", loss,
+                         f", {age:.2f} s after this process started" if age is not None else "")
+        if now - self.last < _PROGRESS_EVERY_S:
+            return
+        with self.lock:
+            if now - self.last < _PROGRESS_EVERY_S:
+                return
+            self.last = now
+        log.info("step %d, %.0f examples/s on this worker, loss %.4f", step,
+                 step * self.batch_size / (now - self.start), loss)
+
+
+def worker_data(cfg: DictConfig, role):
+    """This worker's training rows only, parsed by it (recps.data.dataset.WorkerExamplesSource: the same
+    batches as every row's source gives its threads), and the test rows where it evaluates (worker 0;
+    every worker with trainer.observers, which may read them); None where the data set or the task
+    needs every row (a dataset _target_, a test_fraction split, a task that binds the data)."""
+    ds = OmegaConf.to_container(cfg.dataset, resolve=True)
+    if not worker_parses_its_shards(ds) or hasattr(get_object(str(cfg.task._target_)), "bind"):
+        return None
+    threads = int(cfg.trainer.threads)
+    return prepare_data(ds, seed=int(cfg.seed), worker=(role.index, role.num_workers, threads),
+                        test=role.index == 0 or bool(cfg.trainer.get("observers")))
+
+
+def work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence = ()) -> dict[str, Any] | None:
+    """A worker of a batch job (see the module docstring); worker 0 returns the metrics it wrote."""
+    if data is None:
+        data = worker_data(cfg, role)
+    job = build_job(cfg, data)  # the same data, model, task and trainer as ps=local, over a PS-backed collection
+    job.trainer.observers = [*job.trainer.observers, *observers]
+    strategy = DistributedStrategy(ps_mode(cfg), threads=int(cfg.trainer.threads))
+    threads, batch_size = int(cfg.trainer.threads), int(cfg.trainer.batch_size)
+    epochs, max_steps = int(cfg.trainer.epochs), int(cfg.trainer.max_steps)
+    source = WorkerShards(job.data.train, role.index, role.num_workers)
+    if on_this_machine(role):  # W workers share this machine's cores: no oversubscribed OpenMP pools
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // role.num_workers))
+    resume = resume_point(cfg, job, role, threads, batch_size) if cfg.trainer.resume else None
+    first_epoch, skip = (resume["epoch"], resume["skip"]) if resume else (0, None)
+    # Where this job began (epoch, steps): (0, 0), or the checkpoint a user resumed; its checkpoints record it.
+    # A restart that resumes one of them continues the same job: it trains what is left of it, not that much more.
+    origin = {"epoch": first_epoch, "steps": job.steps_done}
+    if resume and restart_count() > 0 and str(resume["folder"]).startswith(checkpoint_dir(cfg, out_dir).rstrip("/") + "/"):
+        origin = resume["manifest"]["progress"].get("origin") or {"epoch": 0, "steps": 0}
+        epochs, max_steps = left_of_target(epochs, max_steps, (int(origin["epoch"]), int(origin["steps"])),
+                                           first_epoch, job.steps_done)
+        log.info("%s: the job began at epoch %d, step %d; left to train: %s", role.name, origin["epoch"],
+                 origin["steps"], f"{max_steps} steps" if max_steps > 0 else f"{epochs} epoch(s)")
+    per_thread = -1
+    if strategy.mode.name == "sync":
+        # Every thread of every worker takes the same number of steps (each step waits for all).
+        per_thread = min(source.shard_batches(batch_size, threads))
+        if skip is not None:
+            skip = [min(skip)] * threads  # equal steps for every thread
+        if max_steps > 0 and skip is not None:  # a resumed run: the steps left of one epoch
+            per_thread, epochs, max_steps = min(per_thread, skip[0] + max(1, max_steps // threads)), 1, -1
+        # Else the trainer stops at exactly max_steps, a multiple of the threads (check_cluster_config):
+        # each step waits for every thread, so each takes max_steps / threads.
+
+    with fleet_for(cfg, role) as fleet:
+        fleet.add_collection(job.collection)
+        dist = fleet.distributed_optimizer(job.optimizer, strategy)
+        fleet.init_worker(load_from=resume["folder"] if resume else None)
+        if resume and resume["state_files"]:
+            load_worker_state(resume["folder"], resume["manifest"], resume["state_files"], fleet)
+        job.trainer.updater = dist.updater
+        job.trainer.prefetch = strategy.mode.prefetches
+        fleet.create_dense_table(STATS_TABLE, 4, mode="geo")  # GEO's server half adds what arrives
+        job.trainer.on_step = ProgressLog(batch_size, threads) if role.index == 0 else None
+        tables = [*job.collection.table_dims(), DENSE_TABLE]  # named: the servers hold other tables too
+        pauses = None
+        if strategy.mode.checkpoint_every_steps or strategy.mode.checkpoint_every_seconds:
+            mine = source.shard_batches(batch_size, threads)[role.index * threads:(role.index + 1) * threads]
+            planned = planned_steps(mine, epochs, max_steps, per_thread, skip)
+            pauses = CheckpointPauses(fleet, cfg, job, strategy.mode, checkpoint_dir(cfg, out_dir), tables, planned,
+                                      origin=origin)
+        # Global metrics (merged over every worker and thread through the servers; worker 0
+        # logs and writes them) and the debug dump (each worker's threads write their own files).
+        with training_observers(job, out_dir, client=fleet.channel(), rank=role.index) as reporter:
+            cpu = time.process_time()
+            stats = job.trainer.fit(source, batch_size, epochs=epochs, max_steps=max_steps, progress=False,
+                                    thread_steps_per_epoch=per_thread, first_epoch=first_epoch, skip=skip,
+                                    pauses=pauses)
+            cpu = time.process_time() - cpu
+        # Everything is sent (geo: the last deltas) and nothing more will be: worker 0 below
+        # overwrites its dense params with the servers' values, which must not count as a delta.
+        fleet.close_communicators()
+        fleet.push_dense(STATS_TABLE, torch.tensor(
+            [float(stats.examples), stats.examples_per_sec, stats.seconds, cpu])).wait()
+        log.info("%s trained: %d steps, %d examples, %.0f examples/s", role.name, stats.steps, stats.examples,
+                 stats.examples_per_sec)
+        ckpt = checkpoint_dir(cfg, out_dir)
+        if cfg.checkpoint.save:  # where every thread stopped, for a resume
+            write_progress(ckpt, role, job.steps_done + stats.steps, stats.positions, fleet)
+        fleet.barrier("recps.trained")
+        if role.index != 0:
+            return None
+        # Worker 0: evaluate what the servers hold (every worker's pushes / deltas are in).
+        fleet.read_servers()
+        metrics: dict[str, Any] = evaluate(job)
+        total_examples, total_rate, _, total_cpu = fleet.pull_dense(STATS_TABLE).tolist()
+        metrics.update(
+            examples_per_sec=total_rate, train_examples=int(total_examples), train_steps=stats.steps,
+            worker_cpu_seconds=total_cpu,
+            train_seconds=stats.seconds, train_loss=stats.last_loss, first_losses=stats.first_losses,
+            model=str(cfg.model._target_), ps=str(cfg.ps.name), threads=threads,
+            servers=role.num_servers, workers=role.num_workers,
+        )
+        if reporter is not None:
+            metrics["train_metrics"] = reporter.reports
+        if strategy.mode.name == "geo":
+            metrics["k_steps"] = strategy.mode.k_steps
+        if best := getattr(job.data, "best_auc", None):
+            metrics["best_reachable_auc"] = best
+        if best_per_label := getattr(job.data, "best_aucs", None):  # multi-label generators: one per label
+            metrics["best_reachable_aucs"] = dict(best_per_label)
+        if pauses is not None:
+            metrics["checkpoints"] = pauses.records
+        if cfg.checkpoint.save:
+            progress = read_progress(ckpt, role.num_workers)
+            commit_ps_checkpoint(ckpt, tables, cfg, {"steps": job.steps_done + stats.steps, "workers": progress,
+                                                     "origin": origin},
+                                 save=lambda: fleet.save(ckpt, mode="full", tables=tables,
+                                                                timeout=max(strategy.mode.timeout_s, 600.0)))
+            metrics["checkpoint"] = ckpt
+        rfs.write_atomic(str(out_dir / "metrics.json"), json.dumps(metrics, indent=2, sort_keys=True) + "\n",
+                         overwrite=True)
+        return metrics

@@ -1,0 +1,133 @@
+"""PS checkpoints of `python -m recps.train ps=sync|async|geo`: committed, evaluated, resumed.
+
+- sync, SGD, 1 thread per worker: 4 steps, checkpoint, 4 steps after resume equal 8 straight
+  through, every row and dense parameter to 1e-6;
+- `recps.evaluate` of the default run's checkpoint prints the metrics the run printed;
+- the same run with checkpoint.dir on the real HDFS (hdfs://) is evaluated and resumed from there;
+- an uncommitted folder, a changed spec and a resume into other tables are refused naming the file
+  or the table; a committed checkpoint is never overwritten.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+from recps.ps.modes import server_halves
+from recps.ps.node import PSClient, PSServer
+from tests.helpers.cli import CliRun, run_module
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+TIMEOUT_S = 420
+SMALL = ["dataset.generate.train_rows=4000", "dataset.generate.test_rows=1000", "dataset.generate.vocab=2000",
+         "progress=false"]
+
+
+def recps(module: str, *args: str, check: bool = True) -> CliRun:
+    return run_module(module, *args, timeout=TIMEOUT_S, check=0 if check else None)
+
+
+def train(run_dir: Path, *overrides: str) -> dict:
+    return recps("recps.train", *overrides, f"hydra.run.dir={run_dir}").metrics()
+
+
+def tables_of(folder: str) -> dict[str, torch.Tensor | dict[int, torch.Tensor]]:
+    """Every table of a checkpoint, loaded by one in-process server: sparse key -> [values | state],
+    dense -> flat values."""
+    out = {}
+    with PSServer(token="t", halves=server_halves()) as server, PSClient([server.endpoint], token="t") as client:
+        client.load(folder)
+        for name in server._tables:
+            hosted = server._tables[name]
+            if hosted.spec["kind"] == "dense":
+                out[name] = client.pull_dense(name).wait()
+                continue
+            t = hosted.shard
+            live = t._live[: t._used]
+            keys = t._keys[: t._used][live]
+            rows = t._rows[: t._used][live][:, : t._mcol]
+            out[name] = dict(zip(keys.tolist(), rows))
+    return out
+
+
+def test_sync_resume_equals_straight_through(tmp_path_factory):
+    data = tmp_path_factory.getbasetemp() / "ckpt-data"
+    common = ["ps=sync", "cluster.workers=2", "trainer.threads=1", "trainer.batch_size=32", "model=ctr_dnn",
+              "model.hidden=[16,8]", "optimizer=sgd", "optimizer.lr=0.1", "ps.table.optimizer.name=sgd",
+              "ps.table.optimizer.lr=0.2", "metrics=off", f"dataset.dir={data}", *SMALL]
+    straight, first, second = (tmp_path_factory.mktemp(n) for n in ("straight", "first", "second"))
+    train(straight, *common, "trainer.max_steps=8")
+    train(first, *common, "trainer.max_steps=4")
+    resumed = train(second, *common, "trainer.max_steps=4", f"trainer.resume={first / 'checkpoint'}")
+    manifest = json.loads((second / "checkpoint" / "manifest.json").read_text())
+    assert manifest["progress"]["steps"] == 8 and resumed["train_steps"] == 4
+    a, b = tables_of(str(straight / "checkpoint")), tables_of(str(second / "checkpoint"))
+    assert sorted(a) == sorted(b)
+    for name in a:
+        if isinstance(a[name], torch.Tensor):
+            torch.testing.assert_close(b[name], a[name], atol=1e-6, rtol=0)
+        else:
+            assert sorted(a[name]) == sorted(b[name]), name
+            for k, row in a[name].items():
+                torch.testing.assert_close(b[name][k], row, atol=1e-6, rtol=0)
+    # The check has teeth: the first half alone differs from both.
+    half = tables_of(str(first / "checkpoint"))
+    assert (half["dense"] - a["dense"]).abs().max() > 1e-3
+
+
+def test_evaluate_a_ps_checkpoint_prints_what_the_run_printed(tmp_path_factory):
+    run = tmp_path_factory.mktemp("default")
+    metrics = train(run, "trainer.max_steps=60", f"dataset.dir={tmp_path_factory.getbasetemp() / 'default-data'}",
+                    *SMALL)
+    evaluated = json.loads(recps("recps.evaluate", str(run / "checkpoint")).stdout)
+    for key in ("auc", "logloss", "accuracy"):
+        assert evaluated[key] == metrics[key], key
+    # A folder of checkpoints resolves to its committed one; an uncommitted one is refused naming the file.
+    (run / "checkpoint" / "manifest.json").rename(run / "checkpoint" / "manifest.moved")
+    proc = recps("recps.evaluate", str(run / "checkpoint"), check=False)
+    assert proc.returncode != 0 and "no manifest.json: the save did not finish" in proc.stderr
+    (run / "checkpoint" / "manifest.moved").rename(run / "checkpoint" / "manifest.json")
+    spec = run / "checkpoint" / "dense" / "spec.json"
+    spec.write_text(spec.read_text().replace("adam", "sgd"))
+    proc = recps("recps.evaluate", str(run / "checkpoint"), check=False)
+    assert proc.returncode != 0 and "dense/spec.json does not match manifest.json" in proc.stderr
+    # A committed checkpoint is never overwritten: the same run folder again is refused up front.
+    proc = recps("recps.train", "trainer.max_steps=5", f"hydra.run.dir={run}", *SMALL, check=False)
+    assert proc.returncode != 0 and "holds a committed checkpoint" in proc.stderr
+
+
+def test_resume_into_other_tables_is_refused_naming_the_table(tmp_path_factory):
+    data = tmp_path_factory.getbasetemp() / "default-data"
+    first = tmp_path_factory.mktemp("tables-first")
+    train(first, "trainer.max_steps=10", f"dataset.dir={data}", "metrics=off", *SMALL)
+    other = tmp_path_factory.mktemp("tables-other")
+    proc = recps("recps.train", "trainer.max_steps=10", f"dataset.dir={data}", "model.embedding_dim=4", *SMALL,
+                 f"trainer.resume={first / 'checkpoint'}", f"hydra.run.dir={other}", check=False)
+    # The workers find it (they know the tables): the launcher fails naming worker0, its log the table.
+    assert proc.returncode != 0 and "has no table ['embedding_d4']" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_a_run_checkpoints_to_real_hdfs_and_resumes_and_evaluates_from_it(hdfs, tmp_path_factory):
+    data = tmp_path_factory.getbasetemp() / "default-data"
+    base = f"{hdfs.url}/recps-tests/{uuid.uuid4().hex}"
+    first = tmp_path_factory.mktemp("hdfs-first")
+    metrics = train(first, "trainer.max_steps=30", f"dataset.dir={data}", f"checkpoint.dir={base}/a", *SMALL)
+    assert metrics["checkpoint"] == f"{base}/a"
+    evaluated = json.loads(recps("recps.evaluate", f"{base}/a").stdout)
+    assert evaluated["auc"] == metrics["auc"]
+    second = tmp_path_factory.mktemp("hdfs-second")
+    resumed = train(second, "trainer.max_steps=30", f"dataset.dir={data}", f"trainer.resume={base}/a",
+                    f"checkpoint.dir={base}/b", "cluster.servers=2", "cluster.workers=2", *SMALL)  # re-sharded
+    # 4000 rows, batch 512: the first run trained its epoch (8 steps); the resumed one the next epoch
+    # over 2 workers x 2 threads (worker 0: 4 steps).
+    assert metrics["train_steps"] == 8 and resumed["train_steps"] == 4 and resumed["servers"] == 2
+    from recps import fs as rfs
+
+    manifest = json.loads(rfs.read_bytes(f"{base}/b/manifest.json"))
+    assert manifest["progress"]["steps"] == 12 and [w["positions"] for w in manifest["progress"]["workers"]] == [
+        [[1, 2], [1, 2]], [[1, 2], [1, 2]]]

@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import inspect
 import json
 import re
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Iterable, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
 from recps.errors import ConfigError
+from recps.targets import check_target_args  # re-exported: config validation binds every _target_ with it
 
 __all__ = ["PROJECT_ROOT", "PRECISIONS", "check_precision", "register_resolvers", "check_target_args", "compose_config", "validate_config",
            "composition_error_message", "did_you_mean", "PLAIN_KEYS", "MODEL_ENGINE_KEYS", "MODEL_INJECTED",
@@ -86,39 +86,6 @@ def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
     register_resolvers()
     with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides))
-
-
-def check_target_args(node: DictConfig, where: str, injected: Iterable[str] = (),
-                      engine_keys: Iterable[str] = ()) -> None:
-    """Binds a `_target_` node's keys to its constructor's signature (torchtune-style).
-
-    `injected` are arguments the engine passes itself; `engine_keys` are keys the engine
-    reads and removes before instantiating. Unknown keys raise a ConfigError naming them.
-    """
-    from hydra.utils import get_object
-
-    target = node.get("_target_")
-    if target is None:
-        raise ConfigError(f"{where} has no _target_; name the class to build, e.g. models.DeepFM")
-    try:
-        obj = get_object(target)
-    except Exception as exc:  # hydra raises ImportError/AttributeError variants
-        raise ConfigError(f"{where}._target_={target!r} cannot be imported ({exc}); fix the name") from exc
-    keys = [k for k in node.keys() if not str(k).startswith("_") and k not in set(engine_keys)]
-    signature = inspect.signature(obj)
-    try:
-        kwargs: dict[str, Any] = {k: None for k in keys}
-        kwargs.update({k: None for k in injected if k in signature.parameters})
-        signature.bind_partial(**kwargs)  # required arguments may be injected at build time
-    except TypeError as exc:
-        params = [p for p in signature.parameters if p != "self"]
-        unknown = [k for k in keys if k not in signature.parameters]
-        hint = ""
-        if unknown and (close := difflib.get_close_matches(str(unknown[0]), params, n=1)):
-            hint = f"; did you mean {where}.{close[0]}?"
-        raise ConfigError(
-            f"{where} ({target}): {exc}{hint}; its arguments are {params}"
-        ) from exc
 
 
 # ------------------------------------------------------------------------------------ validation

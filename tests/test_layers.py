@@ -78,3 +78,35 @@ def test_every_module_has_a_layer():
     if unplaced:
         pytest.fail(f"{unplaced}: in no layer of pyproject.toml's `layers` contract; add each to the "
                     "layer between what it imports and what imports it", pytrace=False)
+
+
+# Code above Fleet (orchestration, the engine, the entry points) reaches the PS through Fleet's
+# verbs (recps.ps.fleet: create_dense_table, wait_for_workers, pull_dense_into, save, channel(), ...),
+# never through the node-level client behind it. Below Fleet (recps/ps/) and the base (recps/fs/,
+# whose HDFS client is its own) are left out.
+_REACHES_THROUGH = re.compile(r"\b(?:fleet|communicator)\.client\b|\._client\b")
+_BELOW_FLEET = ("recps/ps/", "recps/fs/")
+
+
+def test_nothing_above_fleet_reaches_through_its_client():
+    root = PROJECT_ROOT / "recps"
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(PROJECT_ROOT).as_posix()
+        if rel.startswith(_BELOW_FLEET):
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if _REACHES_THROUGH.search(line.split("#", 1)[0]):
+                found.append(f"{rel}:{n}: {line.strip()}")
+    assert len(list(root.rglob("*.py"))) > 100  # the walk found the package
+    assert not found, ("code above Fleet reaches through fleet.client / ._client; give recps.ps.fleet.Fleet "
+                       "the verb and call it:\n" + "\n".join(found))
+
+
+def test_the_guard_sees_a_reach_through():
+    """The pattern above matches the forms it forbids, and not Fleet's own verbs."""
+    assert _REACHES_THROUGH.search("fleet.client.barrier('x')")
+    assert _REACHES_THROUGH.search("x = self.fleet.client")
+    assert _REACHES_THROUGH.search("ServerReader(communicator.client)")
+    assert _REACHES_THROUGH.search("obj._client.pull(t, k)")
+    assert not _REACHES_THROUGH.search("fleet.wait_for_workers('x'); fleet.channel()")

@@ -65,10 +65,11 @@ def _register(protocol: str) -> None:
         return
     if protocol in HDFS_PROTOCOLS:
         try:
-            from recps.fs import native
+            # deferred: hdfs-native (optional) is imported only when an hdfs:// URL is used
+            from recps.fs.native import HdfsFileSystem, ViewfsFileSystem
         except ImportError:
             return
-        classes = {"hdfs": native.HdfsFileSystem, "viewfs": native.ViewfsFileSystem}
+        classes = {"hdfs": HdfsFileSystem, "viewfs": ViewfsFileSystem}
     else:
         classes = dict.fromkeys(WEBHDFS_PROTOCOLS, WebHDFS)
     for name, cls in classes.items():

@@ -59,6 +59,7 @@ import torch
 from torch import Tensor
 
 from recps.errors import ConfigError, DataError
+from recps.targets import check_target_args
 from recps.metrics.base import Metric, State, prepare_pointwise
 from recps.metrics.collection import MetricCollection, build_metric
 from recps.metrics.groups import batch_groups, check_group_key, feed_columns
@@ -549,8 +550,6 @@ def check_metrics_config(cfg: Any) -> None:
     group_key for gauc / pnr."""
     if cfg is None or not bool(cfg.get("enabled", True)):
         return
-    from recps.config import check_target_args
-
     check_target_args(cfg, "metrics", injected=_INJECTED, engine_keys=_ENGINE_KEYS)
     if str(cfg.get("merge", "auto")) not in ("auto", "local", "gloo", "ps"):
         raise ConfigError(f"metrics.merge={cfg.get('merge')!r}; use auto, local, gloo or ps")

@@ -29,9 +29,11 @@ from omegaconf import OmegaConf
 
 from recps import fs as rfs
 from recps.config import MODEL_ENGINE_KEYS
-from recps.errors import DataError
+from recps.errors import DataError, PSError
 from recps.pipeline.stages import StageSpec
 from recps.pipeline.data import Csr, FunnelData, pair_examples
+from recps.ps.embedding import PSEmbeddingBagCollection
+from recps.ps.fleet import ReadsServers
 
 __all__ = ["Snapshot", "SharedBagCollection", "StageModel", "Funnel", "FunnelResult", "build_stage_model", "export_stage", "load_stage",
            "stage_collection", "pair_keys", "score_inputs"]
@@ -92,13 +94,16 @@ class SharedBagCollection(torch.nn.Module):
 
     def bind(self, communicator) -> None:
         """The stage's own tables get `communicator`; the shared ones a read-only view: `communicator`
-        itself when it is one (ServerReader, Snapshot, an export's recorder), else a ServerReader over
-        its client (the training communicator's servers)."""
-        from recps.ps.fleet import ServerReader  # the view Fleet.read_servers binds (the layers: through fleet)
-
+        itself when it is one (mode "read": ServerReader, Snapshot, an export's recorder), else the
+        training communicator's `server_reader()` (recps.ps.modes.abilities.ReadsServers)."""
         self.own.bind(communicator)
-        reader = communicator if getattr(communicator, "mode", None) == "read" else ServerReader(
-            communicator.client, timeout_s=getattr(communicator, "timeout_s", None))
+        if isinstance(communicator, ReadsServers):
+            reader = communicator.server_reader()
+        elif communicator.mode == "read":
+            reader = communicator
+        else:
+            raise PSError(f"the tables shared from {self.owners}: a {type(communicator).__name__} gives no read-only view "
+                          "of its servers (ReadsServers); bind a communicator of recps.ps.modes or a read-only view")
         for c in self.frozen:
             c.bind(reader)
 

@@ -63,6 +63,7 @@ import torch
 from recps.errors import ConfigError, PSError
 
 __all__ = [
+    "PING",
     "MAGIC",
     "VERSION",
     "REQUEST",
@@ -86,6 +87,7 @@ __all__ = [
 MAGIC = b"RCPS"
 VERSION = 3  # 2: tensors carry names; 3: tensors over CHUNK_BYTES travel in chunks
 REQUEST = 1
+PING = "__ping__"  # a verb the server's transport answers itself; verbs starting with "__" are reserved
 REPLY = 2
 TOKEN_ENV = "RECPS_CLUSTER_TOKEN"
 

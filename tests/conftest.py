@@ -1,7 +1,6 @@
 """Suite-wide fixtures: `hdfs`, a real Apache Hadoop 2.7.3 HDFS on 127.0.0.1 (tests/hdfs/); the PS
 clusters of tests/helpers/cluster.py: `in_process_cluster` (a PS job's server 0 and worker 0 in this
-process), `ps_cluster` (servers on threads and a client), `shared_ps` (one per module, for tests that
-only talk to a PS); `launch_output`; and `device` ("cpu", "cuda"). Helpers that are not fixtures
+process), `ps_cluster` (servers on threads and a client); `launch_output`; and `device` ("cpu", "cuda"). Helpers that are not fixtures
 live in tests/helpers/ (`from tests.helpers.cli import recps_train`, ...); no test imports another.
 
 The `e2e` marker: every test that starts a process (a CLI run, a cluster of processes, HDFS,
@@ -213,15 +212,6 @@ def ps_cluster() -> Callable[..., contextlib.AbstractContextManager]:
     """`with ps_cluster(num_servers, token) as (servers, client):` servers in this process
     (tests.helpers.cluster.ps_servers)."""
     return ps_servers
-
-
-@pytest.fixture(scope="module")
-def shared_ps() -> Iterator[tuple[list, object]]:
-    """(servers, client): one server in this process for every test of a module that only talks to
-    a running PS (tables it creates, pulls, pushes); a test that stops, stalls or breaks servers
-    starts its own (ps_cluster). Tests sharing it name their tables apart."""
-    with ps_servers(1, "shared-ps") as cluster:
-        yield cluster
 
 
 @pytest.fixture

@@ -220,6 +220,7 @@ def _run(mode: str, device: str, folder, run) -> dict:
     return run(cfg, out, token=f"cuda-{mode}")
 
 
+@pytest.mark.slow  # a whole job trained end to end: e2e, not in make test-fast
 @pytest.mark.parametrize("mode", ["local", "geo", "async"])
 def test_run_on_device_matches_cpu(device, mode, tmp_path_factory, in_process_cluster):
     folder = tmp_path_factory.mktemp(f"run-{mode}-{device}")

@@ -31,18 +31,26 @@ L = `history_length` (pipeline.world.history_length, >= 1).
 
 from __future__ import annotations
 
+import io
 import logging
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
+import pandas as pd
 import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
 
+from recps import fs as rfs
+from recps.data.generators.video_world import VideoWorldConfig, ensure_world, load
+from recps.data.interactions import read_movies, read_ratings
 from recps.data.reader import Examples
 from recps.errors import ConfigError, DataError
+from recps.targets import check_target_args
 
 __all__ = ["FunnelData", "Csr", "History", "HISTORY_FEATURES", "HELD_OUT", "movielens", "video_world", "pair_examples",
-           "csr_from_pairs", "exposure_bucket"]
+           "csr_from_pairs", "exposure_bucket", "load_world"]
 
 HISTORY_FEATURES = ("history_item_id", "history_category", "history_click", "history_long_view")
 HELD_OUT = torch.iinfo(torch.int64).max  # the time of a held-out request: after every training exposure
@@ -290,13 +298,6 @@ def movielens(ratings: str, movies: str, test_fraction: float = 0.2, click_ratin
     The items are every movie of `movies` (recall retrieves over all of them). `max_users` > 0 keeps the
     first that many users (tests). A rating's history: the user's training ratings with an earlier timestamp
     (the same second: neither, whatever the file's row order), the last `history_length`."""
-    import io
-
-    import pandas as pd
-
-    from recps import fs as rfs
-    from recps.data.interactions import read_movies, read_ratings
-
     if not 0.0 < float(test_fraction) < 1.0:
         raise ConfigError(f"pipeline.world.test_fraction={test_fraction}; use a value in (0, 1)")
     frame = read_ratings(ratings)
@@ -358,8 +359,6 @@ def video_world(dir: str, **config) -> FunnelData:
     long_view, held-out requests (the test impressions the user clicked), the train-seen items, and the
     world's ideal list (`ideal_topn`, seen items excluded). With a random bucket (`random_items_per_user` > 0)
     the held-out positives are its clicks (`logged_positives`: the logged test clicks), else the test clicks."""
-    from recps.data.generators.video_world import VideoWorldConfig, ensure_world, load
-
     try:
         wcfg = VideoWorldConfig(**config)
     except TypeError as exc:
@@ -407,3 +406,10 @@ def video_world(dir: str, **config) -> FunnelData:
         evaluated_on="random_bucket" if len(bucket) else "logged",
         train_time=t(train, "time"), history_length=wcfg.history_length,
     )
+
+
+def load_world(cfg) -> FunnelData:
+    """The funnel's data, `pipeline.world` of the composed config (its `_target_`: movielens, video_world),
+    its arguments bound to the constructor's signature first."""
+    check_target_args(cfg.pipeline.world, "pipeline.world")
+    return instantiate(OmegaConf.to_container(cfg.pipeline.world, resolve=True), _convert_="all")

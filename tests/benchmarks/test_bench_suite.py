@@ -151,6 +151,7 @@ def test_process_tree_monitor_sees_children_and_their_peaks(tmp_path):
     assert 200 < seen["worker3"] < 300, seen  # the high-water mark survives the free
 
 
+@pytest.mark.slow  # a whole job trained end to end: e2e, not in make test-fast
 def test_held_out_auc_equals_the_evaluation_and_only_worker_0_evaluates(tmp_path, monkeypatch):
     """HeldOutAUC through trainer.observers: its last record is recps.run.evaluate's AUC of the
     trained model; records fall every `every_steps` steps; a PS worker other than 0 records nothing."""
@@ -228,6 +229,7 @@ def test_scale_bench_small():
     assert out["save_gib"] > 40_000 * 8 * 4 / 2**30  # at least the values were written
 
 
+@pytest.mark.e2e
 def test_report_scaling_scale_and_word2vec_sections(tmp_path):
     """Sections the smoke preset does not produce: scaling with workers (speed-up over 1 worker),
     the scale benchmark's table, Word2Vec's Markdown, and the scaling plot."""

@@ -16,6 +16,7 @@ import pytest
 from recps.errors import ConfigError
 from recps.cluster.launch import LaunchError, free_port, launch, main
 from recps.ps.roles import EnvRoleMaker
+from tests.helpers.cli import run_module
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -305,9 +306,8 @@ def test_free_port_can_be_bound():
 
 
 def run_cli(args, timeout=60):
-    return subprocess.run(
-        [sys.executable, "-m", "recps.launch", *args], capture_output=True, text=True, timeout=timeout, cwd=os.getcwd()
-    )
+    """`python -m recps.launch args` from this cwd; the tests check its exit code themselves."""
+    return run_module("recps.launch", *args, timeout=timeout, cwd=os.getcwd(), check=None)
 
 
 @pytest.mark.e2e

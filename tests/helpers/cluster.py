@@ -1,8 +1,7 @@
 """Every shape of PS cluster the tests start, in one place.
 
 - `ps_servers(n, token)`: n PSServers on threads of this process (every mode's server half) and a
-  PSClient to them; the `ps_cluster` fixture (tests/conftest.py), and `shared_ps`, one such cluster
-  per test module for tests that only talk to a running PS.
+  PSClient to them; the `ps_cluster` fixture (tests/conftest.py).
 - `run_in_process(cfg, out_dir)`: a PS job's server 0 on a thread and worker 0 here, as
   `cluster=local`'s processes run them (the `in_process_cluster` fixture).
 - `servers_and_workers(work)`: one server node and two worker clients on threads (metric mergers).

@@ -53,6 +53,7 @@ def quality_data(tmp_path_factory):
     return tmp_path_factory.mktemp("precision-quality")
 
 
+@pytest.mark.slow  # a whole job trained end to end: e2e, not in make test-fast
 @pytest.mark.parametrize("model", ["ctr_dnn", "deepfm"])
 def test_bf16_learns_what_fp32_learns(quality_data, model):
     """The same run (seed, one thread, 2 passes over 40,000 rows) in fp32 and in bf16: the held-out
@@ -207,6 +208,7 @@ def test_fp16_is_refused_where_a_skipped_step_would_stall_the_servers(tmp_path):
         trainer.fit(job.data.train, 64, max_steps=1, progress=False)
 
 
+@pytest.mark.slow  # a whole job trained end to end: e2e, not in make test-fast
 def test_fp16_overflowing_steps_are_skipped_and_the_scale_backs_off(tmp_path):
     """At scale 2^40 the fp16 backward overflows: the step changes neither rows nor dense parameters,
     the scale halves until the gradients fit (~25 skipped steps), and the run then learns about as the

@@ -191,6 +191,7 @@ def test_ps_merger_carries_columns_bit_for_bit_in_chunks():
         assert 0.0 < want["gauc"] < 1.0 and 0.0 < want["pnr"] < math.inf or m == 1  # 9 rows: 1 two-class group
 
 
+@pytest.mark.slow  # a whole job trained end to end: e2e, not in make test-fast
 def test_reporter_through_the_servers_equals_the_single_process_value():
     """Two workers x 2 threads, uneven steps: every report of both workers, GAUC and PNR exact."""
     from recps.metrics.ps_merger import PSMerger

@@ -36,6 +36,7 @@ from recps.ps.transport import TransportClient, security
 from recps.ps.transport.security import curve_keys
 from tests.helpers.cluster import (DEAD_AFTER_S, HEARTBEAT_S, LIVENESS_TOKEN as TOKEN, REQUEST_TIMEOUT_S,
                                    RoleProcesses as Cluster, role_processes)
+from tests.helpers.threads import wait_until
 from tests.helpers.cli import job_process
 
 @pytest.fixture
@@ -126,21 +127,18 @@ def test_stalled_worker_fails_the_others_naming_it_and_itself_on_resume(cluster)
 
 
 def test_a_peer_declared_dead_is_told_so_on_its_next_heartbeat():
-    with Coordinator(num_servers=1, num_workers=1, token=TOKEN, dead_after_s=0.5, heartbeat_s=0.1) as coord:
+    # dead_after_s 2: the heartbeating server client must not starve that long on a busy machine
+    with Coordinator(num_servers=1, num_workers=1, token=TOKEN, dead_after_s=2.0, heartbeat_s=0.1) as coord:
         server = CoordinatorClient(coord.endpoint, TOKEN)
         server.register("server", 0, "tcp://127.0.0.1:7000")
         worker = CoordinatorClient(coord.endpoint, TOKEN)
         worker.register("worker", 0, heartbeats=False)  # silent: a stalled process
         heard = []
         worker.on_failure(lambda names, error: heard.append((names, str(error))))
-        deadline = time.monotonic() + 5.0
-        while server.failure is None and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: server.failure is not None, 15.0, "server0 to hear worker0 is dead")
         assert server.failed_peers == ("worker0",) and "worker0 is dead: no heartbeat" in str(server.failure)
         worker.start_heartbeats()  # it resumes
-        deadline = time.monotonic() + 5.0
-        while not heard and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: heard, 10.0, "worker0's first heartbeat reply telling it was declared dead")
         assert heard and heard[0][0] == ("worker0",)
         assert heard[0][1].startswith("worker0 was declared dead by the coordinator (no heartbeat for")
         with pytest.raises(PSError, match="worker0 was declared dead"):  # and its coordinator calls fail at once

@@ -206,6 +206,21 @@ def server_process(tmp_path):
         s.close()
 
 
+@pytest.fixture(scope="module")
+def shared_server_process(tmp_path_factory):
+    """One default TransportServer process for the module's attacks that leave it serving as before
+    (each checks that it does): started once, not once per test. Its rejection counts accumulate;
+    those tests compare them with the counts before their attack."""
+    server = ServerProcess(tmp_path_factory.mktemp("shared-server"))
+    yield server
+    server.close()
+
+
+def _counted_since(before: dict[str, int], now: dict[str, int]) -> dict[str, int]:
+    """The rejections counted between two readings of ServerProcess.rejections()."""
+    return {k: v - before.get(k, 0) for k, v in now.items() if v != before.get(k, 0)}
+
+
 @pytest.fixture
 def encryption(monkeypatch):
     """Set $RECPS_TRANSPORT_ENCRYPTION for the PS classes built in this test."""
@@ -334,7 +349,9 @@ def test_attack_wrong_token_on_a_ps_server(tmp_path):
                 attempt()
             assert not isinstance(e.value, PSTimeoutError) and time.monotonic() - start < 3.0
         assert not server.wait_stop_requested(0.0) and list(tmp_path.iterdir()) == []
-        assert set(server.rejections) == {"handshake"} and server.rejections["handshake"] >= 3
+        # The server counts a refused handshake on its own thread: wait for the count, not for the probe.
+        _wait_for(lambda: server.rejections.get("handshake", 0) >= 3, what="3 refused handshakes counted")
+        assert set(server.rejections) == {"handshake"}
     finally:
         probe.close()
         server.stop()
@@ -345,13 +362,14 @@ def test_attack_wrong_token_on_a_ps_server(tmp_path):
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("declared", [16 << 30, 1 << 30], ids=["16GiB", "1GiB"])
-def test_attack_oversized_declared_frame(server_process, declared):
+def test_attack_oversized_declared_frame(shared_server_process, declared):
     """A CURVE greeting, then a command frame that declares `declared` bytes, then as much data as
     the server takes (up to 300 MiB). The server disconnects at the header (ZMQ_MAXMSGSIZE): its
     virtual and resident memory grow by less than 64 MiB, the rejection is counted and the server
     keeps serving. (Before: +18.5 GB of virtual memory for 16 GiB, +300 MiB RSS for 300 MiB sent.)"""
-    server = server_process()
+    server = shared_server_process
     assert server.client.call(0, "pull").tensors[0].tolist() == [1.0] * 4
+    counted = server.rejections()
     before = server.memory()
     attacker = socket.create_connection(("127.0.0.1", _port(server.endpoint)))
     attacker.settimeout(20.0)
@@ -369,7 +387,8 @@ def test_attack_oversized_declared_frame(server_process, declared):
     assert sent < 300 << 20, "the server kept reading a frame larger than MAX_FRAME_BYTES"
     assert after["VmSize"] - before["VmSize"] < 64 << 20, (before, after)
     assert after["VmRSS"] - before["VmRSS"] < 64 << 20, (before, after)
-    assert _wait_for(lambda: server.rejections().get("unauthenticated_closed") == 1, what="the rejection counted")
+    assert _wait_for(lambda: _counted_since(counted, server.rejections()).get("unauthenticated_closed") == 1,
+                     what="the rejection counted")
     assert server.client.call(0, "pull").tensors[0].tolist() == [1.0] * 4 and server.alive()
 
 
@@ -620,10 +639,11 @@ def test_fuzz_decoder_and_a_live_ps_server(server_process, tmp_path):
 
 
 @pytest.mark.e2e
-def test_fuzz_raw_bytes_before_authentication(server_process):
+def test_fuzz_raw_bytes_before_authentication(shared_server_process):
     """500 connections that send random bytes (a third after a valid CURVE greeting) and close:
     each is refused and counted exactly once, and the server keeps serving."""
-    server = server_process()
+    server = shared_server_process
+    counted = server.rejections()
     rng = random.Random(15)
     for i in range(500):
         junk = rng.randbytes(rng.randrange(1, 400))
@@ -633,7 +653,7 @@ def test_fuzz_raw_bytes_before_authentication(server_process):
                 s.sendall(data)
             except OSError:
                 pass
-    counts = _wait_for(lambda: (lambda r: r if sum(r.values()) >= 500 else None)(server.rejections()),
+    counts = _wait_for(lambda: (lambda r: r if sum(r.values()) >= 500 else None)(_counted_since(counted, server.rejections())),
                        timeout=30.0, what="500 connections counted")
     assert sum(counts.values()) == 500 and set(counts) <= {"handshake", "unauthenticated_closed"}
     assert server.client.call(0, "pull").tensors[0].tolist() == [1.0] * 4 and server.alive()

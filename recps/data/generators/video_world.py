@@ -1126,7 +1126,7 @@ def prepare_recall(name: str, dir: str, generate: dict[str, Any], ratings: str, 
     (its `generate` block, as video_world.yaml's), then reads its recall/ratings.csv and
     recall/items.csv with recps.data.interactions.prepare_interactions (`interactions`: that
     function's other keys: layouts, min_rating, history_length, examples_per_user, shuffle)."""
-    from recps.data.interactions import prepare_interactions
+    from recps.data.interactions import prepare_interactions  # deferred: torchrec, only for the recall data set
 
     gen = dict(generate)
     ensure_split(dir, int(gen.pop("train_rows", 0)), int(gen.pop("test_rows", 0)), seed=int(gen.pop("seed", 0)),

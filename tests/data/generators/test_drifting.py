@@ -284,6 +284,7 @@ def test_click_rates_of_the_same_keys_move_from_day_to_day(tmp_path):
     assert drifting[0] > 1.3 and 0.85 < static[0] < 1.15, (drifting, static)
 
 
+@pytest.mark.slow  # a whole job trained end to end: e2e, not in make test-fast
 def test_a_truth_frozen_after_day_one_loses_auc_on_day_two(tmp_path):
     info = ss.write_stream(str(tmp_path / "d"), 2, 2, 20000, vocab=100, files_per_split=1)
     first, second = info.days

@@ -241,9 +241,9 @@ def test_server_processes_sigterm_and_sigkill(tmp_path):
         # At once. Its exit code and how the coordinator records it depend on whether server2 had heard
         # of server1's death yet (then: 1, left; else a loss it reports: dead; tests/cluster/test_sigterm.py)
         assert procs[1].wait(15) in (0, 1)
-        deadline = time.monotonic() + 10.0  # its leave reaches the coordinator with its last heartbeat
-        while node.coordinator.members()["server2"]["state"] == "alive" and time.monotonic() < deadline:
-            time.sleep(0.05)
+        # its leave reaches the coordinator with its last heartbeat
+        wait_until(lambda: node.coordinator.members()["server2"]["state"] != "alive", 10.0,
+                   "the coordinator to hear server2 left")
         assert node.coordinator.members()["server2"]["state"] in ("left", "dead")
     finally:
         for c in clients:

@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.recps-installed
 TORCHREC := torchrec==1.8.0
 
-.PHONY: train test setup setup-gpu bench bench-quick clean hdfs hdfs-stop
+.PHONY: train test test-fast setup setup-gpu bench bench-quick clean hdfs hdfs-stop
 
 setup: $(STAMP)
 
@@ -25,6 +25,10 @@ train: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25
+
+# Every test that starts no process (tests marked e2e start one: a CLI run, a cluster, HDFS, ...).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not e2e" --durations=10
 
 bench-quick: $(STAMP)
 	$(PY) -m benchmarks.run --quick

@@ -27,7 +27,7 @@ the recps.train process that supervises them):
                    the kernel and never answers, its heartbeats stop too); the launcher's SIGCONT +
                    SIGTERM at the end releases it
 
-Counting setup (as tests/ps/counting.py): models.LR, rows starting at 0, SGD lr 1, loss = the sum of
+Counting setup (as tests/helpers/counting.py): models.LR, rows starting at 0, SGD lr 1, loss = the sum of
 the logits, so each row's gradient is 1 per occurrence of its key (sync applies the mean of the 2
 workers' gradients and GEO scales deltas by 1 / workers: there a row ends at -count / 2, exact too); cluster.checkpoint_every=40
 steps (recovery resumes from the last committed checkpoint). cluster.dead_after_s=3 (--dead-after).
@@ -83,7 +83,7 @@ DETECTED = re.compile(r"was killed by|exited with code|is dead|left before the j
 
 def counting_overrides(data: Path, mode: str, restarts: int, dead_after_s: float, rows: int) -> list[str]:
     extra = ["ps.k_steps=5"] if mode == "geo" else []
-    return ["model=lr", "task._target_=tests.ps.counting.CountingTask", f"ps={mode}", *extra, "ps.table.init_std=0",
+    return ["model=lr", "task._target_=tests.helpers.counting.CountingTask", f"ps={mode}", *extra, "ps.table.init_std=0",
             "ps.table.optimizer.name=sgd", "ps.table.optimizer.lr=1", "metrics=off", "progress=false",
             "trainer.threads=1", "cluster.servers=2", "cluster.workers=2", f"trainer.batch_size={BATCH}",
             f"cluster.checkpoint_every={EVERY}", f"cluster.dead_after_s={dead_after_s:g}", f"cluster.restarts={restarts}",

@@ -5,10 +5,12 @@ Embedding collections are injected (a local torchrec collection or recps' PS-bac
 """
 
 from models.autoint import AutoInt
+from models.bst import BST
 from models.ctr_dnn import CTRDNN
 from models.dcn import DCN
 from models.dcn_v2 import DCNv2
 from models.deepfm import DeepFM
+from models.din import DIN
 from models.dlrm import DLRM
 from models.fm import FM
 from models.gru4rec import GRU4Rec
@@ -25,5 +27,5 @@ from models.wide_deep import WideDeep
 from models.xdeepfm import XDeepFM
 from models.youtube_dnn import YouTubeDNN
 
-__all__ = ["AutoInt", "CTRDNN", "DCN", "DCNv2", "DeepFM", "DLRM", "ESMM", "FM", "GRU4Rec", "LR", "MMoE", "NCF", "PLE",
+__all__ = ["AutoInt", "BST", "CTRDNN", "DCN", "DCNv2", "DeepFM", "DIN", "DLRM", "ESMM", "FM", "GRU4Rec", "LR", "MMoE", "NCF", "PLE",
            "SASRec", "SharedBottom", "TwoTower", "WideDeep", "Word2Vec", "XDeepFM", "YouTubeDNN"]

@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import inspect
 import json
 import re
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Iterable, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
+from recps.data.schema import Schema  # no torch, no reader
 from recps.errors import ConfigError
+from recps.targets import check_target_args  # re-exported: config validation binds every _target_ with it
 
 __all__ = ["PROJECT_ROOT", "PRECISIONS", "check_precision", "register_resolvers", "check_target_args", "compose_config", "validate_config",
            "composition_error_message", "did_you_mean", "PLAIN_KEYS", "MODEL_ENGINE_KEYS", "MODEL_INJECTED",
@@ -45,7 +46,7 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("recps.root", lambda: str(PROJECT_ROOT))
     from hydra.core.config_store import ConfigStore
 
-    from recps.ps.modes import MODES
+    from recps.ps.modes import MODES  # deferred: torch; `import recps.config` stays light for the launcher and --cfg
 
     store = ConfigStore.instance()
     for name, mode in MODES.items():
@@ -86,39 +87,6 @@ def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
     register_resolvers()
     with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides))
-
-
-def check_target_args(node: DictConfig, where: str, injected: Iterable[str] = (),
-                      engine_keys: Iterable[str] = ()) -> None:
-    """Binds a `_target_` node's keys to its constructor's signature (torchtune-style).
-
-    `injected` are arguments the engine passes itself; `engine_keys` are keys the engine
-    reads and removes before instantiating. Unknown keys raise a ConfigError naming them.
-    """
-    from hydra.utils import get_object
-
-    target = node.get("_target_")
-    if target is None:
-        raise ConfigError(f"{where} has no _target_; name the class to build, e.g. models.DeepFM")
-    try:
-        obj = get_object(target)
-    except Exception as exc:  # hydra raises ImportError/AttributeError variants
-        raise ConfigError(f"{where}._target_={target!r} cannot be imported ({exc}); fix the name") from exc
-    keys = [k for k in node.keys() if not str(k).startswith("_") and k not in set(engine_keys)]
-    signature = inspect.signature(obj)
-    try:
-        kwargs: dict[str, Any] = {k: None for k in keys}
-        kwargs.update({k: None for k in injected if k in signature.parameters})
-        signature.bind_partial(**kwargs)  # required arguments may be injected at build time
-    except TypeError as exc:
-        params = [p for p in signature.parameters if p != "self"]
-        unknown = [k for k in keys if k not in signature.parameters]
-        hint = ""
-        if unknown and (close := difflib.get_close_matches(str(unknown[0]), params, n=1)):
-            hint = f"; did you mean {where}.{close[0]}?"
-        raise ConfigError(
-            f"{where} ({target}): {exc}{hint}; its arguments are {params}"
-        ) from exc
 
 
 # ------------------------------------------------------------------------------------ validation
@@ -261,8 +229,8 @@ def _check_values(cfg: DictConfig) -> None:
     device = str(cfg.device)
     if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
         raise ConfigError(f"device={device!r}: use cpu or cuda (cuda:N for one GPU)")
-    if device != "cpu":  # torch only then: a CPU run's launcher need not import it here
-        from recps.device import check_device
+    if device != "cpu":
+        from recps.device import check_device  # deferred: torch only for a GPU run; a CPU launcher need not import it
 
         check_device(device)  # CUDA build, a GPU torch sees, fbgemm-gpu's CUDA build; else the fix
     if cfg.checkpoint.get("keep_last") is not None:
@@ -421,6 +389,7 @@ def validate_config(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
         check_target_args(cfg.dataset, "dataset", injected=("seed",))
     for i, spec in enumerate(cfg.trainer.get("observers") or ()):
         check_target_args(spec, f"trainer.observers[{i}]", injected=("job",))
+    # deferred: torch (the observers' modules); `import recps.config` stays light for the launcher and --cfg
     from recps.debug.dump import check_debug_config
     from recps.metrics.groups import check_run_groups
     from recps.metrics.reporter import check_metrics_config
@@ -461,8 +430,6 @@ def dataset_feature_names(dataset: DictConfig) -> tuple[str, ...] | None:
     """
     if dataset.get("_target_") or dataset.get("schema") is None:
         return None
-    from recps.data.schema import Schema  # no torch, no reader
-
     return Schema.from_config(OmegaConf.to_container(dataset.schema, resolve=True)).feature_names
 
 

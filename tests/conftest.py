@@ -1,5 +1,10 @@
-"""Suite-wide fixtures: `hdfs`, a real Apache Hadoop 2.7.3 HDFS on 127.0.0.1 (tests/hdfs/), and
-`in_process_cluster`, a PS job's server 0 and worker 0 in this process, and `device` ("cpu", "cuda")."""
+"""Suite-wide fixtures: `hdfs`, a real Apache Hadoop 2.7.3 HDFS on 127.0.0.1 (tests/hdfs/); the PS
+clusters of tests/helpers/cluster.py: `in_process_cluster` (a PS job's server 0 and worker 0 in this
+process), `ps_cluster` (servers on threads and a client); `launch_output`; and `device` ("cpu", "cuda"). Helpers that are not fixtures
+live in tests/helpers/ (`from tests.helpers.cli import recps_train`, ...); no test imports another.
+
+The `e2e` marker: every test that starts a process (a CLI run, a cluster of processes, HDFS,
+torchrun, mpirun) carries it; `make test-fast` runs the others (-m "not e2e")."""
 
 from __future__ import annotations
 
@@ -9,11 +14,81 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+# The checkout first on sys.path: `tests.helpers` (the suite's shared helpers, tests/helpers/) imports
+# as a namespace package whatever the cwd, and under the name the processes tests start use for it
+# (task._target_=tests.helpers.counting.CountingTask).
+_CHECKOUT = str(Path(__file__).resolve().parents[1])
+if _CHECKOUT not in sys.path:
+    sys.path.insert(0, _CHECKOUT)
+
+from tests.helpers.cli import follow_launch  # noqa: E402 - after the sys.path entry above
+from tests.helpers.cluster import ps_servers, run_in_process  # noqa: E402
+
+# ------------------------------------------------------------------------------------ e2e
+
+_SPAWNED: list[str] = []
+_PROCESS_FIXTURES = {"hdfs", "private_hdfs", "launch_output"}
+_SAVED_STARTS = pytest.StashKey[list]()
+
+
+def _noting(what: str, start):
+    def spawn(*args, **kwargs):
+        _SPAWNED.append(what)
+        return start(*args, **kwargs)
+    return spawn
+
+
+def _watch_spawns() -> list[tuple[object, str, object]]:
+    """Note every process this test process starts (subprocess and multiprocessing both end in one
+    of these) while a test not marked e2e runs; returns what to restore."""
+    import _posixsubprocess
+
+    patched = [(subprocess, "_fork_exec"), (_posixsubprocess, "fork_exec"), (os, "fork"), (os, "posix_spawn"),
+               (os, "posix_spawnp")]
+    saved = [(mod, name, getattr(mod, name)) for mod, name in patched if hasattr(mod, name)]
+    for mod, name, start in saved:
+        setattr(mod, name, _noting(f"{getattr(mod, '__name__', mod)}.{name}", start))
+    return saved
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test marked slow (an end-to-end run: a whole job trained, a quality figure) is e2e as well,
+    whether it starts a process or runs its cluster on threads: make test-fast skips it too."""
+    for item in items:
+        if item.get_closest_marker("slow") is not None and item.get_closest_marker("e2e") is None:
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("e2e") is None:
+        item.stash[_SAVED_STARTS] = _watch_spawns()
+        _SPAWNED.clear()
+        used = _PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+        if used:
+            pytest.fail(f"{item.nodeid} uses {', '.join(sorted(used))} (processes): mark it e2e", pytrace=False)
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    try:
+        return (yield)
+    finally:
+        saved = item.stash.get(_SAVED_STARTS, None)
+        if saved is not None:
+            for mod, name, start in saved:
+                setattr(mod, name, start)
+            if _SPAWNED:
+                spawned, _SPAWNED[:] = sorted(set(_SPAWNED)), []
+                pytest.fail(f"{item.nodeid} started a process ({', '.join(spawned)}) but is not marked e2e: "
+                            "add @pytest.mark.e2e (make test-fast runs -m 'not e2e')", pytrace=False)
+
 
 _HDFS_SCRIPTS = Path(__file__).resolve().parent / "hdfs"
 # start_hdfs.sh waits at most RECPS_HDFS_TIMEOUT (120 s) for the cluster and 480 s for the
@@ -126,98 +201,23 @@ def private_hdfs(tmp_path_factory) -> Iterator[HdfsCluster]:
         yield cluster
 
 
-_CLUSTER_TIMEOUT_S = 300
-
-
-def _run_in_process(cfg, out_dir: Path, token: str = "in-process", **worker_kwargs) -> dict:
-    """ps=sync|async|geo with one server and one worker: server 0 on a thread, worker 0 here, as
-    `cluster=local`'s processes run them (recps.cluster.driver.run_role). `worker_kwargs` go to the
-    worker's run_role (data=, observers=). Returns worker 0's metrics."""
-    from recps.cluster.driver import run_role
-    from recps.cluster.launch import free_port
-    from recps.ps.roles import UserDefinedRoleMaker
-
-    address = f"127.0.0.1:{free_port()}"
-    server, worker = (UserDefinedRoleMaker(kind, 0, 1, 1, coordinator=address, token=token).role()
-                      for kind in ("server", "worker"))
-    errors: list[BaseException] = []
-
-    def serve() -> None:
-        try:
-            run_role(cfg, server, out_dir)
-        except BaseException as exc:  # noqa: BLE001 - surfaced below
-            errors.append(exc)
-
-    thread = threading.Thread(target=serve, name="server0", daemon=True)
-    thread.start()
-    try:
-        metrics = run_role(cfg, worker, out_dir, **worker_kwargs)
-    finally:
-        thread.join(_CLUSTER_TIMEOUT_S)  # worker 0 stops the server when it leaves
-    assert not thread.is_alive(), "server 0 did not stop after worker 0 left"
-    assert not errors, errors
-    return metrics
-
-
 @pytest.fixture
 def in_process_cluster() -> Callable[..., dict]:
-    """`run(cfg, out_dir, token=..., data=..., observers=[...]) -> metrics` (see _run_in_process)."""
-    return _run_in_process
-
-
-@contextlib.contextmanager
-def _ps_cluster(num_servers: int, token: str):
-    """`num_servers` PSServers on threads of this process (every mode's server half) and a
-    PSClient to them: yields (servers, client); every server stopped at the end."""
-    from recps.ps.modes import server_halves
-    from recps.ps.node.client import PSClient
-    from recps.ps.node.server import PSServer
-
-    servers = [PSServer(index=i, num_servers=num_servers, token=token, halves=server_halves()).start()
-               for i in range(num_servers)]
-    try:
-        with PSClient([s.endpoint for s in servers], token=token) as client:
-            yield servers, client
-    finally:
-        for s in servers:
-            s.stop()
+    """`run(cfg, out_dir, token=..., data=..., observers=[...]) -> metrics` (tests.helpers.cluster.run_in_process)."""
+    return run_in_process
 
 
 @pytest.fixture
 def ps_cluster() -> Callable[..., contextlib.AbstractContextManager]:
-    """`with ps_cluster(num_servers, token) as (servers, client):` servers in this process."""
-    return _ps_cluster
-
-
-def follow_launch(proc: subprocess.Popen, pattern: str, lines: list[str], pids: dict[str, int], deadline: float,
-                  count: int = 1) -> set[str]:
-    """Read a launched job's output (recps.launch's) line by line into `lines` until `count`
-    distinct matches of `pattern` (its first group, else the whole match) were seen, noting each
-    'started NAME (pid N)' in `pids`; returns the matches. The test fails naming the pattern when
-    the output ends or `deadline` (time.monotonic()) passes first."""
-    import re
-    import time
-
-    seen: set[str] = set()
-    while len(seen) < count and time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if m := re.search(r"started (\w+) \(pid (\d+)\)", line):
-            pids[m.group(1)] = int(m.group(2))
-        if m := re.search(pattern, line):
-            seen.add(m.group(1) if m.groups() else m.group(0))
-    if len(seen) < count:
-        pytest.fail(f"never saw {pattern!r} {count} time(s) (saw {sorted(seen)}):\n" + "".join(lines[-60:]))
-    return seen
+    """`with ps_cluster(num_servers, token) as (servers, client):` servers in this process
+    (tests.helpers.cluster.ps_servers)."""
+    return ps_servers
 
 
 @pytest.fixture
 def launch_output() -> Callable[..., set[str]]:
-    """follow_launch, for tests that read a launched job's output as it runs."""
+    """follow_launch (tests.helpers.cli), for tests that read a launched job's output as it runs."""
     return follow_launch
-
 
 
 # ------------------------------------------------------------------------------------ device

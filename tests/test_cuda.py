@@ -7,7 +7,7 @@ machine (RECPS_REQUIRE_CUDA=1 makes the absence a failure). The cuda half compar
 
 - the copies (recps.device) and the prefetching batch loader (recps.embeddings.placement);
 - GEO's replica as a CUDA TBE and sync's pulled rows on the GPU, both against plain-torch SGD on the
-  CPU (the exact equalities of tests/ps/modes/test_geo.py, to float tolerance);
+  CPU (the exact equalities of tests/ps/modes/test_geo.py, with tests/helpers/reference.py, to float tolerance);
 - ps=local, GEO and async runs of CTR-DNN (recps.job / recps.cluster, servers in this process) on a
   small generated world: first losses and AUC against the same run on the CPU.
 
@@ -34,7 +34,7 @@ from recps.ps.modes.geo import GeoMode
 from recps.ps.modes.synchronous import SyncMode
 from recps.ps.node import PSClient, PSServer, TableConfig
 from recps.tasks import BinaryTask
-from tests.ps.modes.test_geo import DIM, FEATURES, INIT, ReferenceEBC, examples, make_model, reference_sgd
+from tests.helpers.reference import DIM, FEATURES, INIT, ReferenceEBC, examples, make_model, reference_sgd
 
 NO_CUDA = not torch.cuda.is_available()
 
@@ -220,6 +220,7 @@ def _run(mode: str, device: str, folder, run) -> dict:
     return run(cfg, out, token=f"cuda-{mode}")
 
 
+@pytest.mark.slow  # a whole job trained end to end: e2e, not in make test-fast
 @pytest.mark.parametrize("mode", ["local", "geo", "async"])
 def test_run_on_device_matches_cpu(device, mode, tmp_path_factory, in_process_cluster):
     folder = tmp_path_factory.mktemp(f"run-{mode}-{device}")

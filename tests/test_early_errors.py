@@ -5,16 +5,14 @@ its data, or named no key."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from recps.config import PROJECT_ROOT, compose_config, dataset_feature_names, validate_config
+from recps.config import compose_config, dataset_feature_names, validate_config
 from recps.errors import ConfigError
 from recps.metrics.groups import check_run_groups
+from tests.helpers.cli import recps_train
 
 SYNTHETIC = tuple(f"C{i}" for i in range(1, 27))  # the synthetic data's sparse features
 
@@ -65,6 +63,7 @@ def test_an_optimizer_value_its_constructor_refuses_is_named():
     validate_config(compose_config(["optimizer.lr=0.01"]))
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("overrides, message", [
     (["ps=async", "metrics=grouped", "metrics.group_key=bogus"],
      "recps.train: ConfigError: metrics.group_key='bogus' (from the override metrics.group_key=bogus) is not a sparse "
@@ -78,12 +77,8 @@ def test_an_optimizer_value_its_constructor_refuses_is_named():
 def test_the_cli_refuses_before_any_process_or_data(tmp_path: Path, overrides, message):
     """`python -m recps.train`: one message, exit 1, no server or worker started, no data generated."""
     run = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "recps.train", *overrides, "dataset.generate.train_rows=2000",
-                           f"dataset.dir={tmp_path / 'data'}", f"hydra.run.dir={run}"],
-                          cwd=PROJECT_ROOT, env=dict(os.environ, HYDRA_FULL_ERROR="0"), capture_output=True, text=True,
-                          timeout=60)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 1, out
+    out = recps_train(*overrides, "dataset.generate.train_rows=2000", f"dataset.dir={tmp_path / 'data'}",
+                      f"hydra.run.dir={run}", env={"HYDRA_FULL_ERROR": "0"}, timeout=60, check=1).output
     assert message in out, out
     assert "[server0]" not in out and "[worker0]" not in out and "starting" not in out, out
     assert not (tmp_path / "data").exists() and not (run / "cluster.log").exists()

@@ -9,9 +9,7 @@ models once, and the other tests reuse its run folders. Output goes to pytest's 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,8 +17,9 @@ import pytest
 import torch
 
 from recps.config import PROJECT_ROOT
+from tests.helpers.cli import CliRun, run_module
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 CRITEO_TINY = PROJECT_ROOT.parent / "shared" / "data" / "criteo" / "train.tiny.csv"
 CRITEO_TINY_ROWS = 1999  # data rows in train.tiny.csv (the header excluded)
@@ -28,16 +27,10 @@ TRAIN_ROWS, TEST_ROWS = 5000, 1000
 MODELS = ("deepfm", "ctr_dnn")
 
 
-def recps(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Runs `python -m <args>` from the checkout root; returns the finished process."""
-    env = dict(os.environ, HYDRA_FULL_ERROR="0")
-    return subprocess.run([sys.executable, "-m", *args], cwd=PROJECT_ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
-
-
-def check(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
-    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}"
-    return proc
+def recps(module: str, *args: str, timeout: float = 300, check: int | None = None) -> CliRun:
+    """`python -m module *args` with HYDRA_FULL_ERROR=0 (tests.helpers.cli.run_module); `check=0`
+    fails the test, naming the command and the tail of its output, unless it exits 0."""
+    return run_module(module, *args, env={"HYDRA_FULL_ERROR": "0"}, timeout=timeout, check=check)
 
 
 def small_synthetic(data_dir: Path) -> list[str]:
@@ -68,8 +61,8 @@ def checkpoint_state(run: Path) -> dict:
 def sweep(tmp_path_factory) -> dict[str, Path]:
     """`-m model=deepfm,ctr_dnn trainer.max_steps=50`: one process, two runs; model name -> run folder."""
     root = tmp_path_factory.mktemp("sweep")
-    check(recps("recps.train", "-m", "model=deepfm,ctr_dnn", "trainer.max_steps=50",
-                *small_synthetic(root / "data"), f"hydra.sweep.dir={root / 'multirun'}"))
+    recps("recps.train", "-m", "model=deepfm,ctr_dnn", "trainer.max_steps=50",
+                *small_synthetic(root / "data"), f"hydra.sweep.dir={root / 'multirun'}", check=0)
     runs = sweep_runs(root / "multirun", 2)
     return {metrics_of(run)["model"].removeprefix("models.").lower(): run for run in runs}
 
@@ -92,7 +85,7 @@ def test_sweep_makes_one_run_per_model_with_metrics(sweep):
 
 def test_evaluate_reproduces_the_runs_test_auc(sweep):
     run = sweep["deepfm"]
-    proc = check(recps("recps.evaluate", str(run / "checkpoint")))
+    proc = recps("recps.evaluate", str(run / "checkpoint"), check=0)
     evaluated = json.loads(proc.stdout)
     trained = metrics_of(run)
     for key in ("auc", "logloss", "accuracy"):
@@ -104,8 +97,8 @@ def test_resume_continues_counts_and_restores_the_saved_weights(sweep, tmp_path)
     run = sweep["deepfm"]
     saved = checkpoint_state(run)
     data_dir = run.parent.parent / "data"  # the sweep's generated data set
-    check(recps("recps.train", "-m", "trainer.epochs=0,1", f"trainer.resume={run / 'checkpoint'}",
-                *small_synthetic(data_dir), f"hydra.sweep.dir={tmp_path}"))
+    recps("recps.train", "-m", "trainer.epochs=0,1", f"trainer.resume={run / 'checkpoint'}",
+                *small_synthetic(data_dir), f"hydra.sweep.dir={tmp_path}", check=0)
     same, more = sweep_runs(tmp_path, 2)
 
     loaded = checkpoint_state(same)
@@ -131,8 +124,8 @@ def test_a_resume_takes_the_saved_moments_and_the_configured_learning_rate(sweep
     saved = checkpoint_state(run)["optimizer"]
     data_dir = run.parent.parent / "data"
     out = tmp_path / "resumed"
-    proc = check(recps("recps.train", "trainer.epochs=0", "optimizer.lr=0.000123", f"trainer.resume={run / 'checkpoint'}",
-                       *small_synthetic(data_dir), f"hydra.run.dir={out}"))
+    proc = recps("recps.train", "trainer.epochs=0", "optimizer.lr=0.000123", f"trainer.resume={run / 'checkpoint'}",
+                       *small_synthetic(data_dir), f"hydra.run.dir={out}", check=0)
     loaded = checkpoint_state(out)["optimizer"]
     assert [g["lr"] for g in loaded["param_groups"]] == [0.000123] * len(saved["param_groups"])
     assert [g["lr"] for g in saved["param_groups"]] != [0.000123] * len(saved["param_groups"])
@@ -147,8 +140,8 @@ def test_cfg_job_starts_nothing(tmp_path):
     """With the default config (an async PS cluster) `--cfg job` prints and launches nothing."""
     run_dir, data_dir = tmp_path / "run", tmp_path / "data"
     start = time.monotonic()
-    proc = check(recps("recps.train", "--cfg", "job", f"hydra.run.dir={run_dir}", f"dataset.dir={data_dir}",
-                       timeout=120))
+    proc = recps("recps.train", "--cfg", "job", f"hydra.run.dir={run_dir}", f"dataset.dir={data_dir}",
+                       timeout=120, check=0)
     seconds = time.monotonic() - start
     assert "_target_: models.DeepFM" in proc.stdout
     assert "name: async" in proc.stdout
@@ -166,10 +159,10 @@ def test_a_users_config_folder_works_under_a_ps_mode(tmp_path, ps):
     text = (PROJECT_ROOT / "conf" / "dataset" / "synthetic.yaml").read_text().replace("name: synthetic", "name: mine")
     (conf / "mine.yaml").write_text(text)
     run = tmp_path / "run"
-    check(recps("recps.train", "--config-dir", str(tmp_path / "myconf"), "dataset=mine", f"ps={ps}",
+    recps("recps.train", "--config-dir", str(tmp_path / "myconf"), "dataset=mine", f"ps={ps}",
                 "progress=false", "checkpoint.save=false", "trainer.max_steps=4", f"dataset.dir={tmp_path / 'data'}",
                 f"dataset.generate.train_rows={TRAIN_ROWS}", f"dataset.generate.test_rows={TEST_ROWS}",
-                "dataset.generate.vocab=100", f"hydra.run.dir={run}", timeout=300))
+                "dataset.generate.vocab=100", f"hydra.run.dir={run}", timeout=300, check=0)
     assert "name: mine" in (run / "recps-job.yaml").read_text()
     assert metrics_of(run)["ps"] == ps and metrics_of(run)["train_steps"] > 0
 
@@ -186,14 +179,14 @@ def test_wrong_override_is_one_line_naming_it(tmp_path):
 @pytest.mark.skipif(not CRITEO_TINY.is_file(),
                     reason=f"Criteo sample {CRITEO_TINY} absent (it is not redistributable, never in the repo)")
 def test_criteo_tiny_trains_and_evaluates_both_models_on_80_20(tmp_path):
-    check(recps("recps.train", "-m", "model=deepfm,ctr_dnn", "dataset=criteo_tiny", "ps=local", "progress=false",
-                "trainer.epochs=2", f"hydra.sweep.dir={tmp_path}"))
+    recps("recps.train", "-m", "model=deepfm,ctr_dnn", "dataset=criteo_tiny", "ps=local", "progress=false",
+                "trainer.epochs=2", f"hydra.sweep.dir={tmp_path}", check=0)
     test_rows = round(CRITEO_TINY_ROWS * 0.2)
     for run in sweep_runs(tmp_path, 2):
         metrics = metrics_of(run)
         assert metrics["train_examples"] == 2 * (CRITEO_TINY_ROWS - test_rows), metrics
         assert 0.0 < metrics["auc"] < 1.0 and 0.0 < metrics["logloss"] < 1.0, metrics
-        evaluated = json.loads(check(recps("recps.evaluate", str(run / "checkpoint"))).stdout)
+        evaluated = json.loads(recps("recps.evaluate", str(run / "checkpoint"), check=0).stdout)
         assert evaluated["auc"] == pytest.approx(metrics["auc"], abs=1e-6)
 
 
@@ -237,11 +230,8 @@ def test_a_misspelled_key_names_the_closest_and_its_plus_form_does_not_train(tmp
 
 
 def test_hydra_full_error_shows_the_traceback(tmp_path):
-    env = dict(os.environ, HYDRA_FULL_ERROR="1")
-    proc = subprocess.run([sys.executable, "-m", "recps.train", "trainer.batch_size=-1", "ps=local",
-                           f"hydra.run.dir={tmp_path / 'run'}"], cwd=PROJECT_ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 1
+    proc = run_module("recps.train", "trainer.batch_size=-1", "ps=local", f"hydra.run.dir={tmp_path / 'run'}",
+                      env={"HYDRA_FULL_ERROR": "1"}, timeout=120, check=1)
     assert "Traceback" in proc.stderr and "in validate_config" in proc.stderr, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (
         "recps.errors.ConfigError: trainer.batch_size=-1: give the examples per batch (per thread), 1 or more")

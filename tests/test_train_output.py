@@ -12,17 +12,14 @@ the rsc15 sample, the two-tower retrieval model ps=local on MovieLens (../shared
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from recps.config import PROJECT_ROOT
+from tests.helpers.cli import recps_train
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 SHARED = PROJECT_ROOT.parent / "shared" / "data"
 # What no run may print: none of it is something the user can act on.
@@ -32,13 +29,9 @@ NOISE = ("Successfully loaded", "SplitTableBatchedEmbeddingBagsCodegen", "[TBE="
 
 def train(run: Path, *overrides: str) -> tuple[str, dict]:
     """Runs recps.train; returns its stdout + stderr and the metrics.json it wrote."""
-    env = dict(os.environ, HYDRA_FULL_ERROR="0")
-    proc = subprocess.run([sys.executable, "-m", "recps.train", *overrides, "progress=false", "checkpoint.save=false",
-                           f"hydra.run.dir={run}"], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True,
-                          timeout=500)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output[-5000:]
-    return output, json.loads((run / "metrics.json").read_text())
+    proc = recps_train(*overrides, "progress=false", "checkpoint.save=false", f"hydra.run.dir={run}",
+                       env={"HYDRA_FULL_ERROR": "0"}, timeout=500)
+    return proc.output, proc.metrics()
 
 
 @pytest.fixture(scope="module")

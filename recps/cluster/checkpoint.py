@@ -189,13 +189,12 @@ class CheckpointPauses:
         self.at: int | None = None
         self.clock = time.perf_counter()
         w, workers = self.role.index, self.role.num_workers
-        client = fleet.client
-        client.create_dense_table(CONTROL_TABLE, 2 * workers + 1, mode="geo")
+        fleet.create_dense_table(CONTROL_TABLE, 2 * workers + 1, mode="geo")
         plan = torch.zeros(2 * workers + 1)
         plan[2 * w], plan[2 * w + 1] = float(planned >> 20), float(planned & (2**20 - 1))
-        client.push_dense(CONTROL_TABLE, plan).wait()
+        fleet.push_dense(CONTROL_TABLE, plan).wait()
         fleet.barrier("recps.checkpoint.plan", timeout=self.timeout_s)
-        values = [int(v) for v in client.pull_dense(CONTROL_TABLE).wait().tolist()]
+        values = [int(v) for v in fleet.pull_dense(CONTROL_TABLE).tolist()]
         self.limit = min((values[2 * i] << 20) | values[2 * i + 1] for i in range(workers))
         log.info("%s: checkpoints every %s during training, before step %d (the fewest steps of a worker)",
                  self.role.name, f"{self._round(self.every_steps)} steps" if self.every_steps else f"{self.every_s:g} s",
@@ -217,7 +216,7 @@ class CheckpointPauses:
 
     def pause(self, steps: int, positions: list[tuple[int, int]]) -> int | None:
         start = time.perf_counter()
-        fleet, role, client = self.fleet, self.role, self.fleet.client
+        fleet, role = self.fleet, self.role
         trained_s = start - self.clock
         self.meetings += 1
         saving = bool(self.every_steps) or self.meetings > 1  # (seconds) the first meeting measures the rate
@@ -238,7 +237,7 @@ class CheckpointPauses:
                 progress = read_progress(folder, role.num_workers)
                 commit_ps_checkpoint(folder, self.tables, self.job.settings,
                                      {"steps": self.job.steps_done + steps, "workers": progress, "origin": self.origin},
-                                     save=lambda: client.save(folder, mode="full", tables=self.tables,
+                                     save=lambda: fleet.save(folder, mode="full", tables=self.tables,
                                                               timeout=self.timeout_s))
                 save_s = time.perf_counter() - t
                 keep = self.job.settings.checkpoint.keep_last
@@ -247,16 +246,16 @@ class CheckpointPauses:
                         log.info("%s: removed %s (checkpoint.keep_last=%d)", role.name, old, int(keep))
                 for obs in self.job.trainer.observers:
                     if (hook := getattr(obs, "on_checkpoint", None)) is not None:
-                        hook(folder, self.job.steps_done + steps, client)
+                        hook(folder, self.job.steps_done + steps, fleet.channel())
             if self.every_s:  # the steps to the next meeting, from worker 0's rate since the last one
                 rate = (steps - self.met_at) / max(trained_s, 1e-3)
                 interval = min(2**24, self._round(max(1.0, rate * float(self.every_s))))
                 change = torch.zeros(2 * role.num_workers + 1)
                 change[-1] = float(interval - self.control)
-                client.push_dense(CONTROL_TABLE, change).wait()
+                fleet.push_dense(CONTROL_TABLE, change).wait()
         fleet.barrier(f"recps.checkpoint.{self.meetings}.done", timeout=self.timeout_s)
         if self.every_s:
-            self.interval = self.control = int(client.pull_dense(CONTROL_TABLE).wait()[-1])
+            self.interval = self.control = int(fleet.pull_dense(CONTROL_TABLE)[-1])
         pause_s = time.perf_counter() - start
         if saving:
             self.records.append({"folder": folder, "steps": self.job.steps_done + steps,

@@ -136,7 +136,7 @@ def _train(job: Job, strategy: DistributedStrategy, open_fleet, role, out_dir: P
             load_worker_state(resume["folder"], resume["manifest"], resume["state_files"], fleet)
         job.trainer.updater = dist.updater
         job.trainer.prefetch = strategy.mode.prefetches
-        fleet.client.create_dense_table(STATS_TABLE, 4, mode="geo")  # GEO's server half adds what arrives
+        fleet.create_dense_table(STATS_TABLE, 4, mode="geo")  # GEO's server half adds what arrives
         job.trainer.on_step = ProgressLog(batch_size, threads) if role.index == 0 else None
         tables = [*job.collection.table_dims(), DENSE_TABLE]  # named: the servers hold other tables too
         pauses = None
@@ -148,12 +148,12 @@ def _train(job: Job, strategy: DistributedStrategy, open_fleet, role, out_dir: P
         # logs and writes them) and the debug dump (each worker's threads write their own files).
         trained = train(job, out_dir, Fit(source, epochs, max_steps, first_epoch=first_epoch, skip=skip,
                                           thread_steps_per_epoch=per_thread, pauses=pauses),
-                        client=fleet.client, rank=role.index)
+                        client=fleet.channel(), rank=role.index)
         stats, cpu = trained.stats, trained.cpu_seconds
         # Everything is sent (geo: the last deltas) and nothing more will be: worker 0 below
         # overwrites its dense params with the servers' values, which must not count as a delta.
         fleet.close_communicators()
-        fleet.client.push_dense(STATS_TABLE, torch.tensor(
+        fleet.push_dense(STATS_TABLE, torch.tensor(
             [float(stats.examples), stats.examples_per_sec, stats.seconds, cpu])).wait()
         log.info("%s trained: %d steps, %d examples, %.0f examples/s", role.name, stats.steps, stats.examples,
                  stats.examples_per_sec)
@@ -165,7 +165,7 @@ def _train(job: Job, strategy: DistributedStrategy, open_fleet, role, out_dir: P
         # Worker 0: evaluate what the servers hold (every worker's pushes / deltas are in).
         fleet.read_servers()
         metrics: dict[str, Any] = evaluate(job)
-        total_examples, total_rate, _, total_cpu = fleet.client.pull_dense(STATS_TABLE).wait().tolist()
+        total_examples, total_rate, _, total_cpu = fleet.pull_dense(STATS_TABLE).tolist()
         metrics.update(base_metrics(job, trained))
         metrics.update(examples_per_sec=total_rate, train_examples=int(total_examples), worker_cpu_seconds=total_cpu,
                        servers=role.num_servers, workers=role.num_workers)
@@ -178,7 +178,7 @@ def _train(job: Job, strategy: DistributedStrategy, open_fleet, role, out_dir: P
             progress = read_progress(ckpt, role.num_workers)
             commit_ps_checkpoint(ckpt, tables, job.settings, {"steps": job.steps_done + stats.steps, "workers": progress,
                                                      "origin": origin},
-                                 save=lambda: fleet.client.save(ckpt, mode="full", tables=tables,
+                                 save=lambda: fleet.save(ckpt, mode="full", tables=tables,
                                                                 timeout=max(strategy.mode.timeout_s, 600.0)))
             metrics["checkpoint"] = ckpt
         rfs.write_atomic(str(out_dir / "metrics.json"), json.dumps(metrics, indent=2, sort_keys=True) + "\n",

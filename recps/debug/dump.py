@@ -53,6 +53,7 @@ from torch import nn
 from recps.debug.format import DumpWriter, Record
 from recps.errors import ConfigError, DataError
 from recps.job.observer import TrainObserver
+from recps.targets import check_target_args
 
 __all__ = ["DebugDump", "DumpEstimate", "FIELDS", "build_dump", "check_debug_config"]
 
@@ -436,8 +437,6 @@ def check_debug_config(cfg: Mapping[str, Any] | None) -> None:
     if cfg is None or not bool(cfg.get("enabled", False)):
         return
     if cfg.get("_target_") is not None:
-        from recps.config import check_target_args
-
         check_target_args(cfg, "debug", injected=_INJECTED, engine_keys=("enabled",))
     fields = [str(f) for f in (cfg.get("fields") or [])]
     unknown = [f for f in fields if f not in FIELDS]

@@ -65,10 +65,11 @@ def _register(protocol: str) -> None:
         return
     if protocol in HDFS_PROTOCOLS:
         try:
-            from recps.fs import native
+            # deferred: hdfs-native (optional) is imported only when an hdfs:// URL is used
+            from recps.fs.native import HdfsFileSystem, ViewfsFileSystem
         except ImportError:
             return
-        classes = {"hdfs": native.HdfsFileSystem, "viewfs": native.ViewfsFileSystem}
+        classes = {"hdfs": HdfsFileSystem, "viewfs": ViewfsFileSystem}
     else:
         classes = dict.fromkeys(WEBHDFS_PROTOCOLS, WebHDFS)
     for name, cls in classes.items():
@@ -318,7 +319,7 @@ def _replace_by_renames(fs: fsspec.AbstractFileSystem, tmp: str, path: str) -> N
 def _renames_over(fs: fsspec.AbstractFileSystem) -> bool:
     """Whether fs.mv(a, b, overwrite=True) replaces b atomically (hdfs-native's Rename2 OVERWRITE)."""
     try:
-        from hdfs_native.fsspec import BaseFileSystem
+        from hdfs_native.fsspec import BaseFileSystem  # deferred: hdfs-native is optional
     except ImportError:
         return False
     return isinstance(fs, BaseFileSystem)

@@ -102,9 +102,10 @@ class HDFSClient:
             self.fs: Any = WebHDFS(self.host, self.port or 50070, user=user, timeout_s=self.timeout_s,
                                    skip_instance_cache=True)
         else:
-            from recps.fs import native  # hdfs-native is imported only when asked for
+            # deferred: hdfs-native (optional) is imported only when asked for
+            from recps.fs.native import HdfsFileSystem, ViewfsFileSystem
 
-            cls = native.ViewfsFileSystem if scheme == "viewfs" else native.HdfsFileSystem
+            cls = ViewfsFileSystem if scheme == "viewfs" else HdfsFileSystem
             self.fs = cls(self.host, self.port, timeout_s=self.timeout_s, skip_instance_cache=True,
                           **(config or {}))
 

@@ -1,6 +1,7 @@
 """One job: built once from the composed config into typed objects, run by one training loop with hooks.
 
     settings     JobSettings (trainer, checkpoint, observers' settings, the config's YAML): typed, built once
+    parts        Job: the built parts
     build        build_job(cfg) -> Job: data, collection, model, task, optimizer, trainer, observers;
                  the only modules here that read the composed config: build and settings
     loop         the training loop (Trainer.fit: Hogwild threads; hooks: updater, prefetch, on_step,

@@ -6,7 +6,7 @@
                                          YAML that checkpoints record)
     run_training(cfg, out_dir)           a local run: build_job, then recps.job.run.run_local
 
-The only module of recps.job that reads a DictConfig; everything below takes the Job. Called by the
+With recps.job.settings, the only module of recps.job that reads the composed config; the rest takes the Job. Called by the
 entry points (recps.train, recps.evaluate), the cluster's worker body (recps.cluster.work: its
 process re-enters through recps.train with recps-job.yaml) and the stream's, and by tests.
 """
@@ -16,7 +16,6 @@ from __future__ import annotations
 import inspect
 import logging
 import random
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from recps.device import check_device
 from recps.embeddings import LocalEmbeddingBagCollection, LocalEmbeddingCollection
 from recps.errors import ConfigError
 from recps.job.loop import LocalDenseUpdater, Trainer, dense_parameters
+from recps.job.parts import Job
 from recps.job.settings import CheckpointSettings, JobSettings, TrainerSettings, build_settings
 from recps.job.precision import check_precision
 from recps.job.run import run_local
@@ -47,23 +47,6 @@ log = logging.getLogger("recps.run")  # the name its log lines had (recps/run.py
 
 # MODEL_ENGINE_KEYS, MODEL_INJECTED (recps.config, re-exported here): what the engine reads from and
 # injects into a model config; TASK_ENGINE_KEYS: what it reads from a task config (its `objective`).
-
-
-@dataclass
-class Job:
-    """Everything one training run holds: data, collection, model, task, optimizer, trainer, settings.
-
-    `epochs_done` / `steps_done`: what the job had trained before this process (a resumed checkpoint)."""
-
-    settings: JobSettings
-    data: PreparedData
-    collection: Any
-    model: Any
-    task: Any
-    optimizer: Any
-    trainer: Trainer
-    epochs_done: int = 0
-    steps_done: int = 0
 
 
 def seed_everything(seed: int) -> None:

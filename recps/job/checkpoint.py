@@ -47,7 +47,8 @@ from recps import fs as rfs
 from recps.errors import ConfigError
 
 if TYPE_CHECKING:
-    from recps.job.build import Job, JobSettings
+    from recps.job.parts import Job
+    from recps.job.settings import JobSettings
 
 __all__ = ["save_checkpoint", "load_checkpoint", "checkpoint_file", "find_checkpoint", "commit_ps_checkpoint",
            "verify_ps_checkpoint", "read_recorded", "committed_checkpoints", "prune_step_checkpoints",

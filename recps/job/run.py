@@ -28,7 +28,7 @@ from recps.metrics.groups import evaluate_pointwise
 from recps.metrics.reporter import MetricsReporter, build_reporter
 
 if TYPE_CHECKING:
-    from recps.job.build import Job
+    from recps.job.parts import Job
 
 __all__ = ["Fit", "train", "evaluate", "training_observers", "run_local", "base_metrics"]
 

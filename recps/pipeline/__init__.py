@@ -12,12 +12,18 @@ __all__ = ["enabled", "run_pipeline"]
 
 
 def enabled(cfg) -> bool:
-    from recps.pipeline.stages import enabled as _enabled
+    from recps.pipeline.stages import enabled as _enabled  # deferred: `import recps.pipeline` stays light for recps.train
 
     return _enabled(cfg)
 
 
 def run_pipeline(cfg, out_dir):
-    from recps.pipeline.runner import run_pipeline as _run
+    """recps.train's entry with pipeline != none: the streaming funnel (stream.enabled, every stage pass by
+    pass: recps.pipeline.incremental) or the funnel trained once (recps.pipeline.runner)."""
+    if cfg.get("stream") is not None and bool(cfg.stream.get("enabled", False)):
+        from recps.pipeline.incremental import run_funnel_stream  # deferred: torch, torchrec only for a pipeline run
+
+        return run_funnel_stream(cfg, out_dir)
+    from recps.pipeline.runner import run_pipeline as _run  # deferred: torch, torchrec only for a pipeline run
 
     return _run(cfg, out_dir)

@@ -57,7 +57,7 @@ from recps.pipeline.stages import StageSpec, check_data, pipeline_specs, schedul
 from recps.pipeline.data import FunnelData, csr_from_pairs, exposure_bucket
 from recps.pipeline.funnel import (EXPORT_DIR, Funnel, build_index, build_stage_model, dense_width, export_stage,
                                    load_stage, stage_collection)
-from recps.pipeline.runner import _assign_flat, load_world, training_examples
+from recps.pipeline.runner import load_world, training_examples
 from recps.stream import PassLoop, check_stream_out, resume_point, stream_config
 
 __all__ = ["Impressions", "FunnelLoop", "write_world_passes", "read_pass", "funnel_view", "run_funnel_stream",
@@ -220,12 +220,8 @@ class _StageTrainer:
 
     def create_table(self) -> None:
         """The stage's dense table on the servers (every worker; the first one's values win)."""
-        self.fleet.client.create_dense_table(self.table, {n: p.detach() for n, p in self.named.items()},
-                                             optimizer=self.spec.mode.dense_rule(self.optimizer),
-                                             mode=self.spec.mode.name)
-
-    def server_values(self) -> torch.Tensor:
-        return self.fleet.client.pull_dense(self.table).wait(self.timeout_s)
+        self.fleet.create_dense_table(self.table, {n: p.detach() for n, p in self.named.items()},
+                                      optimizer=self.spec.mode.dense_rule(self.optimizer), mode=self.spec.mode.name)
 
     def start(self) -> None:
         """After the tables exist (and a resumed checkpoint was loaded): the servers' dense values, the
@@ -233,7 +229,7 @@ class _StageTrainer:
         from recps.job.loop import Trainer
 
         mode = self.spec.mode
-        _assign_flat(self.dense, self.server_values())  # every worker starts equal
+        self.fleet.pull_dense_into(self.table, self.dense, self.timeout_s)  # every worker starts equal
         self.updater = mode.dense_updater(self.named, self.optimizer, self.collection.communicator, self.table)
         self.trainer = Trainer(self.model, self.collection, self.task, self.updater, threads=self.spec.threads,
                                prefetch=mode.prefetches)
@@ -274,7 +270,7 @@ class _StageTrainer:
 
         s, mode = self.spec, self.spec.mode
         if mode.name != "geo":  # sync / async: the servers hold the dense values (geo: the local replica trains on)
-            _assign_flat(self.dense, self.server_values())
+            self.fleet.pull_dense_into(self.table, self.dense, self.timeout_s)
         source = WorkerShards(ExamplesSource(examples, shuffle=True, seed=seed), self.role.index, self.role.num_workers)
         per_thread = -1
         if mode.name == "sync":  # every thread of every worker takes the same steps (all read the same pass)
@@ -290,7 +286,7 @@ class _StageTrainer:
             log.warning("stream pass %s: stage %s has fewer than %d batches of %d rows: not trained on it (sync)",
                         pass_name, s.name, s.threads * self.role.num_workers, s.batch_size)
         self.collection.communicator.flush()  # every push applied (geo: the last deltas); it trains again next pass
-        self.fleet.client.barrier(f"pipeline.stream.{pass_name}.{s.name}.trained", timeout=self.timeout_s)
+        self.fleet.wait_for_workers(f"pipeline.stream.{pass_name}.{s.name}.trained", timeout=self.timeout_s)
         seconds = time.perf_counter() - start
         log.info("%s: pass %s stage %s (%s): %d steps, %d examples, loss %.4f", self.role.name, pass_name, s.name,
                  mode.name, steps, examples_n, loss)
@@ -301,12 +297,14 @@ class _StageTrainer:
         """The stage as the servers hold it now (rows and dense values); this worker's own dense values
         stay (geo's replica trains on from them)."""
         own = [p.detach().clone() for p in self.dense]
-        _assign_flat(self.dense, self.server_values())
+        self.fleet.pull_dense_into(self.table, self.dense, self.timeout_s)
         try:
             with self.fleet.reading_servers():
                 return export_stage(self.spec, self.model, self.collection, view, self.num_dense)
         finally:
-            _assign_flat(self.dense, torch.cat([p.reshape(-1) for p in own]) if own else torch.zeros(0))
+            with torch.no_grad():
+                for p, value in zip(self.dense, own):
+                    p.copy_(value)
 
 
 # ------------------------------------------------------------------------ the workers' local state
@@ -443,7 +441,7 @@ class FunnelLoop(PassLoop):
         if role.num_workers > 1:
             from recps.metrics.ps_merger import PSMerger
 
-            self.funnel_merger = PSMerger(fleet.client, prefix="pipeline.stream.eval",
+            self.funnel_merger = PSMerger(fleet.channel(), prefix="pipeline.stream.eval",
                                           timeout_s=max(self.timeout_s, _EVAL_TIMEOUT_S))
 
     # -- the three steps ----------------------------------------------------------------------------
@@ -603,11 +601,11 @@ def funnel_stream_work(cfg: DictConfig, role, out_dir: Path, data=None, observer
         fleet.init_worker(strategy, load_from=resume.folder)  # every stage's sparse tables, loaded if resumed
         for t in trainers.values():
             t.create_table()
-        fleet.client.barrier("pipeline.stream.tables", timeout=timeout_s)
+        fleet.wait_for_workers("pipeline.stream.tables", timeout=timeout_s)
         if manifest is not None:
             if role.index == 0:  # the stages' dense tables of the checkpoint (init_worker loads the sparse ones)
-                fleet.client.load(resume.folder, tables=tables["dense"], timeout=timeout_s)
-            fleet.client.barrier("pipeline.stream.loaded", timeout=timeout_s)
+                fleet.load(resume.folder, tables=tables["dense"], timeout=timeout_s)
+            fleet.wait_for_workers("pipeline.stream.loaded", timeout=timeout_s)
         for t in trainers.values():
             t.start()
         if manifest is not None:
@@ -625,7 +623,7 @@ def funnel_stream_work(cfg: DictConfig, role, out_dir: Path, data=None, observer
                           trainers=trainers, history=history, steps=resume.steps)
         records = loop.run()
         fleet.close_communicators()
-        server_tables = {s.name: {t: fleet.client.table_spec(t)["mode"]
+        server_tables = {s.name: {t: fleet.table_mode(t)
                                   for t in [*trainers[s.name].collection.table_dims(), f"{s.name}_dense"]}
                          for s in specs}
         fleet.barrier("pipeline.stream.done", timeout=loop.timeout_s)

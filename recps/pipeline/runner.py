@@ -41,7 +41,7 @@ from omegaconf import DictConfig, OmegaConf
 from recps import fs as rfs
 from recps.errors import ConfigError
 from recps.pipeline.stages import StageSpec, check_data, pipeline_specs, schedule
-from recps.pipeline.data import FunnelData, pair_examples
+from recps.pipeline.data import FunnelData, load_world, pair_examples
 from recps.pipeline.funnel import (EXPORT_DIR, Funnel, build_index, build_stage_model, dense_width, export_stage,
                                    load_stage, outputs_of, score_inputs, stage_collection)
 
@@ -52,24 +52,11 @@ log = logging.getLogger("recps.pipeline")
 _EVAL_TIMEOUT_S = 3600.0  # how long a worker waits for the others' evaluation of the funnel (its merge rounds)
 
 
-def load_world(cfg: DictConfig) -> FunnelData:
-    from hydra.utils import instantiate
-
-    from recps.config import check_target_args
-
-    check_target_args(cfg.pipeline.world, "pipeline.world")
-    return instantiate(OmegaConf.to_container(cfg.pipeline.world, resolve=True), _convert_="all")
-
-
 def run_pipeline(cfg: DictConfig, out_dir: Path) -> float:
-    """recps.train's entry with pipeline != none: launch the cluster (or be one of its processes), then
+    """recps.pipeline.run_pipeline's entry with pipeline != none and no stream: launch the cluster (or be one of its processes), then
     print and write the funnel's metrics; returns pipeline.objective (NaN in the cluster's processes)."""
     from recps.cluster.driver import run_distributed
 
-    if cfg.get("stream") is not None and bool(cfg.stream.get("enabled", False)):
-        from recps.pipeline.incremental import run_funnel_stream
-
-        return run_funnel_stream(cfg, out_dir)  # every stage pass by pass (recps.pipeline.incremental)
     if cfg.ps.name not in ("sync", "async", "geo"):
         raise ConfigError(f"pipeline={cfg.pipeline.name} trains on the parameter server; ps={cfg.ps.name!r}: "
                           "drop ps=local (each stage's mode is pipeline.stages.<stage>.ps)")
@@ -93,15 +80,6 @@ def run_pipeline(cfg: DictConfig, out_dir: Path) -> float:
 
 
 # ------------------------------------------------------------------------------------- the worker
-
-
-def _assign_flat(params, flat: torch.Tensor) -> None:
-    with torch.no_grad():
-        pos = 0
-        for p in params:
-            n = p.numel()
-            p.copy_(flat[pos:pos + n].view_as(p))
-            pos += n
 
 
 def training_examples(spec: StageSpec, specs, data: FunnelData, funnel: Funnel | None, seed: int):
@@ -158,10 +136,10 @@ def _train_stage(fleet, spec: StageSpec, model, collection, examples, role, time
     named = {f"param{i}": p for i, p in enumerate(dense)}
     table = f"{spec.name}_dense"
     mode = spec.mode
-    fleet.client.create_dense_table(table, {n: p.detach() for n, p in named.items()},
-                                    optimizer=mode.dense_rule(optimizer), mode=mode.name)
-    fleet.client.barrier(f"pipeline.{spec.name}.tables", timeout=timeout_s)
-    _assign_flat(dense, fleet.client.pull_dense(table).wait(timeout_s))  # every worker starts equal
+    fleet.create_dense_table(table, {n: p.detach() for n, p in named.items()},
+                             optimizer=mode.dense_rule(optimizer), mode=mode.name)
+    fleet.wait_for_workers(f"pipeline.{spec.name}.tables", timeout=timeout_s)
+    fleet.pull_dense_into(table, dense, timeout_s)  # every worker starts equal
     communicator = collection.communicator
     updater = mode.dense_updater(named, optimizer, communicator, table)
     trainer = Trainer(model, collection, task, updater, threads=spec.threads, prefetch=mode.prefetches)
@@ -173,8 +151,8 @@ def _train_stage(fleet, spec: StageSpec, model, collection, examples, role, time
     stats = trainer.fit(source, spec.batch_size, epochs=spec.epochs, max_steps=spec.max_steps, progress=False,
                         thread_steps_per_epoch=per_thread)
     communicator.close()  # what is queued goes out (geo: the last deltas); the stage trains no more
-    fleet.client.barrier(f"pipeline.{spec.name}.trained", timeout=timeout_s)
-    _assign_flat(dense, fleet.client.pull_dense(table).wait(timeout_s))  # the servers' values
+    fleet.wait_for_workers(f"pipeline.{spec.name}.trained", timeout=timeout_s)
+    fleet.pull_dense_into(table, dense, timeout_s)  # the servers' values
     seconds = time.perf_counter() - start
     log.info("%s: stage %s trained in %s mode: %d steps, %d examples, %.0f examples/s, loss %.4f", role.name,
              spec.name, mode.name, stats.steps, stats.examples, stats.examples_per_sec, stats.last_loss)
@@ -289,13 +267,13 @@ def funnel_work(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -
                 _export(s, specs, fleet, models, collections, world, role, export_dir, stages)
                 if s.is_retrieval:
                     index = _index(cfg, s, stages, world, role, export_dir, trained)
-        tables = {s.name: {t: fleet.client.table_spec(t)["mode"] for t in [*collections[s.name].table_dims(),
+        tables = {s.name: {t: fleet.table_mode(t) for t in [*collections[s.name].table_dims(),
                                                                           f"{s.name}_dense"]} for s in specs}
         from recps.metrics.ps_merger import PSMerger
         from recps.pipeline.held_out import evaluate_funnel
 
         # every worker evaluates its share of the held-out requests; the tallies merge through the servers
-        merger = PSMerger(fleet.client, prefix="pipeline.eval", timeout_s=max(timeout_s, _EVAL_TIMEOUT_S))
+        merger = PSMerger(fleet.channel(), prefix="pipeline.eval", timeout_s=max(timeout_s, _EVAL_TIMEOUT_S))
         metrics = evaluate_funnel(Funnel(specs, stages, index, world), cfg, merger=merger, worker=role.index,
                                   workers=role.num_workers)
         lists = metrics.pop("final_lists")  # <run dir>/funnel/final_lists.json: what recommend must return

@@ -40,7 +40,8 @@ occurrence belongs to, summed (float32; exact for 0/1 clicks). The trainer hands
 of the batch to `set_batch_clicks` before the forward pass (recps.job.loop: the task's label
 column); a label is clamped to [0, 1] and counts as that much of a click (Paddle feeds the label
 as the click). Without clicks (a model that builds its own KJT, a forward outside the trainer)
-the shows still count the occurrences and the clicks are 0.
+the shows still count the occurrences and the clicks are 0. `key_statistics` is where this is decided;
+below (communicators, client, tables) shows and clicks are required for a table with an accessor.
 
 GEO: a communicator that trains a local replica itself (`FusedBagLookup`, see
 recps.ps.modes.geo) gets the ids and offsets and returns the pooled output; its TBE's
@@ -91,6 +92,7 @@ from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor, Keyed
 from recps.device import same_device, to_device, to_host
 from recps.errors import ConfigError, PSError
 from recps.splitmix import splitmix64
+from recps.ps.modes.base import CountsStatistics, PlacesReplicas, StartsPulls
 from recps.ps.table.keys import unique_keys
 
 __all__ = [
@@ -102,6 +104,7 @@ __all__ = [
     "salted_keys",
     "ps_table_name",
     "pool_sum",
+    "key_statistics",
 ]
 
 logger = logging.getLogger(__name__)
@@ -156,12 +159,30 @@ class FusedBagLookup(Protocol):
     """A communicator that trains a local replica itself (GEO): pooled lookups whose backward
     updates the replica (FBGEMM TBE with a fused optimizer) instead of returning gradients."""
 
-    def lookup_bags(self, table: str, keys: torch.Tensor, offsets: torch.Tensor,
-                    num_features: int, clicks: torch.Tensor | None = None) -> torch.Tensor:
+    def lookup_bags(self, table: str, keys: torch.Tensor, offsets: torch.Tensor, num_features: int,
+                    shows: torch.Tensor | None = None, clicks: torch.Tensor | None = None) -> torch.Tensor:
         """keys (N,) salted int64, offsets (Fg*B+1,) -> pooled (B, Fg*D), differentiable.
-        clicks (N,): the click of each occurrence's example, given when `counts_statistics(table)`
-        (each occurrence is one show)."""
+        shows, clicks (N,): each occurrence's (`key_statistics`), given when `counts_statistics(table)`."""
         ...
+
+
+def key_statistics(inverse: torch.Tensor | None, num_keys: int,
+                   clicks: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CTR statistics a training batch gives its keys, decided here and nowhere below (the
+    communicators, the client and the tables require them for a table with an accessor): each
+    occurrence of a key is one show, with the click of its example (0 when the batch has no click
+    labels, see `set_batch_clicks`).
+
+    inverse (N,): the key (0..num_keys-1) of each of the N occurrences, or None when the N
+    occurrences are the keys themselves (num_keys == N); clicks (N,) or None.
+    Returns (num_keys,) shows, (num_keys,) clicks, float32."""
+    if inverse is None:
+        shows = torch.ones(num_keys)  # (N,)
+        return shows, torch.zeros(num_keys) if clicks is None else clicks.to(torch.float32)
+    shows = torch.bincount(inverse, minlength=num_keys).to(torch.float32)  # (U,) occurrences
+    if clicks is None:
+        return shows, torch.zeros(num_keys)
+    return shows, torch.bincount(inverse, weights=clicks, minlength=num_keys).to(torch.float32)  # (U,)
 
 
 class _PushGrads(torch.autograd.Function):
@@ -300,9 +321,9 @@ class _PSCollectionBase(nn.Module):
         """Send the pulls of `features`, the KJT this thread passes to forward() next (see the module
         docstring). A no-op with a communicator that cannot start a pull (sync, GEO)."""
         communicator = self._communicator()
-        start = getattr(communicator, "pull_start", None)
-        if start is None or isinstance(communicator, FusedBagLookup) or self._prefetch_off:
+        if not isinstance(communicator, StartsPulls) or isinstance(communicator, FusedBagLookup) or self._prefetch_off:
             return
+        start = communicator.pull_start
         self.drop_prefetch()
         if self._missing(features):
             self._turn_prefetch_off()  # these are not the features forward() will get
@@ -344,9 +365,8 @@ class _PSCollectionBase(nn.Module):
         """Sets (or replaces) the communicator: Fleet binds it in init_worker; evaluation may bind a
         reader of the servers' values. A communicator that keeps a local replica (GEO) places it on
         this collection's device."""
-        place = getattr(communicator, "place_replicas", None)
-        if place is not None:
-            place(self.device)
+        if isinstance(communicator, PlacesReplicas):
+            communicator.place_replicas(self.device)
         self.communicator = communicator
 
     def table_dims(self) -> dict[str, int]:
@@ -401,8 +421,7 @@ class _PSCollectionBase(nn.Module):
 
     def _counts_statistics(self, communicator, table: PSTable) -> bool:
         """Whether pushes of `table` carry shows and clicks (the communicator asks for them)."""
-        counts = getattr(communicator, "counts_statistics", None)
-        return counts is not None and bool(counts(table.name))
+        return isinstance(communicator, CountsStatistics) and bool(communicator.counts_statistics(table.name))
 
     def _occurrence_clicks(self, table: PSTable, lengths: torch.Tensor, batch: int, n: int) -> torch.Tensor | None:
         """(N,) the click of the example of each of the N keys, or None without clicks.
@@ -430,11 +449,8 @@ class _PSCollectionBase(nn.Module):
         if self.training and torch.is_grad_enabled():
             shows = clicks = None
             if self._counts_statistics(communicator, table):
-                u = uniq.numel()
-                shows = torch.bincount(inverse, minlength=u).to(torch.float32)  # (U,) occurrences
                 each = None if lengths is None else self._occurrence_clicks(table, lengths, batch, inverse.numel())
-                clicks = (torch.zeros(u) if each is None
-                          else torch.bincount(inverse, weights=each, minlength=u).to(torch.float32))  # (U,)
+                shows, clicks = key_statistics(inverse, uniq.numel(), each)  # (U,) each
             rows = _PushGrads.apply(to_device(rows, self.device).requires_grad_(True), communicator.push,
                                     table.name, uniq, shows, clicks)
         else:
@@ -492,8 +508,9 @@ class PSEmbeddingBagCollection(_PSCollectionBase):
             offsets = _offsets(lengths)  # (Fg*B+1,)
             if fused:
                 stats = {}
-                if self._counts_statistics(communicator, table):  # the replica counts one show per key
-                    stats["clicks"] = self._occurrence_clicks(table, lengths, batch, keys.numel())  # (N,) or None
+                if self._counts_statistics(communicator, table):  # per occurrence: the replica sums them per key
+                    each = self._occurrence_clicks(table, lengths, batch, keys.numel())  # (N,) or None
+                    stats["shows"], stats["clicks"] = key_statistics(None, keys.numel(), each)  # (N,) each
                 pooled.append(communicator.lookup_bags(table.name, keys, offsets, len(table.features), **stats))
                 continue
             rows, inverse = self._rows(table, keys, pull, lengths, batch)

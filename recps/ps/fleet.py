@@ -35,7 +35,13 @@ What each call does:
   collections and the dense table (the first worker's initial values win), waits for every
   worker, copies the servers' dense values into the model, binds one communicator per mode.
 - `stop_worker()`: sends what is queued, waits for every worker, and worker 0 stops the servers.
-- `barrier(name)`: sends what is queued, every worker waits for all, dense values refreshed.
+- `barrier(name)`: sends what is queued, every worker waits for all, dense values refreshed;
+  `wait_for_workers(name)`: only the meeting (nothing sent or pulled).
+- Dense tables beside the optimizer's, by name (a funnel stage's `<stage>_dense`, statistics):
+  `create_dense_table`, `push_dense` (a handle), `pull_dense` (the values), `pull_dense_into`
+  (into parameters); `save` / `load` / `shrink` / `table_mode` on the servers' tables;
+  `channel()`: the narrow view observers and metric mergers get. Orchestration (recps.pipeline,
+  recps.stream, recps.cluster) uses these, never `fleet.client` (tests/test_layers.py).
 - `read_servers()`: the model reads what the servers hold (evaluation after training).
 """
 
@@ -43,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 import signal
 import threading
 import time
@@ -54,15 +61,15 @@ from torch import nn
 
 from recps.errors import ConfigError, PSError
 from recps.ps.embedding import PSEmbeddingBagCollection, PSEmbeddingCollection
-from recps.ps.modes import MODES, AsyncMode, Mode, ServerReader, server_halves
+from recps.ps.modes import MODES, AsyncMode, KeepsWorkerState, Mode, ReadsServers, ServerReader, server_halves
 from recps.ps.modes.dense import assign_flat
-from recps.ps.node import ServerNode, connect
+from recps.ps.node import PSClient, PSServer, ServerNode, connect
 from recps.ps.node.coordinator import DEFAULT_DEAD_AFTER_S
 from recps.ps.node.server import STORAGE_ROOTS_ENV  # the folders a server may save to and load from
 from recps.ps.transport.security import ENCRYPTION_ENV  # curve (default) or off, the same on every process
 from recps.ps.roles import Role, detect_role_maker
 
-__all__ = ["Fleet", "DistributedStrategy", "STORAGE_ROOTS_ENV", "ENCRYPTION_ENV", "DistributedOptimizer", "DENSE_TABLE", "init", "read_checkpoint"]
+__all__ = ["Fleet", "WorkerChannel", "DistributedStrategy", "STORAGE_ROOTS_ENV", "ENCRYPTION_ENV", "DistributedOptimizer", "DENSE_TABLE", "ReadsServers", "ServerReader", "init", "read_checkpoint"]
 
 log = logging.getLogger(__name__)
 
@@ -341,6 +348,68 @@ class Fleet:
         if self.strategy.mode.name != "geo":
             self._pull_dense_params()
 
+    def wait_for_workers(self, name: str, timeout: float | None = None) -> None:
+        """Block until every worker called wait_for_workers(name) (or barrier(name)); nothing is
+        sent or pulled (`barrier` also flushes and refreshes the dense parameters). Raises
+        PSTimeoutError after `timeout` s (default: the client's), PSError naming a dead worker.
+        Thread-safe: threads of one worker may wait on different names at once (a funnel's
+        concurrent stages), never two on the same name."""
+        self._worker_client("wait_for_workers").barrier(name, timeout=timeout)
+
+    # -- dense tables beside the optimizer's (a dense table per prefix: a funnel stage's, statistics) --
+
+    def create_dense_table(self, name: str, params, *, optimizer: dict | None = None, mode: str | None = None,
+                           timeout: float | None = None) -> dict:
+        """Create dense table `name` on the servers: `params` a flat size N (zeros), or an ordered
+        dict name -> tensor (its values initialize the table) or -> shape; `optimizer` the servers'
+        rule (`mode.dense_rule(opt)`; None: values are only summed), `mode` the PS mode that trains it
+        (default: the strategy's). Every worker may call it: idempotent, the first creator's values
+        win. Returns when every server holds the table (the spec), PSTimeoutError after `timeout`.
+        Other workers may not have created it yet: wait_for_workers before they read it."""
+        client = self._worker_client("create_dense_table")
+        mode = mode if mode is not None else self.strategy.mode.name
+        return client.create_dense_table(name, params, optimizer=optimizer, mode=mode, timeout=timeout)
+
+    def push_dense(self, name: str, values: torch.Tensor):
+        """Send (N,) flat values to dense table `name` (what they are, gradients or additions, is its
+        mode's); returns a handle: `wait(timeout)` returns once every server applied them. Thread-safe."""
+        return self._worker_client("push_dense").push_dense(name, values)
+
+    def pull_dense(self, name: str, timeout: float | None = None) -> torch.Tensor:
+        """The (N,) float32 values the servers hold of dense table `name`, now (blocks; PSTimeoutError
+        after `timeout`, default the client's). Thread-safe."""
+        return self._worker_client("pull_dense").pull_dense(name).wait(timeout)
+
+    def pull_dense_into(self, name: str, params: Sequence[torch.Tensor], timeout: float | None = None) -> None:
+        """Copy dense table `name`'s values into `params` (the table's order, as it was created from
+        them; no autograd): `pull_dense` then an in-place copy. Returns when the copy is done."""
+        assign_flat(list(params), self.pull_dense(name, timeout))
+
+    def table_mode(self, name: str) -> str:
+        """The PS mode table `name` is tagged with on the servers ("sync", "async", "geo")."""
+        return self._worker_client("table_mode").table_spec(name)["mode"]
+
+    def load(self, path: str, tables: Sequence[str] | None = None, timeout: float | None = None) -> dict[str, int]:
+        """The servers load `tables` (all: None) of the PS checkpoint `path` (any fsspec URL), re-sharded
+        onto this cluster, optimizer state and statistics with them; returns rows / parameters loaded
+        per table once every server is done. One worker calls it, the others wait_for_workers."""
+        return self._worker_client("load").load(str(path), tables=tables, timeout=timeout)
+
+    def shrink(self, tables: Sequence[str] | None = None, timeout: float | None = None) -> int:
+        """Day end on every server (tables with an accessor): decay shows and clicks, delete rows by
+        score and unseen days; returns the rows deleted once every server is done. One worker calls it."""
+        return self._worker_client("shrink").shrink(tables=tables, timeout=timeout)
+
+    def channel(self) -> "WorkerChannel":
+        """What this worker's observers and metric mergers may do on the servers beside training
+        (recps.metrics.ps_merger.PSMerger, TrainObserver.on_checkpoint): see WorkerChannel."""
+        return WorkerChannel(self._worker_client("channel"))
+
+    def _worker_client(self, what: str):
+        if self.client is None:
+            raise PSError(f"{what}: call init_worker() first")
+        return self.client
+
     def flush(self) -> None:
         """Everything this worker pushed is applied on the servers (geo: the last deltas sent)."""
         for communicator in self.communicators:
@@ -395,7 +464,7 @@ class Fleet:
         and optimizer state, the local dense optimizer's state; sync and async: nothing). Call
         between steps, after `flush`."""
         state: dict = {}
-        sparse = {t: v for c in self.communicators if hasattr(c, "state_dict") for t, v in c.state_dict().items()}
+        sparse = {t: v for c in self.communicators if isinstance(c, KeepsWorkerState) for t, v in c.state_dict().items()}
         if sparse:
             state["sparse"] = sparse
         dense = self._local_dense_updater()
@@ -406,7 +475,7 @@ class Fleet:
     def load_worker_state(self, state: dict) -> None:
         """A `worker_state` of this worker's place in a checkpointed run, before training."""
         for communicator in self.communicators:
-            if hasattr(communicator, "load_state_dict") and state.get("sparse"):
+            if isinstance(communicator, KeepsWorkerState) and state.get("sparse"):
                 communicator.load_state_dict(state["sparse"])
         dense = self._local_dense_updater()
         if dense is not None and "dense_optimizer" in state:
@@ -415,14 +484,16 @@ class Fleet:
     def _local_dense_updater(self):
         """The dense updater whose optimizer runs on this worker (geo), or None."""
         updater = self._optimizer.updater if self._optimizer is not None else None
-        updater = getattr(updater, "updater", updater)  # _EveryMode wraps the strategy's
-        return updater if hasattr(updater, "state_dict") else None
+        if isinstance(updater, _EveryMode):  # it wraps the strategy's
+            updater = updater.updater
+        return updater if isinstance(updater, KeepsWorkerState) else None  # geo's GeoDenseUpdater
 
-    def save(self, path: str, mode: str = "full") -> dict[str, int]:
-        """The servers write their shards of every table under `path` (call from one worker, after a barrier)."""
-        if self.client is None:
-            raise PSError("save: call init_worker() first")
-        return self.client.save(str(path), mode=mode)
+    def save(self, path: str, mode: str = "full", tables: Sequence[str] | None = None,
+             timeout: float | None = None) -> dict[str, int]:
+        """The servers write their shards of `tables` (every table: None) under `path` in save mode
+        `mode` (recps.ps.node.client.PSClient.save); returns rows / parameters written per table once
+        every server is done (PSTimeoutError after `timeout`). Call from one worker, after a barrier."""
+        return self._worker_client("save").save(str(path), mode=mode, tables=tables, timeout=timeout)
 
     def stop_worker(self) -> None:
         """Flush, wait for every worker; worker 0 then stops the servers. Idempotent."""
@@ -477,6 +548,51 @@ class Fleet:
             self._close_on_error()
 
 
+class WorkerChannel:
+    """A worker's narrow view of the servers for what observes training (metric merges through
+    the servers, checks at a checkpoint): its place, dense tables by name, a bare barrier and
+    reads. The verbs are PSClient's of the same names, with their contracts (handles with
+    `wait(timeout)`; thread-safe); nothing here trains a sparse table, saves, loads or stops."""
+
+    def __init__(self, client) -> None:
+        self._c = client
+
+    @property
+    def worker_index(self) -> int:
+        return self._c.worker_index
+
+    @property
+    def num_workers(self) -> int:
+        return self._c.num_workers
+
+    @property
+    def timeout_s(self) -> float:
+        return self._c.timeout_s
+
+    def create_dense_table(self, name: str, params, optimizer: dict | None = None, mode: str = "geo",
+                           timeout: float | None = None) -> dict:
+        return self._c.create_dense_table(name, params, optimizer=optimizer, mode=mode, timeout=timeout)
+
+    def push_dense(self, name: str, values, **kw):
+        return self._c.push_dense(name, values, **kw)
+
+    def pull_dense(self, name: str):
+        return self._c.pull_dense(name)
+
+    def barrier(self, name: str, timeout: float | None = None) -> None:
+        self._c.barrier(name, timeout=timeout)
+
+    def pull(self, table: str, keys: torch.Tensor, *, create: bool = False):
+        """Rows of `keys` as the servers hold them (create=False: missing rows read as zeros)."""
+        return self._c.pull(table, keys, create=create)
+
+    def stats(self, timeout: float | None = None) -> dict:
+        return self._c.stats(timeout=timeout)
+
+    def table_spec(self, name: str) -> dict:
+        return self._c.table_spec(name)
+
+
 class _EveryMode:
     """The dense updater of a worker whose collections use several modes: a step ends on every
     communicator (the other modes' first, then the dense table's)."""
@@ -504,10 +620,6 @@ def read_checkpoint(folder: str, collections, params):
     (re-sharded onto it), the `collections` read through it (nothing is created or pushed) and the
     dense `params` (the distributed optimizer's order) hold its dense values. Evaluation of a
     checkpoint without a cluster."""
-    import secrets
-
-    from recps.ps.node import PSClient, PSServer
-
     token = secrets.token_hex(16)
     with PSServer(token=token, halves=server_halves()) as server, PSClient([server.endpoint], token=token) as client:
         tables = sorted({t for c in collections for t in c.table_dims()})

@@ -226,7 +226,7 @@ class _Loop:
         self.sparse_tables = list(job.collection.table_dims())
         self.threads, self.batch_size = int(cfg.trainer.threads), int(cfg.trainer.batch_size)
         self.timeout_s = max(float(strategy.mode.timeout_s), 600.0)
-        self.merger = PSMerger(fleet.client, prefix="recps.stream.eval", timeout_s=self.timeout_s) \
+        self.merger = PSMerger(fleet.channel(), prefix="recps.stream.eval", timeout_s=self.timeout_s) \
             if role.num_workers > 1 else LocalMerger()
         self.base_key = resume.base_key
         self.passes_done = resume.passes_done
@@ -268,7 +268,7 @@ class _Loop:
         state = {"day": p.day, "pass": p.index, "mode": mode, "base_key": self.base_key, **(extra or {})}
 
         def save() -> None:  # runs before the manifest is written: its row count goes in
-            saved = self.fleet.client.save(folder, mode=mode, tables=self.tables, timeout=self.timeout_s)
+            saved = self.fleet.save(folder, mode=mode, tables=self.tables, timeout=self.timeout_s)
             state["rows"] = sum(v for k, v in saved.items() if k in self.sparse_tables)
 
         commit_ps_checkpoint(folder, self.tables, self.settings, {"steps": self.job.steps_done, "stream": state}, save=save)
@@ -278,7 +278,7 @@ class _Loop:
         """A save whose only purpose is its effect on the statistics (a replay); removed after."""
         folder = rfs.join(self.config.out, ".replay", f"{p.day}-{p.index}-{mode}-{os.getpid()}")
         t = time.perf_counter()
-        self.fleet.client.save(folder, mode=mode, tables=self.tables, timeout=self.timeout_s)
+        self.fleet.save(folder, mode=mode, tables=self.tables, timeout=self.timeout_s)
         fs, path = rfs.resolve(folder)
         fs.rm(path, recursive=True)
         return time.perf_counter() - t
@@ -293,7 +293,7 @@ class _Loop:
                     "stream": {"day": p.day, "pass": p.index, "base_key": self.base_key, "delta": delta,
                                "passes_done": self.passes_done}}
         commit_ps_checkpoint(folder, self.tables, self.settings, progress,
-                             save=lambda: self.fleet.client.save(folder, mode="full", tables=self.tables,
+                             save=lambda: self.fleet.save(folder, mode="full", tables=self.tables,
                                                                  timeout=self.timeout_s))
         self.done.add_model(ModelRecord(p.day, self.base_key, folder, p.index))
         return time.perf_counter() - t
@@ -303,7 +303,7 @@ class _Loop:
         out: dict[str, Any] = {}
         t = time.perf_counter()
         if self.config.shrink:
-            out["shrunk_rows"] = self.fleet.client.shrink(tables=self.sparse_tables, timeout=self.timeout_s)
+            out["shrunk_rows"] = self.fleet.shrink(tables=self.sparse_tables, timeout=self.timeout_s)
         out["shrink_s"] = round(time.perf_counter() - t, 3)
         base, batch = _day_folders(self.config, p.day)
         following = next_day(p.day)
@@ -538,7 +538,7 @@ def stream_work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequ
                 load_worker_state(resume.folder, manifest, files, fleet)
         job.trainer.updater = dist.updater
         job.trainer.prefetch = strategy.mode.prefetches
-        fleet.client.create_dense_table(STATS_TABLE, 4, mode="geo")
+        fleet.create_dense_table(STATS_TABLE, 4, mode="geo")
         job.trainer.on_step = ProgressLog(int(cfg.trainer.batch_size), int(cfg.trainer.threads)) if role.index == 0 else None
         tables = [*job.collection.table_dims(), DENSE_TABLE]
         if resume.folder:
@@ -546,18 +546,18 @@ def stream_work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequ
                      resume.steps, resume.next.name if resume.next else "none")
         loop = _Loop(cfg, role, out_dir, job, fleet, strategy, config, resume, tables)
         cpu = time.process_time()
-        with training_observers(job, out_dir, client=fleet.client, rank=role.index):
+        with training_observers(job, out_dir, client=fleet.channel(), rank=role.index):
             records = loop.run()
         cpu = time.process_time() - cpu
         fleet.close_communicators()
         passes = [r for r in records if "pass" in r]
         examples, seconds = sum(r["examples"] for r in passes), sum(r["train_s"] for r in passes)
-        fleet.client.push_dense(STATS_TABLE, torch.tensor(  # summed over the workers (a GEO-mode table)
+        fleet.push_dense(STATS_TABLE, torch.tensor(  # summed over the workers (a GEO-mode table)
             [float(examples), examples / seconds if seconds else 0.0, seconds, cpu])).wait()
         fleet.barrier("recps.stream.done", timeout=loop.timeout_s)
         if role.index != 0:
             return None
-        total_examples, total_rate, _, total_cpu = fleet.client.pull_dense(STATS_TABLE).wait().tolist()
+        total_examples, total_rate, _, total_cpu = fleet.pull_dense(STATS_TABLE).tolist()
         metrics: dict[str, Any] = {"stream": {"root": config.root, "out": config.out, "passes": records,
                                               "resumed_from": resume.folder}}
         if passes and passes[-1].get("eval"):

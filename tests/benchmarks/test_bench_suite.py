@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import doctest
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -25,6 +24,7 @@ from recps.errors import ConfigError
 from benchmarks import procmon, ps_throughput, quality, report, run as bench_run
 from benchmarks.ps_throughput import Topology
 from benchmarks.quality import HeldOutAUC, time_to_quality
+from tests.helpers.cli import run_module
 
 
 def _listing(folder: Path) -> set[str]:
@@ -41,6 +41,7 @@ def test_doctests(module):
 # ---------------------------------------------------------------------------------- the smoke
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_smoke_preset_end_to_end(tmp_path):
@@ -50,10 +51,8 @@ def test_smoke_preset_end_to_end(tmp_path):
     markdown = tmp_path / "RESULTS.md"
     markdown.write_text("# results\n\n## A hand-written section\n\nkept as it is\n")
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--preset", "smoke", "--out", str(out),
-                           "--markdown", str(markdown), "--data-dir", str(tmp_path / "data")],
-                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=280)
-    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}"
+    proc = run_module("benchmarks.run", "--preset", "smoke", "--out", str(out), "--markdown", str(markdown),
+                      "--data-dir", str(tmp_path / "data"), timeout=280)
     # Nothing of this run in the checkout (other engineers may edit RESULTS.md meanwhile: no digest).
     assert report.begin_marker("smoke") not in results_md.read_text()
     assert not [p for p in _listing(results_dir) if "smoke" in p]
@@ -133,6 +132,7 @@ def test_topology_names():
         ps_throughput.run_one("local", "1S+1Wx1T", 10, 10, 0, 1)
 
 
+@pytest.mark.e2e
 def test_process_tree_monitor_sees_children_and_their_peaks(tmp_path):
     """A parent holding ~60 MiB starts a child that peaks at ~200 MiB then frees it: both peaks are seen."""
     script = textwrap.dedent("""
@@ -151,6 +151,7 @@ def test_process_tree_monitor_sees_children_and_their_peaks(tmp_path):
     assert 200 < seen["worker3"] < 300, seen  # the high-water mark survives the free
 
 
+@pytest.mark.slow  # a whole job trained end to end: e2e, not in make test-fast
 def test_held_out_auc_equals_the_evaluation_and_only_worker_0_evaluates(tmp_path, monkeypatch):
     """HeldOutAUC through trainer.observers: its last record is recps.job.run.evaluate's AUC of the
     trained model; records fall every `every_steps` steps; a PS worker other than 0 records nothing."""
@@ -229,6 +230,7 @@ def test_scale_bench_small():
     assert out["save_gib"] > 40_000 * 8 * 4 / 2**30  # at least the values were written
 
 
+@pytest.mark.e2e
 def test_report_scaling_scale_and_word2vec_sections(tmp_path):
     """Sections the smoke preset does not produce: scaling with workers (speed-up over 1 worker),
     the scale benchmark's table, Word2Vec's Markdown, and the scaling plot."""

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import doctest
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -15,6 +13,7 @@ from recps.config import PROJECT_ROOT
 
 from benchmarks import compute_bench
 from benchmarks.compute_bench import CONFIGS, ctr_dnn_flop_per_example, summarize
+from tests.helpers.cli import run_module
 
 
 def test_doctests():
@@ -74,6 +73,7 @@ def test_precisions_pick_the_runs_and_a_bad_one_is_refused_before_any_run():
         compute_bench.run(precisions=())
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_tiny_run_end_to_end(tmp_path):
@@ -82,11 +82,9 @@ def test_tiny_run_end_to_end(tmp_path):
     benchmarks/results is not written."""
     out, mine = tmp_path / "compute.json", PROJECT_ROOT / "benchmarks" / "results" / "compute_bench.json"
     before = mine.stat().st_mtime_ns if mine.exists() else None
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.compute_bench", "--rows", "2000", "--vocab", "100",
-                           "--rounds", "1", "--probe-size", "256", "--probe-reps", "3", "--probe-trials", "2",
-                           "--data-dir", str(tmp_path / "data"), "--out", str(out)],
-                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=580)
-    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}"
+    run_module("benchmarks.compute_bench", "--rows", "2000", "--vocab", "100", "--rounds", "1", "--probe-size", "256",
+               "--probe-reps", "3", "--probe-trials", "2", "--data-dir", str(tmp_path / "data"), "--out", str(out),
+               timeout=580)
     result = json.loads(out.read_text())
     assert result["cpu"]["cores"] >= 1 and result["cpu"]["model"] and isinstance(result["cpu"]["bf16_units"], bool)
     assert set(result["cpu"]["flags"]) >= {"avx512_bf16", "amx_bf16"}

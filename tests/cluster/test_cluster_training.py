@@ -10,11 +10,9 @@ and checks what they computed against single-process training:
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -37,8 +35,9 @@ from recps.ps.node import PSClient, PSServer
 from recps.ps.table import Initializer
 from recps.job.build import run_training, seed_everything
 from recps.job.loop import dense_parameters
+from tests.helpers.cli import CliRun, job_process, recps_train
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 RUN_TIMEOUT_S = 420
 
@@ -48,12 +47,10 @@ def data_overrides(folder: Path, train_rows: int, test_rows: int, vocab: int) ->
             f"dataset.generate.test_rows={test_rows}", f"dataset.generate.vocab={vocab}"]
 
 
-def train_cli(run_dir: Path, overrides: list[str], timeout: float = RUN_TIMEOUT_S) -> tuple[subprocess.CompletedProcess, dict]:
+def train_cli(run_dir: Path, overrides: list[str], timeout: float = RUN_TIMEOUT_S) -> tuple[CliRun, dict]:
     """`python -m recps.train <overrides>` in `run_dir`; returns the process and metrics.json."""
-    cmd = [sys.executable, "-m", "recps.train", *overrides, f"hydra.run.dir={run_dir}"]
-    proc = subprocess.run(cmd, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return proc, json.loads((run_dir / "metrics.json").read_text())
+    proc = recps_train(*overrides, f"hydra.run.dir={run_dir}", timeout=timeout)
+    return proc, proc.metrics()
 
 
 def composed(overrides: list[str]):
@@ -178,12 +175,10 @@ def test_server_killed_mid_run_fails_the_run_naming_it_and_leaves_nothing(tmp_pa
     data = data_overrides(tmp_path_factory.getbasetemp() / "data-small", 2000, 500, 1000)
     cmd = [sys.executable, "-m", "recps.train", "model=ctr_dnn", "model.hidden=[16,8]", "ps=async",
            "cluster.workers=2", "trainer.epochs=100000", "trainer.batch_size=16", *data, f"hydra.run.dir={run_dir}"]
-    proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
     pids: dict[str, int] = {}
     lines: list[str] = []
     deadline = time.monotonic() + RUN_TIMEOUT_S
-    try:
+    with job_process(cmd) as proc:  # its process group killed at the end, whatever ends the block
         # Wait until both workers train (each logs its mode once it joined), then kill the server.
         joined = launch_output(proc, r"\[(worker\d)\].*async mode", lines, pids, deadline, count=2)
         assert joined == {"worker0", "worker1"}, "".join(lines[-40:])
@@ -193,10 +188,6 @@ def test_server_killed_mid_run_fails_the_run_naming_it_and_leaves_nothing(tmp_pa
         rest, _ = proc.communicate(timeout=60)
         lines.append(rest)
         took = time.monotonic() - killed_at
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
     out = "".join(lines)
     assert proc.returncode != 0
     assert re.search(r"server0 \(pid \d+\) was killed by SIGKILL", out), out[-3000:]

@@ -16,6 +16,7 @@ import pytest
 from recps.errors import ConfigError
 from recps.cluster.launch import LaunchError, free_port, launch, main
 from recps.ps.roles import EnvRoleMaker
+from tests.helpers.cli import run_module
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -150,6 +151,7 @@ def assert_all_gone(pids, within=5.0):
 # ------------------------------------------------------------------------------------------ success
 
 
+@pytest.mark.e2e
 def test_every_process_gets_its_role_and_servers_are_stopped_after_workers_succeed(child):
     output = io.StringIO()
     result = launch(child("ok"), servers=2, workers=3, env={"EXTRA": "x"}, token="tok", timeout=60, grace=2, output=output)
@@ -177,6 +179,7 @@ def test_every_process_gets_its_role_and_servers_are_stopped_after_workers_succe
     assert_all_gone(all_pids(child.out), within=0)
 
 
+@pytest.mark.e2e
 def test_inherited_role_variables_do_not_leak_and_token_comes_from_the_environment(child, monkeypatch):
     monkeypatch.setenv("RECPS_CLUSTER_TOKEN", "from-env")
     monkeypatch.setenv("RECPS_SERVER_ENDPOINTS", "10.0.0.1:1")  # from some other cluster
@@ -189,6 +192,7 @@ def test_inherited_role_variables_do_not_leak_and_token_comes_from_the_environme
     assert "RECPS_SERVER_ENDPOINTS" not in worker
 
 
+@pytest.mark.e2e
 def test_random_token_when_none_is_given(child, monkeypatch):
     monkeypatch.delenv("RECPS_CLUSTER_TOKEN", raising=False)
     launch(child("ok"), servers=1, workers=1, timeout=60, grace=2, output=io.StringIO()).check()
@@ -196,12 +200,14 @@ def test_random_token_when_none_is_given(child, monkeypatch):
     assert len(tokens) == 1 and len(tokens.pop()) == 32
 
 
+@pytest.mark.e2e
 def test_a_server_that_exits_0_on_its_own_is_not_a_failure(child):
     result = launch(child("server_exits_0"), servers=2, workers=1, timeout=60, grace=2, output=io.StringIO())
     assert result.ok and result.returncodes == {"server0": 0, "server1": 0, "worker0": 0}
     assert result.stopped == ()
 
 
+@pytest.mark.e2e
 def test_log_dir_gets_one_file_per_process(child, tmp_path):
     log_dir = tmp_path / "logs"
     result = launch(child("ok"), servers=1, workers=2, timeout=60, grace=2, log_dir=log_dir)
@@ -214,6 +220,7 @@ def test_log_dir_gets_one_file_per_process(child, tmp_path):
 # ------------------------------------------------------------------------------------------ failure
 
 
+@pytest.mark.e2e
 def test_a_failing_worker_stops_everyone_quickly_and_is_named(child):
     started = time.monotonic()
     result = launch(child("worker_fails", "grandchild"), servers=2, workers=2, timeout=60, grace=2, output=io.StringIO())
@@ -230,6 +237,7 @@ def test_a_failing_worker_stops_everyone_quickly_and_is_named(child):
         result.check()
 
 
+@pytest.mark.e2e
 def test_a_failing_server_stops_the_workers(child):
     result = launch(child("server_fails"), servers=2, workers=1, timeout=60, grace=2, output=io.StringIO())
     assert (result.failed, result.exit_code, result.returncodes["server1"]) == ("server1", 5, 5)
@@ -237,12 +245,14 @@ def test_a_failing_server_stops_the_workers(child):
     assert_all_gone(list(result.pids.values()), within=0)
 
 
+@pytest.mark.e2e
 def test_a_worker_killed_by_a_signal(child, tmp_path):
     result = launch(child("worker_killed"), servers=1, workers=2, timeout=60, grace=2, log_dir=tmp_path / "logs")
     assert (result.failed, result.returncodes["worker0"], result.exit_code) == ("worker0", -signal.SIGKILL, 128 + signal.SIGKILL)
     assert result.message.endswith(f"was killed by SIGKILL; see {tmp_path / 'logs' / 'worker0.log'}")
 
 
+@pytest.mark.e2e
 def test_a_process_that_ignores_sigterm_gets_sigkill_after_the_grace_period(child):
     started = time.monotonic()
     result = launch(child("stubborn"), servers=1, workers=1, timeout=60, grace=0.5, output=io.StringIO())
@@ -250,6 +260,7 @@ def test_a_process_that_ignores_sigterm_gets_sigkill_after_the_grace_period(chil
     assert 0.5 <= time.monotonic() - started < 15
 
 
+@pytest.mark.e2e
 def test_the_global_timeout_stops_everything(child):
     started = time.monotonic()
     result = launch(child("sleep", "grandchild"), servers=1, workers=1, timeout=3, grace=1, output=io.StringIO())
@@ -263,6 +274,7 @@ def test_the_global_timeout_stops_everything(child):
 # ---------------------------------------------------------------------------------------- arguments
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "kwargs, message",
     [
@@ -294,11 +306,11 @@ def test_free_port_can_be_bound():
 
 
 def run_cli(args, timeout=60):
-    return subprocess.run(
-        [sys.executable, "-m", "recps.launch", *args], capture_output=True, text=True, timeout=timeout, cwd=os.getcwd()
-    )
+    """`python -m recps.launch args` from this cwd; the tests check its exit code themselves."""
+    return run_module("recps.launch", *args, timeout=timeout, cwd=os.getcwd(), check=None)
 
 
+@pytest.mark.e2e
 def test_cli_propagates_the_exit_code_and_names_the_process(child):
     done = run_cli(["--servers", "1", "--workers", "2", "--grace", "1", "--timeout", "60", "--", *child("worker_fails")])
     assert done.returncode == 3, done.stderr
@@ -307,6 +319,7 @@ def test_cli_propagates_the_exit_code_and_names_the_process(child):
     assert_all_gone(all_pids(child.out))
 
 
+@pytest.mark.e2e
 def test_cli_success(child):
     done = run_cli(["--servers", "1", "--workers", "1", "--", *child("ok")])
     assert done.returncode == 0, done.stderr
@@ -318,6 +331,7 @@ def test_cli_success(child):
     ]
 
 
+@pytest.mark.e2e
 def test_cli_timeout_exits_124(child):
     done = run_cli(["--timeout", "1", "--grace", "1", "--", *child("sleep")])
     assert done.returncode == 124 and "timed out after 1s" in done.stderr
@@ -330,6 +344,7 @@ def test_cli_without_a_command_is_a_usage_error(capsys):
     assert "no command; write it after '--'" in capsys.readouterr().err
 
 
+@pytest.mark.e2e
 def test_cli_bad_counts_exit_2(capsys):
     assert main(["--workers", "0", "--", sys.executable, "-c", "pass"]) == 2
     assert "workers=0" in capsys.readouterr().err
@@ -342,6 +357,7 @@ def wait_for_records(out, names, within=30.0):
         time.sleep(0.05)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_no_orphans_when_the_launcher_itself_is_killed(child, sig):
     launcher = subprocess.Popen(
@@ -367,6 +383,7 @@ def test_no_orphans_when_the_launcher_itself_is_killed(child, sig):
 # ------------------------------------------------------------------------------- stopped processes
 
 
+@pytest.mark.e2e
 def test_a_stopped_process_is_continued_with_its_sigterm_not_left_for_the_grace_period(child):
     """A SIGSTOPped server (a stalled process) takes its SIGTERM at once: SIGCONT goes with it."""
     started = time.monotonic()
@@ -379,6 +396,7 @@ def test_a_stopped_process_is_continued_with_its_sigterm_not_left_for_the_grace_
 # ----------------------------------------------------------------------------------------- restarts
 
 
+@pytest.mark.e2e
 def test_a_failed_cluster_restarts_and_finishes_with_the_restart_count_in_its_environment(child):
     seen = []
     started = time.monotonic()
@@ -392,6 +410,7 @@ def test_a_failed_cluster_restarts_and_finishes_with_the_restart_count_in_its_en
     assert_all_gone(all_pids(child.out))
 
 
+@pytest.mark.e2e
 def test_restarts_exhausted_fail_naming_the_last_cause_and_every_earlier_one(child):
     result = launch(child("worker_fails"), servers=1, workers=2, timeout=120, grace=2, restarts=2, backoff=0.1,
                     output=io.StringIO())
@@ -401,11 +420,13 @@ def test_restarts_exhausted_fail_naming_the_last_cause_and_every_earlier_one(chi
     assert_all_gone(list(result.pids.values()), within=0)
 
 
+@pytest.mark.e2e
 def test_a_timeout_is_not_restarted(child):
     result = launch(child("sleep"), servers=1, workers=1, timeout=2, grace=1, restarts=3, output=io.StringIO())
     assert (result.failed, result.restarts) == ("timeout", ())
 
 
+@pytest.mark.e2e
 def test_cli_restarts(child):
     done = run_cli(["--servers", "1", "--workers", "2", "--restarts", "1", "--backoff", "0.1", "--",
                     *child("worker1_fails_first_start")])

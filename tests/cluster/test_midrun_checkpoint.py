@@ -16,8 +16,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,10 +23,11 @@ import torch
 
 from recps import fs as rfs
 from recps.job.checkpoint import read_ps_checkpoint
-from recps.config import PROJECT_ROOT, compose_config
+from recps.config import compose_config
 from recps.errors import ConfigError
 from recps.job.observer import TrainObserver
 from recps.ps.fleet import Fleet
+from tests.helpers.cli import recps_train
 
 pytestmark = pytest.mark.slow
 
@@ -111,16 +110,8 @@ def test_geo_checkpoint_mid_run_holds_the_unsynced_deltas(tmp_path, in_process_c
         torch.testing.assert_close(mid[name].values, table.values, atol=1e-6, rtol=0)
 
 
-def recps(module: str, *args: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=PROJECT_ROOT, capture_output=True, text=True,
-                          timeout=TIMEOUT_S)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return proc
-
-
 def cli_auc(run_dir: Path, *overrides: str) -> dict:
-    recps("recps.train", *overrides, f"hydra.run.dir={run_dir}")
-    return json.loads((run_dir / "metrics.json").read_text())
+    return recps_train(*overrides, f"hydra.run.dir={run_dir}", timeout=TIMEOUT_S).metrics()
 
 
 RESUMABLE = ["cluster.workers=2", "trainer.threads=2", "trainer.batch_size=64", "model=ctr_dnn", "metrics=off",
@@ -128,6 +119,7 @@ RESUMABLE = ["cluster.workers=2", "trainer.threads=2", "trainer.batch_size=64", 
              "dataset.generate.vocab=2000"]
 
 
+@pytest.mark.e2e
 def test_async_checkpoints_on_hdfs_evaluate_and_resume(hdfs, tmp_path_factory):
     data = tmp_path_factory.mktemp("midrun-data")
     ckpt = f"{hdfs.url}/midrun/{tmp_path_factory.getbasetemp().name}"
@@ -147,6 +139,7 @@ def test_async_checkpoints_on_hdfs_evaluate_and_resume(hdfs, tmp_path_factory):
     assert abs(resumed["auc"] - straight["auc"]) <= 0.015, (resumed["auc"], straight["auc"])
 
 
+@pytest.mark.e2e
 def test_geo_resume_from_a_mid_run_checkpoint(tmp_path_factory):
     data = tmp_path_factory.mktemp("midrun-geo-data")
     first = tmp_path_factory.mktemp("geo-straight")

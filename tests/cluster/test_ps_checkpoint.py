@@ -11,36 +11,29 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
 import torch
 
-from recps.config import PROJECT_ROOT
 from recps.ps.modes import server_halves
 from recps.ps.node import PSClient, PSServer
+from tests.helpers.cli import CliRun, run_module
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 TIMEOUT_S = 420
 SMALL = ["dataset.generate.train_rows=4000", "dataset.generate.test_rows=1000", "dataset.generate.vocab=2000",
          "progress=false"]
 
 
-def recps(module: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=PROJECT_ROOT, capture_output=True, text=True,
-                          timeout=TIMEOUT_S)
-    if check:
-        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return proc
+def recps(module: str, *args: str, check: bool = True) -> CliRun:
+    return run_module(module, *args, timeout=TIMEOUT_S, check=0 if check else None)
 
 
 def train(run_dir: Path, *overrides: str) -> dict:
-    recps("recps.train", *overrides, f"hydra.run.dir={run_dir}")
-    return json.loads((run_dir / "metrics.json").read_text())
+    return recps("recps.train", *overrides, f"hydra.run.dir={run_dir}").metrics()
 
 
 def tables_of(folder: str) -> dict[str, torch.Tensor | dict[int, torch.Tensor]]:

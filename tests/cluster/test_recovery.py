@@ -1,7 +1,7 @@
 """Automatic recovery (issue 15 point 2): a cluster that loses a process restarts from its last
 committed checkpoint and finishes on its own, with every update counted exactly once.
 
-The counting model (tests/ps/counting.py): models.LR with rows that start at 0, SGD at lr 1 on the
+The counting model (tests/helpers/counting.py): models.LR with rows that start at 0, SGD at lr 1 on the
 servers (GEO: on the workers' replicas, whose deltas the servers add, ps.delta_scale=1) and loss = the sum of the
 logits, so every row ends at -(its key's occurrences in the training data), counted here from the
 data itself with the project's reader. A lost update leaves a row above that, a replayed one below.
@@ -21,7 +21,7 @@ data itself with the project's reader. A lost update leaves a row above that, a 
   landing inside that write lost its update: the miscount once seen under torchrun).
 - a restart of a job started with trainer.resume trains what is left of it, not trainer.epochs more.
 
-The jobs run in sessions of their own (tests.ps.counting.job_process): whatever ends a test, nothing
+The jobs run in sessions of their own (tests.helpers.cli.job_process): whatever ends a test, nothing
 it started outlives it.
 """
 
@@ -48,7 +48,8 @@ from recps.errors import ConfigError
 from recps.cluster.launch import free_port
 from recps.ps.embedding import salted_keys
 from recps.job.build import prepare_dataset
-from tests.ps.counting import job_process
+from tests.helpers.cli import job_process
+from tests.helpers.counting import COUNTING_TASK
 
 DEAD_AFTER_S = 3
 BATCH = 16
@@ -61,7 +62,7 @@ def counting_overrides(tmp_path: Path, mode: str, epochs: int = 1) -> list[str]:
     worker (`epochs` > 1: 16,000 rows over as many epochs)."""
     extra = ["ps.k_steps=5", "ps.delta_scale=1"] if mode == "geo" else []  # deltas added as they are (not / W)
     extra.append(f"trainer.epochs={epochs}")
-    return ["model=lr", "task._target_=tests.ps.counting.CountingTask", f"ps={mode}", *extra, "ps.table.init_std=0",
+    return ["model=lr", f"task._target_={COUNTING_TASK}", f"ps={mode}", *extra, "ps.table.init_std=0",
             "ps.table.optimizer.name=sgd", "ps.table.optimizer.lr=1", "metrics=off", "progress=false",
             "trainer.threads=1", "cluster.workers=2", f"trainer.batch_size={BATCH}", f"cluster.checkpoint_every={EVERY}",
             f"cluster.dead_after_s={DEAD_AFTER_S}", f"dataset.dir={tmp_path / 'data'}",
@@ -215,6 +216,7 @@ COMMITTED = r"\[worker0\].*committed \S+/(step-\d+)"
 RESTART = r"restart (\d) of {n} in [\d.]+ s: (\w+) \(pid \d+\) (was killed by SIGKILL|exited with code \d+)(.*)"
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("mode, epochs", [("async", 1), ("geo", 2)])
 def test_killed_server_then_worker_recovered_with_every_row_counted_once(tmp_path, mode, epochs, launch_output):
@@ -251,6 +253,7 @@ def test_killed_server_then_worker_recovered_with_every_row_counted_once(tmp_pat
     assert assert_exact_counts(overrides, run / "checkpoint") > 1000
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("victim", ["server0", "worker1"])
 def test_a_process_stalled_past_dead_after_s_does_not_end_a_run_with_restarts(tmp_path, victim, launch_output):
@@ -277,21 +280,16 @@ def test_a_process_stalled_past_dead_after_s_does_not_end_a_run_with_restarts(tm
     assert assert_exact_counts(overrides, run / "checkpoint") > 1000
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_a_stream_restarts_itself_and_resumes_from_its_records_exactly_once(tmp_path, launch_output):
     """stream=hourly (cluster.restarts=3 there): server0 killed while the stream waits for pass 3; the
     restarted cluster resumes after the last recorded pass (recps.stream's own resume, as a rerun of
     the command would), trains pass 3 once and finishes; the servers' shows equal the data's
     occurrences over the 3 passes and every record is written once."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("_stream_tests", Path(__file__).parents[1] / "stream" / "test_stream.py")
-    stream_tests = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(stream_tests)  # tests/stream/test_stream.py's recomputations from the data
-    pass_counts, stats = stream_tests.pass_counts, stream_tests.stats
-
     from recps import fs as rfs
     from recps.data.generators.drifting import write_stream
+    from tests.helpers.streams import pass_counts, stats  # the stream tests' recomputations from the data
 
     day, root, out = "20261201", str(tmp_path / "clicks"), str(tmp_path / "model")
     info = write_stream(root, days=1, hours=3, rows=2000, start_day=day)
@@ -353,6 +351,7 @@ def _children_by_rank(parent: int) -> dict[int, int]:
     return found
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["async", "geo"])
 def test_killed_server_then_worker_recovered_by_torchrun_elastic_restarts(tmp_path, mode, launch_output):

@@ -6,28 +6,28 @@ SIGTERMed server is server 0 (the coordinator's host), it serves its coordinator
 heard it, so they fail naming it too, not a lease later with "coordinator lost".
 
 Processes are started as torchrun / Kubernetes would (each with its role's environment, nobody
-watching them): the Cluster of test_liveness.py, with its worker script (push + pull in a loop).
+watching them): tests.helpers.cluster.RoleProcesses, with its worker script (push + pull in a loop).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import signal
 import time
-from pathlib import Path
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location("_liveness", Path(__file__).parents[1] / "ps" / "test_liveness.py")
-_liveness = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_liveness)
-Cluster, DEAD_AFTER_S, HEARTBEAT_S, REQUEST_TIMEOUT_S = (_liveness.Cluster, _liveness.DEAD_AFTER_S, _liveness.HEARTBEAT_S,
-                                                         _liveness.REQUEST_TIMEOUT_S)
+from tests.helpers.cluster import DEAD_AFTER_S, HEARTBEAT_S, RoleProcesses as Cluster, role_processes
+
+pytestmark = pytest.mark.e2e  # every test here starts a process
 
 
-cluster = _liveness.cluster  # the same fixture: S servers and W workers started, every worker joined
+@pytest.fixture
+def cluster(tmp_path):
+    """S servers and W workers started as torchrun would, every worker joined (tests.helpers.cluster)."""
+    with role_processes(tmp_path) as make:
+        yield make
 
 
 def _failure(c: Cluster, name: str, timeout: float) -> tuple[float, str]:

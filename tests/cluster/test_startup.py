@@ -7,19 +7,15 @@ what must not change with them: the batches every thread trains on, and a run's 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from recps.config import PROJECT_ROOT
 from recps.data.dataset import LazyExamplesSource, WorkerExamplesSource, prepare_data
 from recps.data.sharding import WorkerShards
 from recps.data.generators.ctr import ensure_split
+from tests.helpers.cli import CliRun, recps_train
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -64,18 +60,15 @@ def test_a_workers_own_rows_give_its_threads_the_same_batches(tmp_path, workers,
         next(prepare_data(cfg, seed=7, worker=(0, 2, 2)).train.batches(64, 2, 4, 0))
 
 
-def _train(tmp_path: Path, name: str, env: dict[str, str]) -> tuple[subprocess.CompletedProcess, dict]:
-    run = tmp_path / name
-    proc = subprocess.run(
-        [sys.executable, "-m", "recps.train", "ps=sync", "cluster.workers=2", "trainer.threads=1", "progress=false",
-         "checkpoint.save=false", "trainer.max_steps=6", "metrics.enabled=false", f"dataset.dir={tmp_path / 'data'}",
-         "dataset.generate.train_rows=3000", "dataset.generate.test_rows=500", "dataset.generate.vocab=100",
-         f"hydra.run.dir={run}"],
-        cwd=PROJECT_ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return proc, json.loads((run / "metrics.json").read_text())
+def _train(tmp_path: Path, name: str, env: dict[str, str]) -> tuple[CliRun, dict]:
+    run = recps_train("ps=sync", "cluster.workers=2", "trainer.threads=1", "progress=false",
+                      "checkpoint.save=false", "trainer.max_steps=6", "metrics.enabled=false", f"dataset.dir={tmp_path / 'data'}",
+                      "dataset.generate.train_rows=3000", "dataset.generate.test_rows=500", "dataset.generate.vocab=100",
+                      f"hydra.run.dir={tmp_path / name}", env=env, timeout=240)
+    return run, run.metrics()
 
 
+@pytest.mark.e2e
 def test_forked_and_execd_clusters_train_the_same(tmp_path):
     """The cluster forked from the launcher's image trains what one of exec'd processes trains (ps=sync,
     one thread per worker: deterministic), and its processes start at their role (no imports)."""

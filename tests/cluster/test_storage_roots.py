@@ -6,16 +6,14 @@ process the job starts."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from recps.cluster.driver import storage_roots
-from recps.config import PROJECT_ROOT, compose_config
+from recps.config import compose_config
 from recps.errors import ConfigError
 from recps.ps.node.server import check_storage_path
+from tests.helpers.cli import recps_train
 
 
 def test_the_roots_are_the_run_the_checkpoint_the_resume_and_the_stream_folders(tmp_path):
@@ -30,13 +28,12 @@ def test_the_roots_are_the_run_the_checkpoint_the_resume_and_the_stream_folders(
         check_storage_path("hdfs://nn:9000/elsewhere", roots, "save")
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_a_ps_run_confines_its_servers_and_passes_encryption_off(tmp_path):
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "recps.train", "ps=async", "trainer.max_steps=20", "progress=false",
-           f"checkpoint.dir={tmp_path / 'ckpt'}", "cluster.encryption=off", f"hydra.run.dir={run}"]
-    proc = subprocess.run(cmd, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    recps_train("ps=async", "trainer.max_steps=20", "progress=false", f"checkpoint.dir={tmp_path / 'ckpt'}",
+                "cluster.encryption=off", f"hydra.run.dir={run}", timeout=600)
     log = (run / "cluster.log").read_text()
     assert "is not confined" not in log  # the servers knew the job's folders
     assert "in clear" in log  # encryption off reached the server processes

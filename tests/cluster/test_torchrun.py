@@ -5,9 +5,7 @@ with no recps.launch supervising them. The real torchrun of the installed torch,
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,16 +13,16 @@ import pytest
 
 from recps.config import PROJECT_ROOT
 from recps.cluster.launch import free_port
+from tests.helpers.cli import CliRun, run_command
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-def torchrun(nproc: int, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+def torchrun(nproc: int, *args: str, env: dict | None = None) -> CliRun:
     exe = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     assert exe, f"torchrun is not beside {sys.executable}: torch installs it"
     cmd = [exe, f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1", f"--master-port={free_port()}", *args]
-    return subprocess.run(cmd, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, **(env or {})})
+    return run_command(cmd, env=env, timeout=600)
 
 
 def test_a_training_job_under_torchrun(tmp_path):
@@ -32,8 +30,7 @@ def test_a_training_job_under_torchrun(tmp_path):
     proc = torchrun(3, "-m", "recps.train", "ps=async", "cluster.servers=1", "cluster.workers=2",
                     "trainer.max_steps=30", "progress=false", f"dataset.dir={tmp_path / 'data'}",
                     f"hydra.run.dir={run}", env={"RECPS_CLUSTER_TOKEN": "torchrun-test-token"})
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    metrics = json.loads((run / "metrics.json").read_text())
+    metrics = proc.metrics()
     assert (metrics["servers"], metrics["workers"], metrics["train_steps"]) == (1, 2, 30)
     assert 0.4 < metrics["auc"] < 1.0
     assert (run / "checkpoint" / "manifest.json").is_file()
@@ -46,6 +43,5 @@ def test_the_fleet_example_under_torchrun(tmp_path):
     worker prints its evaluation as a JSON line."""
     proc = torchrun(3, str(PROJECT_ROOT / "examples" / "train_fleet.py"), "--mode", "async",
                     env={"RECPS_CLUSTER_TOKEN": "torchrun-test-token", "RECPS_NUM_SERVERS": "1"})
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert len(results) == 1 and 0.6 < results[0]["auc"] < 1.0, proc.stdout[-2000:]

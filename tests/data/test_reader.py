@@ -193,6 +193,7 @@ def test_hash_is_distinct_per_slot():
     assert len({missing_key(s) for s in CRITEO_SPARSE}) == 26
 
 
+@pytest.mark.e2e
 def test_hash_is_stable_across_processes():
     values = ["68fd1e64", "", "a longer value than eight bytes", "é"]
     # Load hashing.py alone (no torch import) in a fresh interpreter with another hash seed.

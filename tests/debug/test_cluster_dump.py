@@ -26,9 +26,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -40,8 +37,9 @@ from recps.config import PROJECT_ROOT, register_resolvers
 from recps.debug import dump_files, read_index, read_record
 from recps.metrics import MetricCollection
 from recps.metrics.collection import build_metric
+from tests.helpers.cli import recps_train, run_module
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 ROWS, BATCH, WORKERS, EVERY, LR, PLANTED_LR = 1200, 32, 2, 5, 0.1, 0.15
 STEPS = math.ceil(ROWS / WORKERS / BATCH)  # 19 per worker (sync: each takes its shard's batches)
@@ -51,17 +49,13 @@ BASE = [
     "dataset.generate.test_rows=300", "dataset.generate.vocab=500", "debug=dump", f"metrics.every_steps={EVERY}",
     "checkpoint.save=false", "progress=false",
 ]
-ENV = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
 
 
 def cluster_run(factory, name: str, *overrides: str) -> Path:
     """`python -m recps.train` with BASE + overrides in a fresh run folder; the folder."""
     out = factory.mktemp(name)
     data = factory.getbasetemp() / "cluster-dump-data"  # generated once, by the first run's launcher
-    proc = subprocess.run([sys.executable, "-m", "recps.train", *BASE, f"dataset.dir={data}", *overrides,
-                           f"hydra.run.dir={out}"], cwd=PROJECT_ROOT, env=ENV, capture_output=True, text=True,
-                          timeout=400)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    recps_train(*BASE, f"dataset.dir={data}", *overrides, f"hydra.run.dir={out}", timeout=400)
     return out
 
 
@@ -91,11 +85,6 @@ def records(run: Path) -> dict[tuple[int, int, str], np.ndarray]:
         for r in read_index(idx):
             out[rank, r.step, r.name] = read_record(data, r)
     return out
-
-
-def debug_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "recps.debug", *args], cwd=PROJECT_ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=120)
 
 
 def metric_specs() -> dict:
@@ -154,14 +143,12 @@ def test_two_sync_runs_write_byte_identical_dumps(run_a, run_b):
     assert not np.array_equal(recs[0, 1, "keys.values"], recs[1, 1, "keys.values"])
     # ... and trained one model: after each sync step both hold the servers' parameters
     assert np.array_equal(recs[0, 3, "param/over_arch.0.weight"], recs[1, 3, "param/over_arch.0.weight"])
-    proc = debug_cli("diff", str(run_a), str(run_b))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = run_module("recps.debug", "diff", str(run_a), str(run_b), timeout=120)
     assert proc.stdout.startswith(f"no divergence: {WORKERS * 1} dump files"), proc.stdout
 
 
 def test_diff_finds_a_planted_learning_rate_at_step_1_first_parameter(run_a, run_c):
-    proc = debug_cli("diff", "--json", str(run_a), str(run_c))
-    assert proc.returncode == 1, proc.stdout + proc.stderr
+    proc = run_module("recps.debug", "diff", "--json", str(run_a), str(run_c), timeout=120, check=1)
     d = json.loads(proc.stdout)["divergence"]
     # Step 1: keys, labels, logits, loss and gradients agree (same initial values); the update differs.
     first = "over_arch.0.bias"  # parameters are dumped sorted by name
@@ -170,7 +157,7 @@ def test_diff_finds_a_planted_learning_rate_at_step_1_first_parameter(run_a, run
     recs = records(run_a)
     mean_grad = (recs[0, 1, f"grad/{first}"].astype(np.float64) + recs[1, 1, f"grad/{first}"]) / WORKERS
     assert d["max_abs_diff"] == pytest.approx((PLANTED_LR - LR) * np.abs(mean_grad).max(), rel=1e-4)
-    text = debug_cli("diff", str(run_a), str(run_c)).stdout
+    text = run_module("recps.debug", "diff", str(run_a), str(run_c), timeout=120, check=1).stdout
     assert text.startswith(f"first divergence: step 1 (batch 1), worker 0, thread 0, param/{first} float32 (16,)")
 
 

@@ -11,14 +11,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from hydra import compose, initialize_config_dir
 
 from recps.config import PROJECT_ROOT, register_resolvers
@@ -26,6 +22,7 @@ from recps.debug import build_dump, diff_runs, dump_files, read_index, read_reco
 from recps.errors import ConfigError
 from recps.job.build import build_job, run_training
 from recps.job.observer import TrainObserver
+from tests.helpers.cli import recps_train, run_module
 
 ROWS, BATCH = 3000, 256
 STEPS = math.ceil(ROWS / BATCH)  # 12
@@ -61,13 +58,11 @@ def api_run(tmp_path_factory) -> tuple[Path, dict]:
 @pytest.fixture(scope="module")
 def cli_run(tmp_path_factory, api_run) -> Path:
     out = tmp_path_factory.mktemp("cli")
-    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "recps.train", *BASE, *DUMP, "metrics.every_steps=4",
-                           f"hydra.run.dir={out}"], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    recps_train(*BASE, *DUMP, "metrics.every_steps=4", f"hydra.run.dir={out}", timeout=400)
     return out
 
 
+@pytest.mark.e2e
 def test_same_seed_gives_byte_identical_dumps(api_run, cli_run):
     a, b = api_run[0] / "dump", cli_run / "dump"
     names = sorted(p.name for p in a.iterdir())
@@ -76,9 +71,8 @@ def test_same_seed_gives_byte_identical_dumps(api_run, cli_run):
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
     result = diff_runs(api_run[0], cli_run)
     assert result.divergence is None and result.records == len(read_index(a / names[1]))
-    proc = subprocess.run([sys.executable, "-m", "recps.debug", "diff", str(api_run[0]), str(cli_run)],
-                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
-    assert proc.returncode == 0 and proc.stdout.startswith("no divergence: 1 dump files"), proc.stdout + proc.stderr
+    proc = run_module("recps.debug", "diff", str(api_run[0]), str(cli_run), timeout=120)
+    assert proc.stdout.startswith("no divergence: 1 dump files"), proc.stdout + proc.stderr
 
 
 def test_dump_holds_the_steps_in_the_configured_order(api_run):
@@ -109,6 +103,7 @@ def test_dump_holds_the_steps_in_the_configured_order(api_run):
                                               by[2, "table/t_C1.rows"][np.isin(ids2, common)])
 
 
+@pytest.mark.e2e
 def test_cli_run_logs_periodic_metrics_and_writes_them_to_metrics_json(cli_run):
     log = (cli_run / "train.log").read_text()
     assert log.count("step metrics, step ") == STEPS // 4 and log.count("pass metrics, step ") == 1
@@ -138,6 +133,7 @@ class PlantGradient(TrainObserver):
             self.replica.get_parameter(self.param).grad += self.delta
 
 
+@pytest.mark.e2e
 def test_diff_finds_a_planted_divergence_at_its_step_and_layer(api_run, tmp_path):
     cfg = config(*DUMP)
     job = build_job(cfg)
@@ -149,12 +145,11 @@ def test_diff_finds_a_planted_divergence_at_its_step_and_layer(api_run, tmp_path
     d = diff_runs(api_run[0], tmp_path).divergence
     assert (d.step, d.batch, d.role, d.rank, d.thread, d.name) == (3, 3, "worker", 0, 0, "grad/dense_linear.weight")
     assert d.max_abs_diff == pytest.approx(0.25, abs=1e-6)
-    proc = subprocess.run([sys.executable, "-m", "recps.debug", "diff", str(api_run[0]), str(tmp_path)],
-                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
-    assert proc.returncode == 1, proc.stderr
+    proc = run_module("recps.debug", "diff", str(api_run[0]), str(tmp_path), timeout=120, check=1)
     assert proc.stdout.startswith("first divergence: step 3 (batch 3), worker 0, thread 0, grad/dense_linear.weight float32 (1, 13)")
 
 
+@pytest.mark.e2e
 def test_diff_of_two_learning_rates_names_the_first_step_and_tensor(api_run, tmp_path):
     """The case `recps.debug diff` exists for: the same run but the dense optimizer's lr. Step 1's
     forward and gradients come from equal initial values; its parameters are dumped after the
@@ -166,9 +161,7 @@ def test_diff_of_two_learning_rates_names_the_first_step_and_tensor(api_run, tmp
     assert d is not None and (d.step, d.reason) == (1, "values") and d.max_abs_diff > 0
     step1 = [r.name for _, r, _ in records(api_run[0]) if r.step == 1]
     assert d.name == next(n for n in step1 if n.startswith("param/"))  # everything before it is equal
-    proc = subprocess.run([sys.executable, "-m", "recps.debug", "diff", str(api_run[0]), str(out)],
-                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
-    assert proc.returncode == 1, proc.stderr
+    proc = run_module("recps.debug", "diff", str(api_run[0]), str(out), timeout=120, check=1)
     assert proc.stdout.startswith(f"first divergence: step 1 (batch 1), worker 0, thread 0, {d.name} "), proc.stdout
 
 

@@ -9,10 +9,7 @@ run leaves in dump/ (.bin and .idx; the index lines' numbers are estimated at th
 from __future__ import annotations
 
 import logging
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +20,7 @@ from recps.debug import DebugDump, build_dump, diff_runs, dump_files, read_index
 from recps.debug import dump as dump_module
 from recps.job.build import build_job
 from recps.job.loop import dense_parameters
+from tests.helpers.cli import run_module
 
 ROWS, BATCH, THREADS = 4096, 256, 2
 STEPS = ROWS // BATCH  # 16 over both threads
@@ -122,6 +120,7 @@ def test_every_steps_and_params_write_less_and_the_estimate_follows(tmp_path):
         "param/over_arch.0.weight", "param/over_arch.0.bias", "grad/over_arch.0.weight", "grad/over_arch.0.bias"}
 
 
+@pytest.mark.e2e
 def test_the_diff_reads_limited_dumps(tmp_path):
     """One thread (reproducible), steps 1, 4, 7, ..., one layer's parameters: two equal runs do not
     diverge; a run with another learning rate diverges at step 1's first selected parameter."""
@@ -139,10 +138,7 @@ def test_the_diff_reads_limited_dumps(tmp_path):
         assert steps == list(range(1, STEPS + 1, 3))
     same = diff_runs(runs["a"], runs["b"])
     assert same.divergence is None and same.records > 0
-    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "recps.debug", "diff", str(runs["a"]), str(runs["lr"])],
-                          capture_output=True, text=True, timeout=120, env=env)
-    assert proc.returncode == 1, proc.stdout + proc.stderr
+    proc = run_module("recps.debug", "diff", str(runs["a"]), str(runs["lr"]), timeout=120, check=1)
     assert proc.stdout.startswith("first divergence: step 1 (batch 1), worker 0, thread 0, param/over_arch.0.bias "), proc.stdout
 
 

@@ -203,6 +203,7 @@ def test_a_namenode_that_never_answers_is_bounded_by_the_timeout(scheme, silent_
 # --- the test HDFS ----------------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_hdfs_urls_resolve_and_display_with_host_and_port(hdfs):
     fs, path = rfs.resolve(f"{hdfs.url}/a/b.bin")
     assert type(fs).__module__ == "recps.fs.native" and path == "/a/b.bin"
@@ -213,6 +214,7 @@ def test_hdfs_urls_resolve_and_display_with_host_and_port(hdfs):
     assert rfs.join(hdfs.url, "a", "b.bin") == f"{hdfs.url}/a/b.bin"
 
 
+@pytest.mark.e2e
 def test_write_atomic_on_hdfs(hdfs_root, monkeypatch):
     url = rfs.join(hdfs_root, "manifest", "pass-1.bin")
     fs, path = rfs.resolve(url)
@@ -238,6 +240,7 @@ def test_write_atomic_on_hdfs(hdfs_root, monkeypatch):
     assert fs.ls(parent, detail=False) == [path]
 
 
+@pytest.mark.e2e
 def test_write_atomic_on_hdfs_removes_the_temporary_on_failure(hdfs_root, monkeypatch):
     url = rfs.join(hdfs_root, "r.bin")
     fs, path = rfs.resolve(url)
@@ -259,6 +262,7 @@ def test_write_atomic_on_hdfs_removes_the_temporary_on_failure(hdfs_root, monkey
     assert rfs.read_bytes(url) == b"first" and _temporaries(fs, parent) == []
 
 
+@pytest.mark.e2e
 def test_read_bytes_and_exists_on_hdfs(hdfs_root):
     missing = rfs.join(hdfs_root, "nope.bin")
     with pytest.raises(FileSystemError, match=f"{missing} does not exist"):
@@ -268,6 +272,7 @@ def test_read_bytes_and_exists_on_hdfs(hdfs_root):
     assert rfs.exists(missing) is True and rfs.exists(hdfs_root) is True
 
 
+@pytest.mark.e2e
 def test_webhdfs_acts_as_the_same_user_as_hdfs_native(hdfs, monkeypatch):
     monkeypatch.delenv("HADOOP_USER_NAME", raising=False)
     url = f"{hdfs.webhdfs_url}/recps-fs/{uuid.uuid4().hex[:8]}/owned.txt"
@@ -314,6 +319,7 @@ def test_not_replicated_yet_is_transient():
         call_bounded("hdfs://127.0.0.1:1", "write", add_block, 5.0)
 
 
+@pytest.mark.e2e
 def test_one_hdfs_file_system_a_process_whatever_the_thread(hdfs_root):
     """fsspec keeps a synchronous file system per thread, for good; on hdfs:// that was an
     hdfs-native client (and its runtime) more for every thread that touched HDFS: a save's

@@ -24,6 +24,8 @@ import requests
 
 from recps.fs import FileSystemError, HDFSClient
 
+pytestmark = pytest.mark.e2e  # every test here starts a process
+
 DATA = os.urandom(3 * 2**20 + 777)  # four 1 MiB blocks on the test cluster
 
 

@@ -18,6 +18,8 @@ from recps import fs as rfs
 from recps.fs.stale import STALE_AFTER_S, process_started
 from recps.ps.table import SparseTable, make_rule
 
+pytestmark = pytest.mark.e2e  # every test here starts a process
+
 # A save of a table big enough to be caught mid-write (SAVING is printed just before it starts).
 SAVER = r"""
 import sys, torch

@@ -36,6 +36,7 @@ def tmpfs(path: Path, size: int, readonly: bool = False):
             subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
 
 
+@pytest.mark.e2e
 def test_a_full_file_system_names_the_target_and_keeps_the_old_file(tmp_path):
     with tmpfs(tmp_path / "small", MiB) as mount:
         target = mount / "d" / "record.bin"
@@ -51,6 +52,7 @@ def test_a_full_file_system_names_the_target_and_keeps_the_old_file(tmp_path):
         assert target.read_bytes() == b"old" and os.listdir(target.parent) == ["record.bin"]
 
 
+@pytest.mark.e2e
 def test_a_read_only_file_system_names_the_target(tmp_path):
     with tmpfs(tmp_path / "ro", MiB, readonly=True) as mount:
         with pytest.raises(OSError, match=rf"^cannot write {mount / 'r.json'}: OSError: \[Errno 30\] Read-only file "

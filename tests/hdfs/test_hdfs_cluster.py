@@ -14,6 +14,8 @@ import fsspec
 import pytest
 from fsspec.implementations.webhdfs import WebHDFS
 
+pytestmark = pytest.mark.e2e  # every test here starts a process
+
 BIG = os.urandom(1024 * 1024 * 2 + 12345)  # three 1 MiB blocks
 
 

@@ -170,6 +170,7 @@ def test_a_damaged_or_missing_record_or_config_is_refused_naming_it(local_run, t
         load_checkpoint(fresh_job(cfg), ckpt)
 
 
+@pytest.mark.e2e
 def test_a_save_onto_a_full_file_system_names_the_file_and_keeps_the_checkpoint(local_run, tmp_path):
     cfg, metrics, folder = local_run
     job = fresh_job(cfg)
@@ -190,6 +191,7 @@ def test_a_save_onto_a_full_file_system_names_the_file_and_keeps_the_checkpoint(
         assert restored.steps_done == metrics["train_steps"]
 
 
+@pytest.mark.e2e
 def test_a_save_onto_a_read_only_file_system_names_the_file(local_run, tmp_path):
     cfg, _, _ = local_run
     with tmpfs(tmp_path / "ro", MiB, readonly=True) as mount:
@@ -318,6 +320,7 @@ def test_a_manifest_less_folder_missing_a_spec_also_fails(tmp_path, ps_cluster):
             client.load(str(tmp_path / "nowhere"))
 
 
+@pytest.mark.e2e
 def test_a_ps_save_onto_a_full_file_system_names_the_shard_and_keeps_the_earlier_save(tmp_path, ps_cluster):
     with ps_cluster(1, TOKEN) as (servers, client):
         trained(client)

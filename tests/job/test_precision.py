@@ -8,21 +8,19 @@ here: the rows get unscaled gradients and an overflowing step changes nothing.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 from torch import nn
 
-from recps.config import PROJECT_ROOT, compose_config
+from recps.config import compose_config
 from recps.errors import ConfigError
 from recps.job.observer import TrainObserver
 from recps.job.build import build_job
 from recps.job.run import evaluate
 from recps.job.loop import Trainer
 from recps.job.precision import Precision
+from tests.helpers.cli import CliRun, recps_train
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -57,6 +55,7 @@ def quality_data(tmp_path_factory):
     return tmp_path_factory.mktemp("precision-quality")
 
 
+@pytest.mark.slow  # a whole job trained end to end: e2e, not in make test-fast
 @pytest.mark.parametrize("model", ["ctr_dnn", "deepfm"])
 def test_bf16_learns_what_fp32_learns(quality_data, model):
     """The same run (seed, one thread, 2 passes over 40,000 rows) in fp32 and in bf16: the held-out
@@ -127,13 +126,13 @@ def test_a_bad_precision_is_refused_before_any_data_is_read(tmp_path):
         Trainer(job.model, job.collection, job.task, job.trainer.updater, precision="fp16", device="cpu")
 
 
-def _cli(tmp_path, *overrides: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "recps.train", *overrides, "progress=false",
-                           f"hydra.run.dir={tmp_path / 'run'}", *world(tmp_path / "data", 1000, 500, 100)[:4]],
-                          cwd=PROJECT_ROOT, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
-                          capture_output=True, text=True, timeout=300)
+def _cli(tmp_path, *overrides: str) -> CliRun:
+    """recps.train on a small world, expected to fail (the tests read why)."""
+    return recps_train(*overrides, "progress=false", f"hydra.run.dir={tmp_path / 'run'}",
+                       *world(tmp_path / "data", 1000, 500, 100)[:4], check=None)
 
 
+@pytest.mark.e2e
 def test_the_cli_refuses_fp8_in_one_line(tmp_path):
     proc = _cli(tmp_path, "ps=local", "trainer.precision=fp8")
     assert proc.returncode != 0
@@ -144,6 +143,7 @@ def test_the_cli_refuses_fp8_in_one_line(tmp_path):
     assert not (tmp_path / "data").exists() and not (tmp_path / "run" / "metrics.json").exists()
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: device=cuda is valid")
 @pytest.mark.parametrize("mode,fix", [(mode, "torch.cuda.is_available() is False on this machine") for mode in ("local", "async")]
                          + [("async", "run `make setup-gpu` and train with .venv-gpu/bin/python (torch's CUDA build "
@@ -210,6 +210,7 @@ def test_fp16_is_refused_where_a_skipped_step_would_stall_the_servers(tmp_path):
         trainer.fit(job.data.train, 64, max_steps=1, progress=False)
 
 
+@pytest.mark.slow  # a whole job trained end to end: e2e, not in make test-fast
 def test_fp16_overflowing_steps_are_skipped_and_the_scale_backs_off(tmp_path):
     """At scale 2^40 the fp16 backward overflows: the step changes neither rows nor dense parameters,
     the scale halves until the gradients fit (~25 skipped steps), and the run then learns about as the

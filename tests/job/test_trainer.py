@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
 
-from recps.config import PROJECT_ROOT, compose_config
+from recps.config import compose_config
 from recps.errors import ConfigError
 from recps.job.observer import TrainObserver
 from recps.job.build import build_job
 from recps.job.loop import planned_steps
+from tests.helpers.cli import recps_train
 
 
 class CountSteps(TrainObserver):
@@ -42,19 +39,16 @@ def test_max_steps_is_exact_with_several_threads(tmp_path, threads):
         assert (stats.steps, counter.steps, stats.examples) == (50, 50, 50 * 32)
 
 
+@pytest.mark.e2e
 def test_max_steps_is_exact_from_the_command_line(tmp_path):
     """The command of issue 18 point 7: `python -m recps.train trainer.max_steps=50 trainer.threads=2
     ps=local` trained 51 steps (metrics.json's train_steps and train_examples)."""
     run = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "recps.train", "trainer.max_steps=50", "trainer.threads=2", "ps=local",
-         "model=ctr_dnn", "model.hidden=[8]", "trainer.batch_size=32", "metrics=off", "progress=false",
-         "checkpoint.save=false", f"dataset.dir={tmp_path / 'data'}", "dataset.generate.train_rows=6000",
-         "dataset.generate.test_rows=500", "dataset.generate.vocab=100", f"hydra.run.dir={run}"],
-        cwd=PROJECT_ROOT, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}, capture_output=True, text=True,
-        timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    metrics = json.loads((run / "metrics.json").read_text())
+    metrics = recps_train(
+        "trainer.max_steps=50", "trainer.threads=2", "ps=local",
+        "model=ctr_dnn", "model.hidden=[8]", "trainer.batch_size=32", "metrics=off", "progress=false",
+        "checkpoint.save=false", f"dataset.dir={tmp_path / 'data'}", "dataset.generate.train_rows=6000",
+        "dataset.generate.test_rows=500", "dataset.generate.vocab=100", f"hydra.run.dir={run}", timeout=300).metrics()
     assert (metrics["train_steps"], metrics["train_examples"]) == (50, 50 * 32)
 
 

@@ -131,6 +131,7 @@ def _same(merged: dict, single: dict) -> None:
         assert merged[name] == pytest.approx(value, rel=1e-6, abs=1e-6), name
 
 
+@pytest.mark.e2e
 def test_two_workers_two_threads_merge_equals_single_process_without_pickle(gloo_results):
     results, single = gloo_results
     _same(results[0]["merged"], single)
@@ -138,12 +139,14 @@ def test_two_workers_two_threads_merge_equals_single_process_without_pickle(gloo
     assert results[0]["local_auc"] != pytest.approx(single["auc"], abs=1e-9)  # a real merge happened
 
 
+@pytest.mark.e2e
 def test_a_rank_without_examples_merges_to_the_other_ranks_values(gloo_results):
     results, single = gloo_results
     for r in range(WORLD):
         _same(results[r]["one_rank"], single)
 
 
+@pytest.mark.e2e
 def test_ranks_with_other_grouped_metrics_fail_on_every_rank(gloo_results):
     results, _ = gloo_results
     assert "allreduce_metrics: ranks [1] hold other grouped metrics than rank 0" in results[0]["mismatch"]

@@ -10,12 +10,7 @@ metrics=grouped`) takes "the same predictions" from both workers' debug dumps.
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,15 +18,15 @@ import torch
 from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from recps.config import PROJECT_ROOT
 from recps.data.batch import Batch
 from recps.errors import ConfigError, DataError
-from recps.metrics import PNR, GroupedAUC, MetricCollection
+from recps.metrics import MetricCollection
 from recps.metrics.groups import batch_groups, evaluate_pointwise
 from recps.metrics.reporter import MetricsReporter, build_reporter
 from recps.tasks import BinaryTask
 from recps.job.loop import LocalDenseUpdater, Trainer
-from tests.metrics.ps_pair import servers_and_workers
+from tests.helpers.cluster import servers_and_workers
+from tests.helpers.cli import recps_train
 
 DENSE, ROWS, USERS = 4, 16, 11
 GROUPED = ["auc", "gauc", "pnr"]
@@ -196,6 +191,7 @@ def test_ps_merger_carries_columns_bit_for_bit_in_chunks():
         assert 0.0 < want["gauc"] < 1.0 and 0.0 < want["pnr"] < math.inf or m == 1  # 9 rows: 1 two-class group
 
 
+@pytest.mark.slow  # a whole job trained end to end: e2e, not in make test-fast
 def test_reporter_through_the_servers_equals_the_single_process_value():
     """Two workers x 2 threads, uneven steps: every report of both workers, GAUC and PNR exact."""
     from recps.metrics.ps_merger import PSMerger
@@ -223,9 +219,9 @@ def test_reporter_through_the_servers_equals_the_single_process_value():
 # ---- the real CLI: ps=async, 2 workers, metrics=grouped ------------------------------------------
 
 CLI_ROWS, CLI_BATCH = 1600, 64
-ENV = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_cli_two_async_workers_gauc_pnr_equal_the_single_process_value_on_their_predictions(tmp_path):
     from recps.debug import dump_files, read_index, read_record
@@ -238,10 +234,7 @@ def test_cli_two_async_workers_gauc_pnr_equal_the_single_process_value_on_their_
         "task.metrics=[auc,gauc,pnr]", "debug=dump", "debug.fields=[keys,labels,predictions]", "debug.params=[]",
         "debug.param_grads=false", "checkpoint.save=false", "progress=false", f"hydra.run.dir={out}",
     ]
-    proc = subprocess.run([sys.executable, "-m", "recps.train", *args], cwd=PROJECT_ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    metrics = json.loads((out / "metrics.json").read_text())
+    metrics = recps_train(*args, timeout=400).metrics()
     assert (metrics["workers"], metrics["ps"]) == (2, "async")
     (report,) = [r for r in metrics["train_metrics"] if r["kind"] == "pass"]
 
@@ -300,6 +293,7 @@ def test_funnel_tally_merges_through_the_servers_to_the_union():
     assert got[0] == got[1] == want
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_cli_stream_two_workers_evaluates_each_pass_with_gauc_and_pnr(tmp_path):
     """stream=hourly, ps=async, 2 workers, metrics=grouped: every pass's evaluation (each worker its
@@ -308,14 +302,12 @@ def test_cli_stream_two_workers_evaluates_each_pass_with_gauc_and_pnr(tmp_path):
 
     root, out, run = tmp_path / "clicks", tmp_path / "model", tmp_path / "run"
     write_stream(str(root), days=1, hours=2, rows=1500, start_day="20261201")
-    cmd = [sys.executable, "-m", "recps.train", "stream=hourly", f"stream.root={root}", f"stream.out={out}",
+    args = ["stream=hourly", f"stream.root={root}", f"stream.out={out}",
            "ps=async", "model=ctr_dnn", "model.hidden=[16,8]", "cluster.workers=2", "trainer.threads=1",
            "trainer.batch_size=128", "stream.start_day=20261201", "stream.end_day=20261201", "stream.hours=2",
            "stream.data_sleep_second=0.2", "metrics=grouped", "metrics.every_steps=0", "cluster.restarts=0",
            f"hydra.run.dir={run}"]
-    proc = subprocess.run(cmd, cwd=PROJECT_ROOT, env=ENV, capture_output=True, text=True, timeout=420)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    metrics = json.loads((run / "metrics.json").read_text())
+    metrics = recps_train(*args, timeout=420).metrics()
     passes = [p for p in metrics["stream"]["passes"] if "pass" in p]
     assert [p["pass"] for p in passes] == [1, 2]
     for p in passes:

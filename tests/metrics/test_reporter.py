@@ -32,7 +32,7 @@ from recps.metrics.reporter import GlooMerger, MetricsReporter, build_reporter, 
 from recps.tasks import BinaryTask
 from recps.job.loop import LocalDenseUpdater, Trainer
 
-from tests.metrics.ps_pair import servers_and_workers
+from tests.helpers.cluster import servers_and_workers
 NAMES = ["auc", "logloss", "accuracy", "actual_ctr", "predicted_ctr", "copc", "mae", "rmse"]
 DENSE, ROWS = 5, 32
 
@@ -284,6 +284,7 @@ def _check_two_workers(reports: list[list[dict]]) -> None:
         assert (WORKER_BATCHES[0] + r["step"] - 1) * ROWS <= r["examples"] <= sum(WORKER_BATCHES) * ROWS
 
 
+@pytest.mark.e2e
 def test_gloo_two_workers_two_threads_uneven_steps(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[__name__.count(".")]))
     ctx = mp.start_processes(_gloo_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=False, start_method="spawn")

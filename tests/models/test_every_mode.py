@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -33,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from recps.config import PROJECT_ROOT, compose_config
 from recps.job.observer import TrainObserver
+from tests.helpers.cli import recps_train
 
 pytestmark = pytest.mark.slow
 
@@ -227,6 +226,7 @@ def test_model_trains_in_mode(model, mode, data_folder, tmp_path, in_process_clu
 CLI_RUNS = [("gru4rec", "sync"), ("two_tower", "geo"), ("mmoe", "async")]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("model,mode", CLI_RUNS)
 def test_launcher_cluster_trains(model, mode, data_folder, tmp_path):
     """`python -m recps.train model=<model> ps=<mode>`: 1 server and 1 worker processes from the launcher."""
@@ -235,10 +235,7 @@ def test_launcher_cluster_trains(model, mode, data_folder, tmp_path):
     args = [*trainer_overrides(model, mode), f"trainer.epochs={cfg.trainer.epochs}",
             *(f"dataset.{k}={_hydra_value(v)}" for k, v in overrides.items())]
     run_dir = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "recps.train", *args, f"hydra.run.dir={run_dir}"],
-                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    metrics = json.loads((run_dir / "metrics.json").read_text())
+    metrics = recps_train(*args, f"hydra.run.dir={run_dir}", timeout=CLI_TIMEOUT_S).metrics()
     assert (metrics["ps"], metrics["servers"], metrics["workers"], metrics["threads"]) == (mode, 1, 1, THREADS)
     assert "[worker0]" in (run_dir / "cluster.log").read_text()  # the launcher forwarded the worker's output
     # The first steps against the last: after a few passes the loss is far below (see the margins above).

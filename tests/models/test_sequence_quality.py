@@ -10,15 +10,12 @@ Each training takes about a minute on two cores. The figures are in models/READM
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from recps.config import PROJECT_ROOT
+from tests.helpers.cli import recps_train
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -51,12 +48,8 @@ def baseline() -> dict[str, float]:
 
 
 def train(model: str, out: Path) -> dict:
-    cmd = [sys.executable, "-m", "recps.train", *COMMANDS[model], "progress=false", "checkpoint.save=false",
-           f"hydra.run.dir={out}"]
-    proc = subprocess.run(cmd, cwd=PROJECT_ROOT, env=dict(os.environ, HYDRA_FULL_ERROR="1"), capture_output=True,
-                          text=True, timeout=800)
-    assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
-    return json.loads((out / "metrics.json").read_text())
+    return recps_train(*COMMANDS[model], "progress=false", "checkpoint.save=false", f"hydra.run.dir={out}",
+                       env={"HYDRA_FULL_ERROR": "1"}, timeout=800).metrics()
 
 
 def test_baseline_is_the_known_most_popular_figure(baseline):
@@ -64,6 +57,7 @@ def test_baseline_is_the_known_most_popular_figure(baseline):
     assert baseline["recall@20"] == pytest.approx(908 / 10152)  # the top 20 items cover 908 next clicks
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("model", sorted(COMMANDS))
 def test_model_beats_most_popular_twice_on_recall_at_20(model, baseline, tmp_path):
     got = train(model, tmp_path / model)

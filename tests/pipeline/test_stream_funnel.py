@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from recps import fs as rfs
-from recps.config import PROJECT_ROOT, compose_config
+from recps.config import compose_config
 from recps.errors import ConfigError
+from tests.helpers.cli import CliRun, recps_train
 
 pytestmark = pytest.mark.slow
 
@@ -34,6 +33,7 @@ TINY = [
     "pipeline.world.users=120", "pipeline.world.items=600", "pipeline.world.creators=60",
     "pipeline.world.metric_users=40", "pipeline.world.impressions_per_user=30",
     "pipeline.world.random_items_per_user=100",  # the held-out random bucket, within the tiny catalogue
+    "pipeline.world.short_term_weight=0", "pipeline.world.cross_scale=0",  # the world before issue 29.4
     "pipeline.stages.recall.keep=80", "pipeline.stages.coarse.keep=30", "pipeline.stages.fine.keep=15",
     "pipeline.stages.coarse.inputs.candidates_per_user=10", "pipeline.stages.fine.inputs.candidates_per_user=10",
     "pipeline.stages.fusion.inputs.candidates_per_user=5",
@@ -52,11 +52,8 @@ def _overrides(world: Path, root: str, out: str, run: Path, *extra: str) -> list
             f"hydra.run.dir={run}"]
 
 
-def _train(args: list[str]) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "recps.train", *args], cwd=PROJECT_ROOT, capture_output=True,
-                          text=True, timeout=400, env=dict(os.environ, PYTHONPATH=str(PROJECT_ROOT)))
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return proc
+def _train(args: list[str]) -> CliRun:
+    return recps_train(*args, timeout=400)
 
 
 @pytest.mark.parametrize("extra, key, fix", [
@@ -88,6 +85,7 @@ def _table(folder: str, table: str) -> tuple[torch.Tensor, torch.Tensor]:
     return saved.keys, saved.values
 
 
+@pytest.mark.e2e
 def test_streaming_funnel_on_hdfs_two_passes_across_a_restart(tmp_path, hdfs):
     """Pass 1 (day 1) in one run, pass 2 (day 2) in a second run of the same stream, which resumes from
     pass 1's checkpoint on HDFS: pass 2's evaluation is the model pass 1 trained, bit for bit."""

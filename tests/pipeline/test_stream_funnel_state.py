@@ -15,18 +15,16 @@ naming the stage, the file and the fix) or holds another optimizer's, and how wo
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from recps.config import PROJECT_ROOT, compose_config
+from recps.config import compose_config
 from recps.errors import ConfigError
 from tests.pipeline.test_stream_funnel import DAY, DAY2, TINY
+from tests.helpers.cli import recps_train
 
 GEO = ["recall", "coarse"]
 MODES = {"recall": "geo", "coarse": "geo", "fine": "async", "fusion": "sync"}
@@ -40,10 +38,7 @@ def _overrides(tmp: Path, out: str, run: Path, *extra: str) -> list[str]:
 
 
 def _train(args: list[str]) -> str:
-    proc = subprocess.run([sys.executable, "-m", "recps.train", *args], cwd=PROJECT_ROOT, capture_output=True,
-                          text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(PROJECT_ROOT)))
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return proc.stdout + proc.stderr
+    return recps_train(*args).output
 
 
 def _state(out: str, day: str) -> dict:
@@ -67,6 +62,7 @@ def _assert_same_optimizer(a: dict, b: dict, what: str) -> None:
             torch.testing.assert_close(v, b["state"][i][k], rtol=0, atol=0, msg=f"{what}: param {i} {k}")
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_geo_stage_dense_optimizer_continues_across_a_restart(tmp_path):
     import json

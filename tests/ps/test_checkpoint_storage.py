@@ -76,6 +76,7 @@ def test_two_servers_write_one_and_three_read_on_file(tmp_path, readers, ps_clus
     roundtrip(str(tmp_path / "ckpt"), readers, ps_cluster)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("readers", [1, 3])
 @pytest.mark.parametrize("scheme", ["hdfs", "webhdfs"])
 def test_two_servers_write_one_and_three_read_on_real_hdfs(hdfs, scheme, readers, ps_cluster):
@@ -83,6 +84,7 @@ def test_two_servers_write_one_and_three_read_on_real_hdfs(hdfs, scheme, readers
     roundtrip(f"{base}/recps-tests/{uuid.uuid4().hex}/ckpt", readers, ps_cluster)
 
 
+@pytest.mark.e2e
 def test_a_corrupt_shard_on_hdfs_is_refused_naming_the_file(hdfs, ps_cluster):
     from recps import fs as rfs
 
@@ -105,6 +107,7 @@ def _leftovers(fs, path: str) -> list[str]:
     return [p for p in fs.find(path, withdirs=True) if ".tmp-" in p.rsplit("/", 1)[-1]]
 
 
+@pytest.mark.e2e
 def test_a_full_hdfs_fails_the_save_naming_the_quota_and_keeps_the_saved_checkpoint(hdfs, ps_cluster):
     """A space quota stands in for a full cluster: the save fails with the NameNode's reason (which
     names the folder and the quota), leaves no temporary, and the checkpoint saved before still loads."""
@@ -129,6 +132,7 @@ def test_a_full_hdfs_fails_the_save_naming_the_quota_and_keeps_the_saved_checkpo
         assert snapshot(servers).keys() == before.keys()
 
 
+@pytest.mark.e2e
 def test_hdfs_in_safe_mode_fails_the_save_after_its_retries_naming_it(hdfs, ps_cluster):
     """A NameNode refusing writes (safe mode): transient, so each table's save is tried again
     (recps.ps.node.server.SAVE_RETRIES), then the save fails with the NameNode's reason."""

@@ -28,6 +28,7 @@ FLEET_LINES = 12  # what `diff -w` shows of train_fleet.py: the lines a user add
 LOCAL_LINES = 5  # ... and of train_local.py: the lines those replace
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(shutil.which("diff") is None, reason="needs the diff tool")
 def test_the_fleet_part_of_the_example_is_twelve_lines():
     """`diff -w examples/train_local.py examples/train_fleet.py`, the command both files print: the

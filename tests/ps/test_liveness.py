@@ -22,130 +22,28 @@ import contextlib
 import os
 import re
 import signal
-import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import torch
 import zmq
 
 from recps.errors import PSError
-from recps.cluster.launch import free_port
 from recps.ps.node.coordinator import Coordinator, CoordinatorClient
-from recps.ps.roles import UserDefinedRoleMaker
 from recps.ps.transport import TransportClient, security
 from recps.ps.transport.security import curve_keys
-
-TOKEN = "liveness-token"
-DEAD_AFTER_S = 5.0  # heartbeat_s = 1.0
-HEARTBEAT_S = DEAD_AFTER_S / 5
-REQUEST_TIMEOUT_S = 60.0  # a pull or push must never wait this long for a dead server
-
-# A worker as a user's script would be (connect + pull/push), reporting what happened on stdout.
-WORKER = r"""
-import os, sys, time, torch
-from recps.errors import PSError
-from recps.ps.node import connect
-from recps.ps.roles import detect_role_maker
-
-role = detect_role_maker().role()
-client = connect(role, timeout_s=60.0, request_timeout_s=float(sys.argv[1]))
-client.create_sparse_table("emb", dim=4, optimizer={"name": "sgd", "lr": 0.1}, initializer={"kind": "zeros"})
-print("JOINED", flush=True)
-steps = 0
-gen = torch.Generator().manual_seed(role.index)
-try:
-    while not os.path.exists(sys.argv[2]):
-        keys = torch.randint(0, 1000, (256,), generator=gen)
-        client.push("emb", keys, torch.ones(256, 4)).wait()
-        rows = client.pull("emb", keys).wait()
-        steps += 1
-        time.sleep(0.005)
-    client.barrier("end", timeout=60.0)
-    if role.index == 0:
-        client.stop_servers(timeout=10.0)
-    print(f"DONE {steps}", flush=True)
-except PSError as e:
-    print(f"FAILED {time.time():.3f} {type(e).__name__}: {e}", flush=True)
-    client.close()
-    sys.exit(1)
-client.close()
-"""
-
-
-class Cluster:
-    """S servers (python -m recps.ps) and W workers (WORKER) started with their role's variables."""
-
-    def __init__(self, folder: Path, servers: int, workers: int) -> None:
-        self.folder = folder
-        self.stop_file = folder / "finish"
-        coordinator = f"127.0.0.1:{free_port()}"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.procs: dict[str, subprocess.Popen] = {}
-        for kind, count in (("server", servers), ("worker", workers)):
-            for i in range(count):
-                role = UserDefinedRoleMaker(kind, i, servers, workers, coordinator=coordinator, token=TOKEN).role()
-                cmd = ([sys.executable, "-m", "recps.ps", "--dead-after", str(DEAD_AFTER_S), "--threads", "1"] if kind == "server"
-                       else [sys.executable, "-c", WORKER, str(REQUEST_TIMEOUT_S), str(self.stop_file)])
-                log = open(folder / f"{role.name}.log", "wb")
-                self.procs[role.name] = subprocess.Popen(cmd, env={**env, **role.to_env()}, stdout=log, stderr=subprocess.STDOUT,
-                                                         start_new_session=True)
-                log.close()
-
-    def log(self, name: str) -> str:
-        return (self.folder / f"{name}.log").read_text(errors="replace")
-
-    def wait_for(self, name: str, pattern: str, timeout: float) -> re.Match:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if m := re.search(pattern, self.log(name)):
-                return m
-            if self.procs[name].poll() is not None:
-                break
-            time.sleep(0.05)
-        raise AssertionError(f"{name} never logged {pattern!r} within {timeout} s:\n{self.log(name)[-3000:]}")
-
-    def exit_code(self, name: str, timeout: float) -> int:
-        try:
-            return self.procs[name].wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"{name} still runs after {timeout} s:\n{self.log(name)[-3000:]}") from None
-
-    def stall(self, name: str, seconds: float) -> tuple[float, float]:
-        """SIGSTOP `name` for `seconds`; returns the wall-clock times of the stop and the resume."""
-        pid = self.procs[name].pid
-        stopped = time.time()
-        os.kill(pid, signal.SIGSTOP)
-        time.sleep(seconds)
-        resumed = time.time()
-        os.kill(pid, signal.SIGCONT)
-        return stopped, resumed
-
-    def kill_all(self) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait(10)
-
+from tests.helpers.cluster import (DEAD_AFTER_S, HEARTBEAT_S, LIVENESS_TOKEN as TOKEN, REQUEST_TIMEOUT_S,
+                                   RoleProcesses as Cluster, role_processes)
+from tests.helpers.threads import wait_until
+from tests.helpers.cli import job_process
 
 @pytest.fixture
 def cluster(tmp_path):
-    made = []
-
-    def make(servers: int, workers: int) -> Cluster:
-        c = Cluster(tmp_path, servers, workers)
-        made.append(c)
-        for w in range(workers):
-            c.wait_for(f"worker{w}", "JOINED", 40.0)
-        time.sleep(2 * HEARTBEAT_S)  # every peer heartbeat since all joined; requests are in flight all the time
-        return c
-
-    yield make
-    for c in made:
-        c.kill_all()
+    """S servers and W workers started as torchrun would, every worker joined (tests.helpers.cluster)."""
+    with role_processes(tmp_path) as make:
+        yield make
 
 
 def _failure(c: Cluster, name: str) -> tuple[float, str]:
@@ -153,6 +51,7 @@ def _failure(c: Cluster, name: str) -> tuple[float, str]:
     return float(m.group(1)), m.group(2)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_stalls_shorter_than_dead_after_s_end_nothing(cluster):
     c = cluster(servers=2, workers=1)
@@ -170,6 +69,7 @@ def test_stalls_shorter_than_dead_after_s_end_nothing(cluster):
     assert re.search(r"stalled for \d", c.log("server0"))  # the coordinator saw its own stall and forgave it
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_stalled_server_fails_the_workers_calls_at_once_naming_it(cluster):
     c = cluster(servers=2, workers=1)
@@ -186,6 +86,7 @@ def test_stalled_server_fails_the_workers_calls_at_once_naming_it(cluster):
     assert c.exit_code("server1", 3 * DEAD_AFTER_S) == 1, c.log("server1")  # dead, and it learns it on resume
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_stalled_coordinator_is_detected_by_everyone_naming_server0(cluster):
     c = cluster(servers=2, workers=1)
@@ -207,6 +108,7 @@ def test_stalled_coordinator_is_detected_by_everyone_naming_server0(cluster):
     assert exited - resumed > DEAD_AFTER_S, log0  # no one declared dead on the first tick back
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_stalled_worker_fails_the_others_naming_it_and_itself_on_resume(cluster):
     c = cluster(servers=1, workers=2)
@@ -225,21 +127,18 @@ def test_stalled_worker_fails_the_others_naming_it_and_itself_on_resume(cluster)
 
 
 def test_a_peer_declared_dead_is_told_so_on_its_next_heartbeat():
-    with Coordinator(num_servers=1, num_workers=1, token=TOKEN, dead_after_s=0.5, heartbeat_s=0.1) as coord:
+    # dead_after_s 2: the heartbeating server client must not starve that long on a busy machine
+    with Coordinator(num_servers=1, num_workers=1, token=TOKEN, dead_after_s=2.0, heartbeat_s=0.1) as coord:
         server = CoordinatorClient(coord.endpoint, TOKEN)
         server.register("server", 0, "tcp://127.0.0.1:7000")
         worker = CoordinatorClient(coord.endpoint, TOKEN)
         worker.register("worker", 0, heartbeats=False)  # silent: a stalled process
         heard = []
         worker.on_failure(lambda names, error: heard.append((names, str(error))))
-        deadline = time.monotonic() + 5.0
-        while server.failure is None and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: server.failure is not None, 15.0, "server0 to hear worker0 is dead")
         assert server.failed_peers == ("worker0",) and "worker0 is dead: no heartbeat" in str(server.failure)
         worker.start_heartbeats()  # it resumes
-        deadline = time.monotonic() + 5.0
-        while not heard and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: heard, 10.0, "worker0's first heartbeat reply telling it was declared dead")
         assert heard and heard[0][0] == ("worker0",)
         assert heard[0][1].startswith("worker0 was declared dead by the coordinator (no heartbeat for")
         with pytest.raises(PSError, match="worker0 was declared dead"):  # and its coordinator calls fail at once
@@ -276,6 +175,7 @@ def test_fail_server_fails_a_request_in_flight_at_once_and_every_later_one():
 # ------------------------------------------------------------------------- under recps.launch
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_launched_run_fails_naming_the_stalled_server0_soon_after_the_stall(tmp_path, launch_output):
     """`python -m recps.train` (its recps.launch cluster), cluster.restarts left at none: server0 (the
@@ -287,11 +187,9 @@ def test_launched_run_fails_naming_the_stalled_server0_soon_after_the_stall(tmp_
            "trainer.epochs=100000", "trainer.batch_size=16", f"cluster.dead_after_s={DEAD_AFTER_S}",
            f"dataset.dir={tmp_path / 'data'}", "dataset.generate.train_rows=2000", "dataset.generate.test_rows=500",
            "dataset.generate.vocab=1000", f"hydra.run.dir={tmp_path / 'run'}"]
-    proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
     pids: dict[str, int] = {}
     lines: list[str] = []
-    try:
+    with job_process(cmd) as proc:  # its process group killed at the end, whatever ends the block
         joined = launch_output(proc, r"\[(worker\d)\].*async mode", lines, pids, time.monotonic() + 120, count=2)
         assert joined == {"worker0", "worker1"}, "".join(lines[-40:])
         time.sleep(2 * HEARTBEAT_S)
@@ -303,10 +201,6 @@ def test_launched_run_fails_naming_the_stalled_server0_soon_after_the_stall(tmp_
         rest, _ = proc.communicate(timeout=60)
         took = time.monotonic() - resumed
         lines.append(rest)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
     out = "".join(lines)
     print(f"server0 stalled under recps.launch: the run ended {took:.1f} s after the stall's end")
     assert proc.returncode != 0

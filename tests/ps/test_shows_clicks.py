@@ -224,6 +224,7 @@ TABLE = dict(optimizer={"name": "sgd", "lr": 0.1}, accessor={})
     AsyncMode(timeout_s=30, table=TableConfig(**TABLE), merge_threshold=4, min_merge=2, max_pending=8),
     GeoMode(timeout_s=30, table=TableConfig(**TABLE), k_steps=7, replica_capacity=16),  # replicas grow (64 -> 128)
 ], ids=["sync", "async", "geo"])
+@pytest.mark.slow  # two workers train end to end: e2e, not in make test-fast
 def test_servers_count_every_occurrence_and_click_exactly(mode):
     held, comms = train_two_workers(mode, token=f"shows-{mode.name}")
     want = expected_statistics()

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,18 +30,15 @@ import pytest
 import torch
 
 from recps import fs as rfs
-from recps.config import PROJECT_ROOT
-from recps.data.reader import expand_paths, load_tensors
-from recps.data.schema import Schema
+from recps.data.reader import expand_paths
 from recps.data.generators.drifting import write_stream
-from recps.ps.embedding import salted_keys
-from recps.ps.table.checkpoint import ShardReader, list_shards
+from tests.helpers.cli import job_process, run_command
+from tests.helpers.streams import pass_counts, stats
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 RUN_TIMEOUT_S = 420
 DAYS, HOURS, ROWS = ("20261201", "20261202"), 4, 3000
-TABLE = "embedding_d11"  # deepfm's one PS table (every feature is 11 wide: conf/model/deepfm.yaml)
 BASE_THRESHOLD, DELTA_THRESHOLD = 1.45, 0.25  # between multiples of 0.1: float32 sums cannot cross them
 DELETE_THRESHOLD = 0.85
 COMMON = ["model=deepfm", "trainer.threads=1", "trainer.batch_size=256", "cluster.workers=2",
@@ -56,38 +52,7 @@ def stream_cmd(root: str, out: str, run_dir: Path, mode: str, extra=()) -> list[
 
 
 def run_stream(cmd: list[str]) -> dict:
-    proc = subprocess.run(cmd, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
-    run_dir = Path(cmd[-1].split("=", 1)[1])
-    return json.loads((run_dir / "metrics.json").read_text())
-
-
-def stats(folder: str) -> dict[str, torch.Tensor]:
-    """keys and the accessor's statistics of the PS table in a saved folder, over every shard."""
-    from recps.ps.table.accessor import META_COLUMNS
-
-    keys, meta = [], []
-    for shard in list_shards(rfs.join(folder, TABLE)):
-        r = ShardReader(shard)
-        keys.append(r.read("keys"))
-        meta.append(r.read("meta").reshape(keys[-1].numel(), -1))
-    k, m = torch.cat(keys), torch.cat(meta)
-    order = torch.argsort(k)
-    out = {"keys": k[order]}
-    out.update({name: m[order, i].double() for i, name in enumerate(META_COLUMNS) if i < m.shape[1]})
-    return out
-
-
-def pass_counts(root: str, day: str, hour: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(keys, shows, clicks) of one hourly split: every occurrence of a key, its example's label."""
-    ex = load_tensors(expand_paths([rfs.join(root, day, f"{hour:02d}00")]), Schema.from_config({"format": "criteo"}),
-                      error_budget=0.0)
-    salted = torch.cat([salted_keys(ex.keys[:, i], f"t_{f}") for i, f in enumerate(ex.feature_names[:ex.keys.shape[1]])])
-    labels = ex.labels[:, 0].double().repeat(ex.keys.shape[1])
-    keys, inverse = torch.unique(salted, return_inverse=True)
-    shows = torch.bincount(inverse, minlength=keys.numel()).double()
-    clicks = torch.zeros(keys.numel(), dtype=torch.float64).index_add_(0, inverse, labels)
-    return keys, shows, clicks
+    return run_command(cmd, timeout=RUN_TIMEOUT_S).metrics()
 
 
 def score(show: torch.Tensor, click: torch.Tensor) -> torch.Tensor:
@@ -208,18 +173,12 @@ def test_killed_mid_pass_3_the_same_command_resumes_exactly_once(request, tmp_pa
     fs.rm_file(held_path)
     extra = ["ps.table.accessor.show_click_decay_rate=1.0", "ps.table.accessor.delete_threshold=0"]
     cmd = stream_cmd(root, out, tmp_path / "run1", "async", [*extra, "cluster.restarts=0"])  # the rerun resumes, not a restart
-    proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
     lines: list[str] = []
     pids: dict[str, int] = {}
-    try:
+    with job_process(cmd) as proc:  # its process group killed at the end, whatever ends the block
         launch_output(proc, r"waiting for .*0200/_SUCCESS", lines, pids, time.monotonic() + RUN_TIMEOUT_S)
         os.kill(pids[victim], signal.SIGKILL)
         proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
     assert proc.returncode != 0
     assert len(rfs.read_bytes(rfs.join(out, "donefile.txt")).decode().splitlines()) == 2  # passes 1, 2
     rfs.write_atomic(held, b"")
@@ -274,7 +233,7 @@ def test_a_malformed_pass_stops_the_stream_naming_the_file_and_keeps_what_was_co
     cmd = [sys.executable, "-m", "recps.train", "stream=hourly", f"stream.root={root}", f"stream.out={out}",
            "ps=async", "model=deepfm", "cluster.workers=1", "stream.start_day=20261201", "stream.end_day=20261201",
            "stream.hours=3", "dataset.error_budget=0", "cluster.restarts=0", f"hydra.run.dir={tmp_path / 'run1'}"]
-    proc = subprocess.run(cmd, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    proc = run_command(cmd, timeout=RUN_TIMEOUT_S, check=None)
     assert proc.returncode != 0
     assert f"{part.name}:6" in proc.stdout + proc.stderr, proc.stdout[-3000:] + proc.stderr[-3000:]
     records = (Path(out) / "donefile.txt").read_text().splitlines()
@@ -298,11 +257,9 @@ def test_a_stalled_namenode_mid_stream_is_waited_out_and_the_stream_goes_on(priv
            "stream.hours=3", "stream.data_sleep_second=0.2", "stream.wait_timeout_s=180",
            f"hydra.run.dir={tmp_path / 'run'}"]
     env = dict(os.environ, RECPS_FS_TIMEOUT_S="3")
-    proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, env=env)
     namenode = private_hdfs.info["namenode_pid"]
     lines: list[str] = []
-    try:
+    with job_process(cmd, env=env) as proc:  # its process group killed at the end, whatever ends the block
         deadline = time.monotonic() + RUN_TIMEOUT_S
         launch_output(proc, r"waiting for .*0200/_SUCCESS", lines, {}, deadline)
         os.kill(namenode, signal.SIGSTOP)
@@ -315,10 +272,6 @@ def test_a_stalled_namenode_mid_stream_is_waited_out_and_the_stream_goes_on(priv
         rfs.write_atomic(held, b"")
         rest, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
         lines.append(rest)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
     assert proc.returncode == 0, "".join(lines)[-5000:]
     records = [r.split("\t") for r in (Path(out) / "donefile.txt").read_text().splitlines()]
     assert [(r[0], r[3]) for r in records] == [(DAYS[0], "1"), (DAYS[0], "2"), (DAYS[0], "3"), (DAYS[1], "-1")]

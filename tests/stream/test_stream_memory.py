@@ -18,6 +18,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.e2e  # every test here starts a process
+
 BLOCKS = 100  # 1 MiB each
 
 SCENARIO = f"""

@@ -8,12 +8,14 @@ no model and no reader) and the server half the servers plug in for the mode's t
 """
 
 from recps.ps.modes.asynchronous import AsyncCommunicator, AsyncMode
-from recps.ps.modes.base import Communicator, Mode
+from recps.ps.modes.base import (Communicator, CountsStatistics, KeepsWorkerState, Mode, NumbersSteps, PlacesReplicas,
+                                  ReadsServers, StartsPulls)
 from recps.ps.modes.geo import GeoCommunicator, GeoMode
 from recps.ps.modes.server_reader import ServerReader
 from recps.ps.modes.synchronous import SyncCommunicator, SyncMode
 
-__all__ = ["Communicator", "Mode", "SyncMode", "AsyncMode", "GeoMode", "SyncCommunicator", "AsyncCommunicator",
+__all__ = ["Communicator", "CountsStatistics", "StartsPulls", "PlacesReplicas", "KeepsWorkerState", "NumbersSteps",
+           "ReadsServers", "Mode", "SyncMode", "AsyncMode", "GeoMode", "SyncCommunicator", "AsyncCommunicator",
            "GeoCommunicator", "ServerReader", "MODES", "server_halves"]
 
 MODES: dict[str, type[Mode]] = {m.name: m for m in (SyncMode, AsyncMode, GeoMode)}

@@ -59,6 +59,7 @@ import torch
 
 from recps.errors import ConfigError, PSError, PSTimeoutError
 from recps.ps.modes.base import Mode, OnArrivalServer, check_int, has_accessor, merged_statistics
+from recps.ps.modes.server_reader import ServerReader
 from recps.ps.node import PSClient
 
 __all__ = ["AsyncMode", "AsyncCommunicator", "AsyncServer"]
@@ -164,14 +165,18 @@ class AsyncCommunicator:
         (up to timeout_s). A prefetch (recps.ps.embedding) overlaps the round trip with compute."""
         return functools.partial(self.client.pull(table, keys, assume_unique=True).wait, self.timeout_s)
 
+    def server_reader(self) -> ServerReader:
+        """A read-only view of this communicator's servers (ReadsServers): evaluation, frozen tables."""
+        return ServerReader(self.client, timeout_s=self.timeout_s)
+
     def counts_statistics(self, table: str) -> bool:
         """Whether pushes of `table` carry shows and clicks (its servers' table has an accessor)."""
         return has_accessor(self.client, table)
 
     def push(self, table: str, keys: torch.Tensor, grads: torch.Tensor, shows: torch.Tensor | None = None,
              clicks: torch.Tensor | None = None) -> None:
-        """Queue (K, D) gradients of (K,) keys, with their (K,) shows and clicks (None: one show,
-        no click per key); blocks while max_pending pushes are unapplied. The communicator keeps
+        """Queue (K, D) gradients of (K,) keys, with their (K,) shows and clicks (both for a table
+        with an accessor, else neither); blocks while max_pending pushes are unapplied. The communicator keeps
         the tensors: do not modify them afterwards."""
         if grads.dim() != 2 or grads.shape[0] != keys.numel():
             raise ConfigError(f"push {table!r}: grads have shape {tuple(grads.shape)} for {keys.numel()} keys; expected (K, D)")

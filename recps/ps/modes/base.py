@@ -9,23 +9,36 @@ Contract, for every mode:
 - `push(table, keys, grads, shows=None, clicks=None)` hands (K, D) gradient rows for unique
   `keys` of one thread's batch (already summed over the batch's duplicates, scaled as the loss
   was: mean over the batch), and, for a table whose `counts_statistics(table)` is true, the
-  keys' (K,) shows and clicks in that batch (the CTR accessor's statistics, recps.ps.embedding).
-  Every mode hands the servers' table the exact sums of the shows and clicks of all pushes,
-  however it merges or delays them; without them the servers count one show per key per
-  request they receive. When the update is applied is the mode's policy:
+  keys' (K,) shows and clicks in that batch (the CTR accessor's statistics, decided once where
+  the batch enters: recps.ps.embedding, one show per occurrence and its example's click). Both
+  or neither; required for such a table, refused for another. Every mode hands the servers'
+  table the exact sums of the shows and clicks of all pushes, however it merges or delays them. When the update is applied is the mode's policy:
     sync  — merged over the worker's threads, sent once per step, applied by the servers
             when every worker's gradient for that step arrived;
     async — sent (merged in the background, bounded queue) and applied on arrival;
     geo   — applied locally to the worker's replica with SGD; deltas go to the servers
             every k steps.
-- `counts_statistics(table)`: whether the servers' sparse table `table` keeps CTR statistics
-  (it has an accessor); pushes of other tables carry none (a table without an accessor
-  refuses them).
+- `counts_statistics(table)` (optional, `CountsStatistics`): whether the servers' sparse table
+  `table` keeps CTR statistics (it has an accessor); pushes of other tables carry none (a table
+  without an accessor refuses them). A communicator without it is asked for none.
 - `pull_dense(table)` / `push_dense(table, grads)` do the same for a flat (N,) dense table.
 - `step_end(thread)` marks the end of one training step of `thread` (sync: the step's
   barrier; geo: counts towards k). Every thread calls it once per step.
 - `flush(timeout_s)` sends whatever is queued and waits until the servers applied it;
   `close()` flushes and releases sockets and threads. Both are idempotent.
+Optional abilities, each a Protocol of its own (checked with isinstance, never probed by name):
+- `CountsStatistics`: `counts_statistics(table)`, above.
+- `StartsPulls`: `pull_start(table, keys)` sends a pull now and returns the function that waits
+  for its rows (async): the embedding prefetches the next batch's rows with it.
+- `PlacesReplicas`: `place_replicas(device)`: the communicator keeps local replicas (GEO) and
+  puts them on the device of the collection that binds it.
+- `KeepsWorkerState`: `state_dict()` / `load_state_dict(state)`: what the worker holds that the
+  servers do not (GEO's replicas), for a checkpoint.
+- `NumbersSteps`: `step`, the number of the step being accumulated (sync): a dense refresh
+  happens once per step.
+- `ReadsServers`: `server_reader()`, a read-only view of the servers this communicator talks to
+  (a ServerReader; a read-only view answers itself).
+
 Errors: a dead or silent server raises `recps.errors.PSTimeoutError` naming the server,
 the table and the key count, within the timeout.
 
@@ -50,11 +63,14 @@ from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
 
-from recps.errors import ConfigError
+from recps.errors import ConfigError, PSError
+from recps.ps.modes.abilities import (CountsStatistics, KeepsWorkerState, NumbersSteps, PlacesReplicas, ReadsServers,
+                                      StartsPulls)
 from recps.ps.modes.dense import PSDenseUpdater, torch_optimizer_rule
 from recps.ps.node.specs import TableConfig
 
-__all__ = ["Communicator", "Mode", "OnArrivalServer", "check_int", "has_accessor", "merged_statistics"]
+__all__ = ["Communicator", "CountsStatistics", "StartsPulls", "PlacesReplicas", "KeepsWorkerState", "NumbersSteps",
+           "ReadsServers", "Mode", "OnArrivalServer", "check_int", "has_accessor", "merged_statistics"]
 
 
 @runtime_checkable
@@ -65,8 +81,6 @@ class Communicator(Protocol):
 
     def push(self, table: str, keys: torch.Tensor, grads: torch.Tensor,
              shows: torch.Tensor | None = None, clicks: torch.Tensor | None = None) -> None: ...
-
-    def counts_statistics(self, table: str) -> bool: ...
 
     def pull_dense(self, table: str) -> torch.Tensor: ...
 
@@ -86,15 +100,18 @@ def has_accessor(client, table: str) -> bool:
 
 
 def merged_statistics(pushes) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The shows and clicks of pushes (keys (K,), rows, shows (K,) | None, clicks (K,) | None)
-    whose keys are concatenated: (sum K,) each, in the same order. A push without shows counts one
-    per key, without clicks none (the client's and the table's default); (None, None) when no
-    push has either, so the servers keep their default."""
-    if all(p[2] is None and p[3] is None for p in pushes):
+    """The shows and clicks of pushes (keys (K,), rows, shows (K,) | None, clicks (K,) | None) of one
+    table whose keys are concatenated: (sum K,) each, in the same order; (None, None) when none has
+    statistics (a table without accessor). Every push of a table with an accessor carries both
+    (recps.ps.embedding decides them, once, from the batch): a push with only one of them, or
+    pushes of one table with and without them, raise PSError."""
+    given = [p[2] is not None and p[3] is not None for p in pushes]
+    if not any(p[2] is not None or p[3] is not None for p in pushes):
         return None, None
-    shows = torch.cat([torch.ones(p[0].numel()) if p[2] is None else p[2].to(torch.float32) for p in pushes])
-    clicks = torch.cat([torch.zeros(p[0].numel()) if p[3] is None else p[3].to(torch.float32) for p in pushes])
-    return shows, clicks
+    if not all(given):
+        raise PSError(f"{sum(given)} of {len(pushes)} pushes of one table carry shows and clicks; every push of a "
+                      "table with an accessor gives both (counts_statistics(table)), of one without neither")
+    return torch.cat([p[2].to(torch.float32) for p in pushes]), torch.cat([p[3].to(torch.float32) for p in pushes])
 
 
 def check_int(owner: str, name: str, value, lowest: int, optional: bool = False) -> None:

@@ -24,6 +24,7 @@ from torch import nn
 
 from recps.device import to_device, to_host
 from recps.errors import ConfigError, PSError
+from recps.ps.modes.abilities import NumbersSteps
 
 __all__ = ["flatten", "assign_flat", "torch_optimizer_rule", "load_optimizer_state", "LocalDenseUpdater", "PSDenseUpdater"]
 
@@ -151,7 +152,8 @@ class PSDenseUpdater:
 
     def refresh(self) -> None:
         """Copy the servers' latest values into the shared params (once per sync step / new values)."""
-        step = getattr(self.communicator, "step", None) if self.communicator.mode == "sync" else None
+        step = self.communicator.step if self.communicator.mode == "sync" and isinstance(self.communicator, NumbersSteps) \
+            else None
         with self._lock:
             if step is not None:
                 if step == self._seen:

@@ -98,6 +98,7 @@ from recps.device import same_device, to_device, to_host
 from recps.errors import ConfigError, PSError, PSTimeoutError
 from recps.ps.modes.base import Mode, OnArrivalServer, check_int, has_accessor
 from recps.ps.modes.dense import LocalDenseUpdater, load_optimizer_state
+from recps.ps.modes.server_reader import ServerReader
 from recps.ps.table import Initializer, KeyIndex, unique_keys, warm_up_kernels
 
 __all__ = ["GeoMode", "GeoCommunicator", "GeoServer", "GeoDenseUpdater", "GEO_OPTIMIZERS"]
@@ -380,7 +381,7 @@ class _Replica:
         """The TBE over this replica's buffers for lookups of `num_features` features (call under lock)."""
         tbe = self._tbes.get(num_features)
         if tbe is None:
-            # FBGEMM here, not at import: the launcher validates GeoMode without loading it.
+            # deferred: FBGEMM's TBE ops, not at import: the launcher validates GeoMode without loading them.
             from fbgemm_gpu.split_embedding_configs import EmbOptimType
             from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
                 BoundsCheckMode,
@@ -449,14 +450,25 @@ class _Replica:
             self.state_rows.index_add_(0, at, moved.state[at] - moved.state_then)
             self.touched[moved.slots] = True  # the next sync sends it
 
+    def check_statistics(self, shows: torch.Tensor | None, clicks: torch.Tensor | None, n: int) -> None:
+        """PSError unless a push or lookup of `n` keys gives both shows and clicks (a table with
+        statistics) or neither (one without)."""
+        if self.statistics and (shows is None or clicks is None):
+            raise PSError(f"geo: table {self.name!r} keeps shows and clicks (an accessor); a push or lookup of {n} "
+                          f"keys gave {'no shows' if shows is None else 'no clicks'} (recps.ps.embedding counts both "
+                          "from the batch)")
+        if not self.statistics and (shows is not None or clicks is not None):
+            raise PSError(f"geo: table {self.name!r} keeps no shows and clicks (no accessor); a push or lookup of {n} "
+                          "keys gave them")
+
     def count(self, slots: torch.Tensor, shows: torch.Tensor | None, clicks: torch.Tensor | None) -> None:
-        """Add (K,) shows (None: one each) and clicks (None: none) to the rows at `slots` (K,),
-        duplicates summed (call under `lock`; a no-op without statistics)."""
+        """Add (K,) shows and clicks to the rows at `slots` (K,), duplicates summed (call under `lock`).
+        A table with statistics needs both (PSError otherwise), one without takes neither (a no-op)."""
         if not self.statistics:
             return
-        self.shows.index_add_(0, slots, torch.ones(slots.numel()) if shows is None else shows.to(torch.float32))
-        if clicks is not None:
-            self.clicks.index_add_(0, slots, clicks.to(torch.float32))
+        self.check_statistics(shows, clicks, slots.numel())
+        self.shows.index_add_(0, slots, shows.to(torch.float32))
+        self.clicks.index_add_(0, slots, clicks.to(torch.float32))
 
     def apply_grads(self, slots: torch.Tensor, grads: torch.Tensor) -> None:
         """The local optimizer on unique `slots` (K,) with gradients (K, D), as the TBE would."""
@@ -715,6 +727,10 @@ class GeoCommunicator:
 
         return self._with_slots(replica, keys, read)
 
+    def server_reader(self) -> ServerReader:
+        """A read-only view of this communicator's servers (ReadsServers): evaluation, frozen tables."""
+        return ServerReader(self.client, timeout_s=self.timeout_s)
+
     def counts_statistics(self, table: str) -> bool:
         """Whether `table` keeps shows and clicks (its servers' table has an accessor)."""
         replica = self._replicas.get(table)
@@ -723,8 +739,9 @@ class GeoCommunicator:
     def push(self, table: str, keys: torch.Tensor, grads: torch.Tensor, shows: torch.Tensor | None = None,
              clicks: torch.Tensor | None = None) -> None:
         """The local optimizer on (K,) unique keys' rows with gradients (K, D); their (K,) shows
-        (None: one each) and clicks (None: none) go with the next sync."""
+        and clicks (both for a table with statistics, else neither) go with the next sync."""
         replica = self._replica(table)
+        replica.check_statistics(shows, clicks, keys.numel())
 
         def train(slots: torch.Tensor) -> None:
             replica.apply_grads(slots, grads.to(torch.float32))
@@ -733,18 +750,19 @@ class GeoCommunicator:
         self._with_slots(replica, keys, train)
 
     def lookup_bags(self, table: str, keys: torch.Tensor, offsets: torch.Tensor, num_features: int,
-                    clicks: torch.Tensor | None = None) -> torch.Tensor:
+                    shows: torch.Tensor | None = None, clicks: torch.Tensor | None = None) -> torch.Tensor:
         """Fused path: (N,) keys, (Fg*B+1,) offsets -> pooled (B, Fg*D); the backward pass runs the
-        TBE's fused optimizer on the replica. Each of the N keys is one show, with its (N,) click
-        (None: none), sent with the next sync."""
+        TBE's fused optimizer on the replica. The N keys' (N,) shows and clicks (both for a table
+        with statistics, else neither) are sent with the next sync."""
         training = torch.is_grad_enabled()
         if training:  # a backward will update the rows: this thread is inside a step
             self.begin_step()
         replica = self._replica(table)
+        replica.check_statistics(shows, clicks, keys.numel())
 
         def claim(slots: torch.Tensor) -> tuple:
             replica.touched[slots] = True
-            replica.count(slots, None, clicks)
+            replica.count(slots, shows, clicks)
             return slots, replica.tbe(num_features), replica.generation, replica.weights
 
         slots, tbe, generation, weights = self._with_slots(replica, keys, claim)  # (N,) ...

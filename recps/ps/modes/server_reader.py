@@ -19,6 +19,10 @@ class ServerReader:
         self.client = client
         self.timeout_s = timeout_s
 
+    def server_reader(self) -> "ServerReader":
+        """Itself: it is the read-only view (ReadsServers)."""
+        return self
+
     def pull(self, table: str, keys: torch.Tensor) -> torch.Tensor:
         return self.client.pull(table, keys, create=False, assume_unique=True).wait(self.timeout_s)
 

@@ -57,6 +57,7 @@ import torch
 
 from recps.errors import ConfigError, PSError, PSTimeoutError
 from recps.ps.modes.base import Mode, has_accessor, merged_statistics
+from recps.ps.modes.server_reader import ServerReader
 from recps.ps.node import PSClient
 from recps.ps.node.server import HostedTable
 
@@ -130,6 +131,10 @@ class SyncCommunicator:
         """(K,) unique keys -> (K, D) rows as of the last completed step."""
         return self.client.pull(table, keys, assume_unique=True).wait(self.timeout_s)
 
+    def server_reader(self) -> ServerReader:
+        """A read-only view of this communicator's servers (ReadsServers): evaluation, frozen tables."""
+        return ServerReader(self.client, timeout_s=self.timeout_s)
+
     def counts_statistics(self, table: str) -> bool:
         """Whether pushes of `table` carry shows and clicks (its servers' table has an accessor)."""
         return has_accessor(self.client, table)
@@ -137,7 +142,7 @@ class SyncCommunicator:
     def push(self, table: str, keys: torch.Tensor, grads: torch.Tensor, shows: torch.Tensor | None = None,
              clicks: torch.Tensor | None = None) -> None:
         """Buffer one thread's (K, D) gradients for this step (sent by step_end), with the keys' (K,)
-        shows and clicks (None: one show, no click per key). Keeps the tensors."""
+        shows and clicks (both for a table with an accessor, else neither). Keeps the tensors."""
         if grads.dim() != 2 or grads.shape[0] != keys.numel():
             raise ConfigError(f"push {table!r}: grads have shape {tuple(grads.shape)} for {keys.numel()} keys; expected (K, D)")
         with self._cond:

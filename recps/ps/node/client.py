@@ -352,6 +352,9 @@ class PSClient:
         dim = self._info(table, "sparse").dim
         grads = _rows(grads, keys.numel(), dim, "rows", where)
         extras = [None if e is None else torch.as_tensor(e, dtype=torch.float32).reshape(-1) for e in extras]
+        if len(extras) == 2 and (extras[0] is None) != (extras[1] is None):
+            raise ConfigError(f"{where}: give shows and clicks together (the accessor's statistics of the keys; "
+                              "recps.ps.embedding counts them from the batch), or neither for a table without accessor")
         for e in extras:
             if e is not None and e.numel() != keys.numel():
                 raise ConfigError(f"{where}: shows/clicks have {e.numel()} entries for {keys.numel()} keys")
@@ -369,9 +372,6 @@ class PSClient:
         if order is not None:
             keys, rows = keys[order], rows[order]
             extras = [None if e is None else e[order] for e in extras]
-        if any(e is not None for e in extras):  # the accessor's statistics go together
-            extras = [torch.ones(keys.numel()) if extras[0] is None else extras[0],
-                      torch.zeros(keys.numel()) if extras[1] is None else extras[1]]
         handles, pos = [], 0
         for s, n in enumerate(counts):
             if n or every_server:
@@ -386,7 +386,7 @@ class PSClient:
              meta: Mapping | None = None, every_server: bool = False, assume_unique: bool = False) -> PSHandle[None]:
         """Rows (K, D) of (K,) keys (duplicates summed) to the servers holding them; what the rows
         are (gradients, deltas, a step's part) and when they apply is the table's mode's, told by
-        `meta`. shows/clicks (K,) feed the table's CTR accessor (default 1 show, 0 clicks per key).
+        `meta`. shows/clicks (K,) feed the table's CTR accessor: both for a table with one, neither without.
         `every_server`: a request to every server, with zero keys where a server has none."""
         keys, rows, extras = self._merged(f"push {table!r}", table, keys, rows, assume_unique, (shows, clicks))
         meta = {**meta, **_UNIQUE} if meta else _UNIQUE

@@ -444,9 +444,8 @@ class SparseTable:
         rows[:, self._col["dirty"]] = 1.0
         if self.accessor is None:
             return
-        counts = (offsets[1:] - offsets[:-1]).to(torch.float32)  # (U,) occurrences
-        shows = counts if shows is None else self._segment_sum_1d(shows, perm, offsets)  # (U,)
-        clicks = torch.zeros_like(counts) if clicks is None else self._segment_sum_1d(clicks, perm, offsets)
+        shows = self._segment_sum_1d(shows, perm, offsets)  # (U,)
+        clicks = self._segment_sum_1d(clicks, perm, offsets)  # (U,)
         rows[:, self._col["show"]] += shows
         rows[:, self._col["click"]] += clicks
         rows[:, self._col["unseen_days"]] = 0.0
@@ -458,6 +457,9 @@ class SparseTable:
         x = _as_rows(x, k, self.dim, "deltas" if delta else "grads", where)
         if self.accessor is None and (shows is not None or clicks is not None):
             raise ConfigError(f"{where}: shows/clicks given but the table has no accessor; build it with accessor=CtrAccessor()")
+        if self.accessor is not None and (shows is None or clicks is None):
+            raise ConfigError(f"{where}: the table has an accessor: give the keys' shows and clicks ((K,) each; "
+                              "recps.ps.embedding counts them from the batch: one show per occurrence, its example's click)")
         shows = _as_counts(shows, k, "shows", where)
         clicks = _as_counts(clicks, k, "clicks", where)
         with self._lock:
@@ -497,8 +499,8 @@ class SparseTable:
 
         Gradients of duplicate keys are summed first. A key without a row gets one
         (initial value, then the update) if the table has no entry policy; otherwise its
-        gradient is dropped. With an accessor, shows (K,) default to 1 and clicks (K,) to 0
-        per key occurrence; both are added to the row's statistics.
+        gradient is dropped. With an accessor, the keys' shows (K,) and clicks (K,) are required
+        (and refused without one); both are added to the row's statistics.
 
         Several workers' gradients become one step (sync mode) by concatenating their keys
         and gradients into one push: duplicates are summed before the rule runs.

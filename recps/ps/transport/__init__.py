@@ -11,8 +11,8 @@ The wire format is in `wire`; nothing received is unpickled.
 
 from recps.ps.transport.client import Handle, Reply, TransportClient, wait_all
 from recps.ps.transport.security import ENCRYPTION_ENV, CurveKeys, RejectionLog, curve_keys
-from recps.ps.transport.server import PING, Handler, TransportServer
-from recps.ps.transport.wire import DTYPE_CODES, MAX_FRAME_BYTES, TOKEN_ENV, Status, WireError, resolve_token
+from recps.ps.transport.server import Handler, TransportServer
+from recps.ps.transport.wire import DTYPE_CODES, MAX_FRAME_BYTES, PING, TOKEN_ENV, Status, WireError, resolve_token
 
 __all__ = [
     "TransportServer",

@@ -51,9 +51,9 @@ import zmq
 import zmq.utils.monitor
 
 from recps.errors import PSError, PSTimeoutError
-from recps.ps.transport import security, wire
-from recps.ps.transport.server import PING
-from recps.ps.transport.wire import MetaValue, Status
+import recps.ps.transport.security as security
+import recps.ps.transport.wire as wire
+from recps.ps.transport.wire import PING, MetaValue, Status
 
 __all__ = ["TransportClient", "Handle", "Reply", "wait_all"]
 

@@ -49,14 +49,13 @@ import zmq
 import zmq.utils.monitor
 
 from recps.errors import PSError
-from recps.ps.transport import security, wire
-from recps.ps.transport.wire import Status
+import recps.ps.transport.security as security
+import recps.ps.transport.wire as wire
+from recps.ps.transport.wire import PING, Status
 
 __all__ = ["TransportServer", "Handler", "PING"]
 
 logger = logging.getLogger(__name__)
-
-PING = "__ping__"  # answered by the transport itself; verbs starting with "__" are reserved
 
 Handler = Callable[[str, str, dict, dict], object]
 

@@ -63,6 +63,7 @@ import torch
 from recps.errors import ConfigError, PSError
 
 __all__ = [
+    "PING",
     "MAGIC",
     "VERSION",
     "REQUEST",
@@ -86,6 +87,7 @@ __all__ = [
 MAGIC = b"RCPS"
 VERSION = 3  # 2: tensors carry names; 3: tensors over CHUNK_BYTES travel in chunks
 REQUEST = 1
+PING = "__ping__"  # a verb the server's transport answers itself; verbs starting with "__" are reserved
 REPLY = 2
 TOKEN_ENV = "RECPS_CLUSTER_TOKEN"
 
@@ -348,7 +350,7 @@ def recv(sock, flags: int = 0, envelope: int = 0) -> list:
     """One message from a ZeroMQ socket: the first `envelope` + 1 frames (a ROUTER's identity, the
     head) as bytes, the tensor frames as zmq.Frames (no copy). Copying the small frames saves a
     GIL release per frame (a zmq.Frame lets go of the GIL when it is freed)."""
-    import zmq  # the wire format itself does not need ZeroMQ; only this helper does
+    import zmq  # deferred: the wire format itself does not need ZeroMQ; only this helper does
 
     more = int(zmq.RCVMORE)
     frames = [sock.recv(flags, copy=True)]

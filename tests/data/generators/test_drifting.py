@@ -3,10 +3,7 @@ the Criteo reader on its parts, and drift that is really there (new keys, moving
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -23,6 +20,7 @@ from recps.data.hashing import missing_key
 from recps.data.reader import load_tensors
 from recps.data.schema import CRITEO_SPARSE, Schema
 from recps.errors import ConfigError, DataError
+from tests.helpers.cli import run_module
 
 REPO = Path(__file__).resolve().parents[3]
 SCHEMA = Schema.from_config({"format": "criteo"})  # conf/dataset/synthetic.yaml's schema block
@@ -184,15 +182,12 @@ def test_a_split_without_donefile_is_rewritten_and_another_stream_is_refused(tmp
 # ---------------------------------------------------------------------------- CLI
 
 
+@pytest.mark.e2e
 def test_cli_writes_a_stream_and_refuses_to_rewrite_it(tmp_path, capsys):
     out = tmp_path / "cli"
-    proc = subprocess.run(
-        [sys.executable, "-m", "recps.data.generators", "drifting", "--days", "2", "--hours", "1", "--rows", "400",
-         "--out", str(out), "--start-day", "20270301", "--seed", "5", "--vocab", "40", "--files-per-split", "1",
-         "--split-interval", "30", "--drift", "key_churn=0.05"],
-        cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    assert proc.returncode == 0, proc.stderr
+    proc = run_module("recps.data.generators", "drifting", "--days", "2", "--hours", "1", "--rows", "400",
+                      "--out", str(out), "--start-day", "20270301", "--seed", "5", "--vocab", "40", "--files-per-split",
+                      "1", "--split-interval", "30", "--drift", "key_churn=0.05", timeout=120)
     assert f"{out}: 2 days x 2 splits of 400 rows" in proc.stdout
     for split in ("20270301/0000", "20270301/0030", "20270302/0000", "20270302/0030"):
         assert (out / split / "_SUCCESS").exists() and (out / split / "part-00000").stat().st_size > 0
@@ -289,6 +284,7 @@ def test_click_rates_of_the_same_keys_move_from_day_to_day(tmp_path):
     assert drifting[0] > 1.3 and 0.85 < static[0] < 1.15, (drifting, static)
 
 
+@pytest.mark.slow  # a whole job trained end to end: e2e, not in make test-fast
 def test_a_truth_frozen_after_day_one_loses_auc_on_day_two(tmp_path):
     info = ss.write_stream(str(tmp_path / "d"), 2, 2, 20000, vocab=100, files_per_split=1)
     first, second = info.days
@@ -320,6 +316,7 @@ def test_a_truth_frozen_after_day_one_loses_auc_on_day_two(tmp_path):
 # --------------------------------------------------------------------------- HDFS
 
 
+@pytest.mark.e2e
 def test_a_stream_on_real_hdfs_is_the_same_as_on_disk(hdfs, tmp_path):
     url = f"{hdfs.url}/streams/{uuid.uuid4().hex[:8]}"
     info = ss.write_stream(url, 1, 2, 300, vocab=40)

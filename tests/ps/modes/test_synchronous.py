@@ -18,6 +18,7 @@ from recps.ps.modes.synchronous import SyncServer
 from recps.ps.node import HostedTable, PSClient, PSServer
 from recps.ps.node.specs import build_sparse, sparse_spec
 from recps.ps.table import Initializer
+from tests.helpers.threads import run_threads
 
 TOKEN = "sync-test"
 DIM = 4
@@ -55,26 +56,6 @@ def train_step(comm: Communicator, keys: torch.Tensor, labels: torch.Tensor) -> 
 
 def snapshot(client: PSClient) -> tuple[torch.Tensor, torch.Tensor]:
     return client.pull("emb", torch.arange(30)).wait(), client.pull_dense("dense").wait()
-
-
-def run_threads(fns, timeout: float = 60.0) -> None:
-    """Each of `fns` in a thread of its own (daemons: a stuck one does not hold the run), each joined
-    for at most `timeout` s; raises the first error one raised."""
-    errors = []
-
-    def run(fn):
-        try:
-            fn()
-        except Exception as e:  # noqa: BLE001
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(fn,), daemon=True) for fn in fns]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout)
-    if errors:
-        raise errors[0]
 
 
 def reference(keys, labels) -> tuple[torch.Tensor, torch.Tensor]:

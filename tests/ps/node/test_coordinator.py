@@ -19,6 +19,7 @@ from recps.ps.modes import server_halves
 from recps.ps.node import Coordinator, CoordinatorClient, ServerNode, connect
 from recps.ps.roles import Role
 from recps.ps.table import partition
+from tests.helpers.threads import call_in_threads, wait_until
 
 TOKEN = "coord-test"
 
@@ -41,24 +42,6 @@ def peer(coord: Coordinator, kind: str, index: int, endpoint: str = "", heartbea
     return c
 
 
-def run_all(fns) -> list:
-    """Run callables in threads; return their results or exceptions, in order."""
-    out: list = [None] * len(fns)
-
-    def run(i, fn):
-        try:
-            out[i] = fn()
-        except Exception as e:  # noqa: BLE001
-            out[i] = e
-
-    threads = [threading.Thread(target=run, args=(i, fn)) for i, fn in enumerate(fns)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    return out
-
-
 def test_wait_for_servers_and_barrier():
     with Coordinator(num_servers=2, num_workers=3, token=TOKEN) as coord:
         workers = [peer(coord, "worker", j) for j in range(3)]
@@ -73,9 +56,9 @@ def test_wait_for_servers_and_barrier():
         assert waits == [["tcp://127.0.0.1:7000", "tcp://127.0.0.1:7001"]]
         # A barrier releases everyone once all 3 workers arrived, and can be reused by name.
         for _ in range(2):
-            assert run_all([lambda w=w: w.barrier("epoch", timeout_s=10.0) for w in workers]) == [None] * 3
+            assert call_in_threads([lambda w=w: w.barrier("epoch", timeout_s=10.0) for w in workers]) == [None] * 3
         # A missing worker: the others time out, naming it.
-        results = run_all([lambda w=w: w.barrier("partial", timeout_s=0.5) for w in workers[:2]])
+        results = call_in_threads([lambda w=w: w.barrier("partial", timeout_s=0.5) for w in workers[:2]])
         for r in results:
             assert isinstance(r, PSTimeoutError) and "['worker2'] did not arrive" in str(r)
         with pytest.raises(PSTimeoutError, match=r"\['server1'\] did not register"):
@@ -99,8 +82,9 @@ def test_silent_peer_is_declared_dead_and_barriers_fail_naming_it():
             w1.wait_for_servers(timeout_s=20.0)
         assert coord.members()["server1"]["state"] == "dead"
         assert coord.members()["worker0"]["state"] == "alive"  # heartbeating peers stay alive
-        time.sleep(0.3)
-        assert w0.dead_peers == ("server1",)  # heartbeat replies carry the news
+        # heartbeat replies carry the news: wait for w0's next one (not for 0.3 s)
+        wait_until(lambda: w0.dead_peers, 10.0, "worker0's heartbeat reply naming the dead server1")
+        assert w0.dead_peers == ("server1",)
         assert w0.failed_peers == ("server1",)  # and fail every peer: the job cannot finish
         assert "server1 at tcp://127.0.0.1:7001 is dead: no heartbeat" in str(w0.failure)
 
@@ -128,13 +112,12 @@ def test_a_dead_peer_fails_the_others_saying_whether_the_launcher_restarts_the_j
     with Coordinator(num_servers=1, num_workers=1, token=TOKEN, dead_after_s=3.0, heartbeat_s=0.1) as coord:
         peer(coord, "server", 0, "tcp://127.0.0.1:7000", heartbeats=False)  # never heartbeats
         worker = peer(coord, "worker", 0, heartbeats=True)
-        deadline = time.monotonic() + 10.0
-        while worker.failure is None and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: worker.failure is not None, 10.0, "worker0 to hear server0 is dead")
         assert "server0 at tcp://127.0.0.1:7000 is dead: no heartbeat" in str(worker.failure)
         assert f"this run of the job cannot finish without it: {note}" in str(worker.failure)
 
 
+@pytest.mark.e2e
 def test_recps_launch_tells_its_processes_how_many_restarts_the_job_has(tmp_path):
     import io
 
@@ -167,9 +150,7 @@ def test_worker_that_left_fails_barriers_naming_it():
         time.sleep(0.3)
         assert not server.workers_gone  # worker0 is still there
         w0.deregister()
-        deadline = time.monotonic() + 3.0
-        while not server.workers_gone and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: server.workers_gone, 10.0, "server0 to hear every worker left")
         assert server.workers_gone  # a server loop ends: nobody is left to stop it
 
 
@@ -184,7 +165,7 @@ def test_serve_and_connect_in_process():
     servers, workers = _roles(2, 2)
     nodes = [ServerNode(r, dead_after_s=5.0, halves=server_halves()).start() for r in servers]
     try:
-        clients = run_all([lambda r=r: connect(r, timeout_s=10.0) for r in workers])
+        clients = call_in_threads([lambda r=r: connect(r, timeout_s=10.0) for r in workers])
         a, b = clients
         a.create_sparse_table("emb", dim=2, optimizer={"name": "sgd", "lr": 1.0}, initializer={"kind": "zeros"},
                               mode="sync")
@@ -195,10 +176,10 @@ def test_serve_and_connect_in_process():
             meta = {"step": 0, "worker": client.worker_index, "workers": client.num_workers, "timeout_s": 10.0}
             client.push("emb", keys, grads, meta=meta, every_server=True).wait()
 
-        assert run_all([lambda: step0(a, torch.tensor([1, 2]), torch.ones(2, 2)),
+        assert call_in_threads([lambda: step0(a, torch.tensor([1, 2]), torch.ones(2, 2)),
                         lambda: step0(b, torch.tensor([2]), torch.ones(1, 2))]) == [None, None]
         assert b.pull("emb", torch.tensor([1, 2])).wait()[:, 0].tolist() == [-0.5, -1.0]
-        assert run_all([lambda: a.barrier("done", 10.0), lambda: b.barrier("done", 10.0)]) == [None, None]
+        assert call_in_threads([lambda: a.barrier("done", 10.0), lambda: b.barrier("done", 10.0)]) == [None, None]
         a.stop_servers()
         assert all(n.wait(5.0) for n in nodes)
         for c in clients:
@@ -216,6 +197,7 @@ def _spawn_server(role: Role, dead_after_s: float, log) -> subprocess.Popen:
     )
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_server_processes_sigterm_and_sigkill(tmp_path):
     """Server 0 (with the coordinator) here; servers 1 and 2 are processes. After SIGKILL of server 1,
@@ -231,13 +213,13 @@ def test_server_processes_sigterm_and_sigkill(tmp_path):
     clients = []
     try:
         node = ServerNode(servers[0], dead_after_s=dead_after, halves=server_halves()).start()
-        clients = run_all([lambda r=r: connect(r, timeout_s=60.0, request_timeout_s=2.0) for r in workers])
+        clients = call_in_threads([lambda r=r: connect(r, timeout_s=60.0, request_timeout_s=2.0) for r in workers], timeout=90.0)
         client, other = clients
         client.create_sparse_table("emb", dim=3, optimizer={"name": "sgd", "lr": 1.0}, initializer={"kind": "zeros"})
         keys = torch.arange(300)
         client.push("emb", keys, torch.ones(300, 3)).wait()
         assert torch.equal(client.pull("emb", keys).wait(), -torch.ones(300, 3))  # every server answered
-        assert run_all([lambda: client.barrier("warm", 10.0), lambda: other.barrier("warm", 10.0)]) == [None, None]
+        assert call_in_threads([lambda: client.barrier("warm", 10.0), lambda: other.barrier("warm", 10.0)]) == [None, None]
 
         procs[0].send_signal(signal.SIGKILL)
         procs[0].wait(5)
@@ -250,15 +232,18 @@ def test_server_processes_sigterm_and_sigkill(tmp_path):
             client.pull("emb", keys).wait(timeout=60.0)
         assert f"server1 at {client.endpoints[1]} is dead: no heartbeat" in str(info.value)
         assert time.monotonic() - start < 0.5
-        assert other.failure is not None and "server1 at" in str(other.failure)
+        # The other worker hears of it with its own next heartbeat: wait for that, with a bound (CI once
+        # asserted it right after the first worker's call failed, before the other's heartbeat came).
+        wait_until(lambda: other.failure is not None, dead_after + 10.0, "worker1 to hear of server1's death")
+        assert "server1 at" in str(other.failure)
 
         procs[1].send_signal(signal.SIGTERM)
         # At once. Its exit code and how the coordinator records it depend on whether server2 had heard
         # of server1's death yet (then: 1, left; else a loss it reports: dead; tests/cluster/test_sigterm.py)
         assert procs[1].wait(15) in (0, 1)
-        deadline = time.monotonic() + 10.0  # its leave reaches the coordinator with its last heartbeat
-        while node.coordinator.members()["server2"]["state"] == "alive" and time.monotonic() < deadline:
-            time.sleep(0.05)
+        # its leave reaches the coordinator with its last heartbeat
+        wait_until(lambda: node.coordinator.members()["server2"]["state"] != "alive", 10.0,
+                   "the coordinator to hear server2 left")
         assert node.coordinator.members()["server2"]["state"] in ("left", "dead")
     finally:
         for c in clients:

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.e2e  # every test here starts a process
+
 REPO = Path(__file__).resolve().parents[3]
 TABLES, ROWS, PASSES = 16, 20_000, 12
 GROWTH_BOUND_MIB = 50.0
@@ -53,7 +55,8 @@ try:
         for t in range(tables):
             client.create_sparse_table(f"t{t}", dim=11, optimizer={"name": "rowwise_adagrad", "lr": 0.05},
                                        accessor={"base_threshold": 0.0, "delta_threshold": 0.0})
-            client.push(f"t{t}", keys, torch.randn(rows, 11, generator=gen)).wait()
+            client.push(f"t{t}", keys, torch.randn(rows, 11, generator=gen), shows=torch.ones(rows),
+                        clicks=torch.zeros(rows)).wait()
         for i in range(passes):
             for mode in ("delta", "full"):
                 folder = os.path.join(root, f"{i}-{mode}")
@@ -61,7 +64,8 @@ try:
                 assert sorted(saved) == sorted(f"t{t}" for t in range(tables)), saved
                 shutil.rmtree(folder)
             for t in range(tables):
-                client.push(f"t{t}", keys[: rows // 2], torch.randn(rows // 2, 11, generator=gen)).wait()
+                client.push(f"t{t}", keys[: rows // 2], torch.randn(rows // 2, 11, generator=gen),
+                            shows=torch.ones(rows // 2), clicks=torch.zeros(rows // 2)).wait()
             out.append(round(rss_mib(), 1))
 finally:
     shutil.rmtree(root, ignore_errors=True)

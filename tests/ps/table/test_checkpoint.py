@@ -31,12 +31,19 @@ def make(rule=None, **kw):
     return SparseTable(D, optimizer=rule or AdagradRule(lr=0.1), seed=11, initializer=Initializer("normal", std=0.1), **kw)
 
 
+def counted(table, n, shows=None, clicks=None) -> dict:
+    """The statistics a push of n keys to `table` carries: none without an accessor; else `shows`
+    (default one per key) and `clicks` (default none), as recps.ps.embedding counts a batch."""
+    if table.accessor is None:
+        return {}
+    return {"shows": torch.ones(n) if shows is None else shows, "clicks": torch.zeros(n) if clicks is None else clicks}
+
+
 def trained(keys, steps=3, **kw):
     table = make(**kw)
     g = torch.Generator().manual_seed(0)
     for _ in range(steps):
-        clicks = (keys % 3 == 0).float() if table.accessor is not None else None
-        table.push(keys, torch.randn(keys.numel(), D, generator=g), clicks=clicks)
+        table.push(keys, torch.randn(keys.numel(), D, generator=g), **counted(table, keys.numel(), clicks=(keys % 3 == 0).float()))
     return table
 
 
@@ -67,8 +74,8 @@ def test_full_round_trip_restores_everything(tmp_path, dtype):
     assert_same_rows(table, restored, torch.cat([KEYS, torch.tensor([10**9])]))
     # Training continues identically after the restore.
     g = torch.randn(KEYS.numel(), D)
-    table.push(KEYS, g)
-    restored.push(KEYS, g)
+    table.push(KEYS, g, **counted(table, KEYS.numel()))
+    restored.push(KEYS, g, **counted(restored, KEYS.numel()))
     assert torch.equal(table.pull(KEYS), restored.pull(KEYS))
 
 
@@ -82,7 +89,7 @@ def test_delta_chain_reproduces_the_table(tmp_path):
     serving.load(tmp_path / "base")
     # Day goes on: some rows change, some are new, some are deleted by shrink.
     changed = KEYS[::5]
-    table.push(changed, torch.ones(changed.numel(), D), shows=torch.full((changed.numel(),), 5.0))  # delta_score +0.5
+    table.push(changed, torch.ones(changed.numel(), D), **counted(table, changed.numel(), shows=torch.full((changed.numel(),), 5.0)))  # delta_score +0.5
     table.push(torch.tensor([5000, 5001]), torch.ones(2, D), shows=torch.tensor([5.0, 5.0]), clicks=torch.tensor([3.0, 3.0]))
     table.set_stats(KEYS[1:20:2], show=0.0, click=0.0)
     deleted = table.shrink()
@@ -257,7 +264,7 @@ def test_failed_save_leaves_no_folder_and_keeps_delta_owed(tmp_path, monkeypatch
 def test_save_replaces_an_existing_folder_atomically(tmp_path):
     table = trained(KEYS)
     table.save(tmp_path / "ckpt", "full")
-    table.push(KEYS, torch.ones(KEYS.numel(), D))
+    table.push(KEYS, torch.ones(KEYS.numel(), D), **counted(table, KEYS.numel()))
     table.save(tmp_path / "ckpt", "full")
     assert [p.name for p in (tmp_path / "ckpt").iterdir()] == ["shard-00000-of-00001"]
     restored = make()

@@ -256,11 +256,11 @@ def test_rows_left_alone_for_more_than_delete_after_unseen_days_batch_saves_are_
     acc = CtrAccessor(show_click_decay_rate=1.0, delete_threshold=0.0, delete_after_unseen_days=2)
     table = table_with(acc)
     keys = torch.arange(100)
-    table.push(keys, torch.zeros(100, D))
+    table.push(keys, torch.zeros(100, D), shows=torch.ones(100), clicks=torch.zeros(100))
     for day in range(3):
         assert table.shrink() == 0  # unseen 0, 1, 2: not more than 2
         if day == 2:
-            table.push(keys[:10], torch.zeros(10, D))  # seen on the third day
+            table.push(keys[:10], torch.zeros(10, D), shows=torch.ones(10), clicks=torch.zeros(10))  # seen on the third day
         table.save(tmp_path / f"day{day}", "batch")
     assert table.stats(keys)["unseen_days"].tolist() == [1.0] * 10 + [3.0] * 90
     assert table.shrink() == 90

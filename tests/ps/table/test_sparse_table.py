@@ -127,12 +127,26 @@ def test_show_click_from_pushes_and_score():
     table = accessor_table()
     keys = torch.tensor([1, 1, 2])
     table.push(keys, torch.zeros(3, 2), shows=torch.tensor([1.0, 2.0, 4.0]), clicks=torch.tensor([1.0, 0.0, 1.0]))
-    table.push(torch.tensor([2]), torch.zeros(1, 2))  # default: show 1, click 0
+    table.push(torch.tensor([2]), torch.zeros(1, 2), shows=torch.ones(1), clicks=torch.zeros(1))  # a batch's: 1 show, no click
     s = table.stats(torch.tensor([1, 2, 3]))
     assert s["show"].tolist() == [3.0, 5.0, 0.0]
     assert s["click"].tolist() == [1.0, 1.0, 0.0]
     assert s["exists"].tolist() == [True, True, False]
     assert s["delta_score"][:2].tolist() == pytest.approx([0.1 * 2 + 1.0, 0.1 * 4 + 1.0])
+
+
+@pytest.mark.parametrize("stats", [{}, {"shows": torch.ones(1)}, {"clicks": torch.zeros(1)}])
+def test_a_table_with_accessor_takes_shows_and_clicks_from_its_caller(stats):
+    """The table defaults nothing: a push without both statistics fails naming the fix, and changes nothing
+    (recps.ps.embedding.key_statistics decides them once, where the batch enters)."""
+    table = accessor_table()
+    table.push(torch.tensor([2]), torch.zeros(1, 2), shows=torch.ones(1), clicks=torch.zeros(1))
+    before = table.stats(torch.tensor([2]))
+    with pytest.raises(ConfigError, match=r"has an accessor: give the keys' shows and clicks"):
+        table.push(torch.tensor([2]), torch.ones(1, 2), **stats)
+    after = table.stats(torch.tensor([2]))
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert table.pull(torch.tensor([2])).tolist() == [[0.0, 0.0]]
 
 
 def test_shrink_on_hand_made_statistics(tmp_path):
@@ -165,7 +179,7 @@ def test_shrink_on_hand_made_statistics(tmp_path):
 def test_deleted_slots_are_reused_and_rows_start_fresh():
     table = accessor_table()
     table.pull(torch.arange(100))
-    table.push(torch.arange(100), torch.ones(100, 2))
+    table.push(torch.arange(100), torch.ones(100, 2), shows=torch.ones(100), clicks=torch.zeros(100))
     cap = table.capacity
     table.set_stats(torch.arange(50), show=0.0)
     assert table.shrink() >= 50

@@ -1,0 +1,198 @@
+"""EASE: the closed-form item-item linear baseline (Steck, "Embarrassingly Shallow Autoencoders for
+Sparse Data", WWW 2019, https://arxiv.org/abs/1905.03375).
+
+With X (U, I) the 0/1 user-item matrix of the training interactions, EASE learns B (I, I) minimising
+||X - X B||² + λ||B||² subject to diag(B) = 0. The solution is closed form:
+
+    P = (XᵀX + λI)⁻¹,   B = I - P · diag(1 / diag(P)),   i.e. B_ij = -P_ij / P_jj (i != j), B_jj = 0
+
+and a user's scores are its history row times B: scores = X_u B (U, I). Items no training row
+touches have zero rows and columns in XᵀX, so their block of P is I/λ and of B exactly 0: the solve
+runs over the touched items only (the result is the same, the cost falls with their number).
+
+λ is chosen on a validation split (`choose_l2`: each user's latest training interactions held out,
+NDCG@k of the ranking over the rest, seen items excluded), never on the test split.
+
+Inputs ("interactions"): a pair (users, items) of index arrays (torch, numpy or lists; one entry per
+interaction, duplicates count once), or a CSR-like object with `offsets` (U + 1,) and `items` (V,)
+(e.g. recps.pipeline.data.Csr): row u holds items[offsets[u]:offsets[u + 1]].
+
+Shapes: U users, I items, T touched items (I_t), K list length, V interactions.
+
+Memory: the Gram matrix and its inverse are (T, T): MovieLens latest-small's ~9k items need
+2 x 9k² x 8 B ≈ 1.3 GB in float64 (the default; float32 halves it).
+
+Example:
+    >>> import torch
+    >>> users, items = torch.tensor([0, 0, 1, 1, 2]), torch.tensor([0, 1, 0, 1, 2])
+    >>> model = EASE.fit((users, items), n_items=4, l2=1.0)
+    >>> model.weights.diagonal().abs().max().item()   # no item predicts itself
+    0.0
+    >>> model.recommend((torch.tensor([0]), torch.tensor([0])), k=2, n_users=1).tolist()   # seen 0: 1 first
+    [[1, 2]]
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from recps.errors import ConfigError, DataError
+
+__all__ = ["EASE", "choose_l2", "holdout_latest", "ndcg_at_k", "pairs"]
+
+
+def pairs(interactions: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """(users (V,), items (V,)) int64 of a (users, items) pair or a CSR-like object (offsets, items)."""
+    if hasattr(interactions, "offsets") and hasattr(interactions, "items"):
+        offsets = torch.as_tensor(np.asarray(interactions.offsets), dtype=torch.int64)
+        items = torch.as_tensor(np.asarray(interactions.items), dtype=torch.int64)
+        users = torch.repeat_interleave(torch.arange(offsets.numel() - 1), offsets.diff())
+        return users, items
+    try:
+        users, items = interactions
+    except (TypeError, ValueError):
+        raise DataError(f"EASE: interactions of type {type(interactions).__name__}; pass (users, items) index "
+                        "arrays or a CSR-like object with offsets and items") from None
+    users = torch.as_tensor(np.asarray(users), dtype=torch.int64)
+    items = torch.as_tensor(np.asarray(items), dtype=torch.int64)
+    if users.shape != items.shape or users.dim() != 1:
+        raise DataError(f"EASE: users {tuple(users.shape)} and items {tuple(items.shape)} must be 1-d and of one "
+                        "length (one entry per interaction)")
+    return users, items
+
+
+def _matrix(interactions: Any, n_items: int, n_users: int | None, dtype: torch.dtype) -> torch.Tensor:
+    """X (U, I) 0/1 of the interactions; U = n_users or the largest user index + 1."""
+    users, items = pairs(interactions)
+    if items.numel() and (int(items.min()) < 0 or int(items.max()) >= n_items):
+        raise DataError(f"EASE: item indices span [{int(items.min())}, {int(items.max())}] but n_items={n_items}; "
+                        "number items 0..n_items-1")
+    rows = int(n_users) if n_users is not None else (int(users.max()) + 1 if users.numel() else 0)
+    x = torch.zeros(rows, n_items, dtype=dtype)
+    x[users, items] = 1.0
+    return x
+
+
+class EASE:
+    """The fitted item-item weights B (I, I), zero diagonal; `scores` / `recommend` for user histories."""
+
+    def __init__(self, weights: torch.Tensor, l2: float) -> None:
+        self.weights = weights  # (I, I)
+        self.l2 = float(l2)
+
+    @property
+    def n_items(self) -> int:
+        return int(self.weights.shape[0])
+
+    @classmethod
+    def fit(cls, interactions: Any, n_items: int, l2: float, dtype: torch.dtype = torch.float64) -> "EASE":
+        """B = I - P·diag(1/diag P), P = (XᵀX + λI)⁻¹, over the items the interactions touch (the others'
+        rows and columns of B are 0); λ = `l2` > 0."""
+        if not float(l2) > 0:
+            raise ConfigError(f"EASE: l2={l2}; use a value > 0 (the closed form inverts XᵀX + l2·I)")
+        x = _matrix(interactions, int(n_items), None, dtype)  # (U, I)
+        touched = torch.nonzero(x.sum(0) > 0).flatten()  # (T,)
+        xt = x[:, touched]  # (U, T)
+        gram = xt.t() @ xt  # (T, T)
+        gram.diagonal().add_(float(l2))
+        p = torch.cholesky_inverse(torch.linalg.cholesky(gram))  # (T, T), symmetric positive definite
+        b = -p / p.diagonal().unsqueeze(0)  # (T, T): B_ij = -P_ij / P_jj
+        b.diagonal().zero_()
+        weights = torch.zeros(int(n_items), int(n_items), dtype=dtype)  # (I, I)
+        weights[touched.unsqueeze(1), touched.unsqueeze(0)] = b
+        return cls(weights, float(l2))
+
+    def scores(self, history: Any, n_users: int | None = None) -> torch.Tensor:
+        """(U, I) scores X_u B of the users' histories (interactions as in the module doc; U = n_users or
+        the largest user index + 1)."""
+        if isinstance(history, torch.Tensor) and history.dim() == 2:
+            x = history.to(self.weights.dtype)  # (U, I) given as a matrix
+        else:
+            x = _matrix(history, self.n_items, n_users, self.weights.dtype)  # (U, I)
+        return x @ self.weights  # (U, I)
+
+    def recommend(self, history: Any, k: int, n_users: int | None = None,
+                  exclude: Any = "history") -> torch.Tensor:
+        """(U, K) the top-k items of each user by score, items of `exclude` (default: the history itself;
+        None: nothing) never listed (-1 pads a list when fewer items are left); ties go to the lower index."""
+        s = self.scores(history, n_users)  # (U, I)
+        if isinstance(exclude, str) and exclude != "history":
+            raise ConfigError(f"EASE: exclude={exclude!r}; use 'history', None or interactions to exclude")
+        if exclude is not None:
+            if isinstance(exclude, str) and isinstance(history, torch.Tensor) and history.dim() == 2:
+                seen = history != 0  # (U, I)
+            else:
+                seen = _matrix(history if isinstance(exclude, str) else exclude, self.n_items, s.shape[0],
+                               torch.bool)  # (U, I)
+            s = s.masked_fill(seen, -math.inf)
+        # stable descending order: lower item index first among equal scores
+        top = torch.argsort(-s, dim=1, stable=True)[:, :k]  # (U, K)
+        return torch.where(s.gather(1, top) == -math.inf, torch.full_like(top, -1), top)  # -1: nothing left
+
+
+def ndcg_at_k(lists: torch.Tensor, positives: Any, k: int, n_items: int) -> float:
+    """Mean over users with a positive of DCG@k / IDCG@k with binary gains (the funnel's definition,
+    recps.metrics.funnel.ndcg_at_k): lists (U, K) item indices; positives: interactions of the same U rows."""
+    users, items = pairs(positives)
+    u = lists.shape[0]
+    wanted = torch.zeros(u, n_items, dtype=torch.bool)
+    wanted[users, items] = True
+    hit = wanted.gather(1, lists[:, :k].clamp(min=0)) & (lists[:, :k] >= 0)  # (U, k)
+    discount = 1.0 / torch.log2(torch.arange(2, k + 2, dtype=torch.float64))  # (k,)
+    dcg = hit.to(torch.float64) @ discount[: hit.shape[1]]  # (U,)
+    npos = wanted.sum(1)  # (U,)
+    ideal = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(discount, 0)])  # (k + 1,)
+    has = npos > 0
+    if not bool(has.any()):
+        raise DataError("EASE: no user has a positive to evaluate; check the validation split")
+    return float((dcg[has] / ideal[npos[has].clamp(max=k)]).mean())
+
+
+def holdout_latest(users: Any, items: Any, fraction: float, keep: Any = None) -> tuple[tuple, tuple]:
+    """Splits interactions given in each user's time order (rows grouped by user, oldest first, as the
+    funnel's training rows are) into (earlier, latest): each user's last `fraction` (at least one, and
+    never all of a user's rows) go to `latest`; `keep` (V,) bool limits `latest` to those rows (e.g. the
+    ratings >= 4 as positives). Returns ((users, items) earlier, (users, items) latest)."""
+    if not 0.0 < float(fraction) < 1.0:
+        raise ConfigError(f"EASE: validation fraction={fraction}; use a value in (0, 1)")
+    users, items = pairs((users, items))
+    if users.numel() and bool((users.diff() < 0).any()):
+        raise DataError("EASE: holdout_latest needs rows grouped by user in time order (sorted by user)")
+    counts = torch.bincount(users, minlength=int(users.max()) + 1 if users.numel() else 0)  # (U,)
+    starts = torch.cumsum(counts, 0) - counts  # (U,)
+    position = torch.arange(users.numel()) - starts[users]  # (V,) rank in the user's time order
+    held = (counts.to(torch.float64) * float(fraction)).floor().to(torch.int64).clamp(min=1)  # (U,)
+    held = torch.minimum(held, counts - 1)  # a user keeps at least one earlier row
+    latest = position >= (counts - held)[users]  # (V,)
+    chosen = latest if keep is None else latest & torch.as_tensor(np.asarray(keep), dtype=torch.bool)
+    return (users[~latest], items[~latest]), (users[chosen], items[chosen])
+
+
+def choose_l2(train: Any, validation: Any, n_items: int, grid: Sequence[float], k: int = 10,
+              dtype: torch.dtype = torch.float64) -> tuple[float, dict[float, float]]:
+    """The λ of `grid` whose EASE, fitted on `train`, ranks `validation`'s items best by NDCG@k (the users'
+    `train` items excluded from their lists). Both are interactions (module doc) over the same user
+    indices; only these two splits are read, so the test split cannot leak into the choice.
+    Returns (best λ (the smallest on a tie), {λ: NDCG@k})."""
+    if not grid:
+        raise ConfigError("EASE: choose_l2 got an empty grid; pass the l2 values to try, e.g. [100, 300, 1000]")
+    val_users, val_items = pairs(validation)
+    tr_users, tr_items = pairs(train)
+    n_users = int(max(int(tr_users.max()) if tr_users.numel() else -1,
+                      int(val_users.max()) if val_users.numel() else -1)) + 1
+    asked = torch.unique(val_users)  # (R,) the users with a validation positive
+    history = _matrix((tr_users, tr_items), int(n_items), n_users, dtype)[asked]  # (R, I)
+    remap = torch.full((n_users,), -1, dtype=torch.int64)
+    remap[asked] = torch.arange(asked.numel())
+    positives = (remap[val_users], val_items)
+    results: dict[float, float] = {}
+    for l2 in sorted(float(v) for v in grid):
+        model = EASE.fit((tr_users, tr_items), n_items, l2, dtype=dtype)
+        lists = model.recommend(history, k)  # (R, k), the users' training items excluded
+        results[l2] = ndcg_at_k(lists, positives, k, int(n_items))
+    best = max(results, key=lambda v: (results[v], -v))
+    return best, results

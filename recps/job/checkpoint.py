@@ -45,6 +45,8 @@ from fsspec.implementations.local import LocalFileSystem
 
 from recps import fs as rfs
 from recps.errors import ConfigError
+from recps.ps.modes.dense import load_optimizer_state
+from recps.ps.table.checkpoint import read_table
 
 if TYPE_CHECKING:
     from recps.job.parts import Job
@@ -158,8 +160,6 @@ def load_checkpoint(job: "Job", path: str | os.PathLike) -> None:
         first = str(exc).splitlines()[0]
         raise ConfigError(f"{file} does not fit this model ({first}); resume with the config it was "
                           f"trained with ({rfs.join(parent_url(file), 'config.yaml')})") from exc
-    from recps.ps.modes.dense import load_optimizer_state
-
     changed = load_optimizer_state(job.optimizer, state["optimizer"])  # moments from the file, settings from the config
     changed += [f"embedding {c}" for c in load_optimizer_state(job.collection.fused_optimizer,
                                                                  state["embedding_optimizer"])]
@@ -415,7 +415,5 @@ def read_ps_checkpoint(folder: str, tables: Sequence[str] | None = None, with_st
     `tables`: which (default: all the manifest lists). A sparse table's keys are the PS's:
     `recps.ps.embedding.salted_keys(ids, torchrec_table)` of the feature ids, in the PS table
     `embedding_d<dim>` of that width."""
-    from recps.ps.table.checkpoint import read_table
-
     manifest = verify_ps_checkpoint(folder, needed=tables or ())
     return {t: read_table(rfs.join(folder, t), with_state=with_state) for t in (tables or manifest["tables"])}

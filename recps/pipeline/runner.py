@@ -320,4 +320,4 @@ def summary_lines(metrics: dict[str, Any]) -> list[str]:
                  + " ".join(f"{k}={_fmt(v)}" for k, v in funnel.items()))
     for name, values in (metrics.get("baselines") or {}).items():
         lines.append(f"baseline {name}: " + " ".join(f"{k}={_fmt(v)}" for k, v in values.items()))
-    return lines
+    return lines + list(metrics.get("verdicts") or ())  # "funnel beats ease: no (...)" (recps.pipeline.held_out)

@@ -21,16 +21,48 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from recps.config import MODEL_ENGINE_KEYS, MODEL_INJECTED, PS_MODES, TASK_ENGINE_KEYS, check_target_args
 from recps.errors import ConfigError
 
-__all__ = ["StageSpec", "enabled", "pipeline_specs", "schedule", "check_data", "STAGE_KEYS", "INPUT_KEYS"]
+__all__ = ["StageSpec", "enabled", "pipeline_specs", "schedule", "check_data", "ease_settings", "STAGE_KEYS", "INPUT_KEYS",
+           "EASE_DEFAULTS"]
 
 STAGE_KEYS = ("model", "task", "optimizer", "trainer", "ps", "keep", "inputs", "score_weights")
 INPUT_KEYS = ("features", "upstream", "train_on", "candidates_per_user", "candidate_users", "scores", "share")
 TRAINER_KEYS = ("epochs", "batch_size", "threads", "max_steps")
 PIPELINE_KEYS = ("name", "world", "top_n", "eval_users", "eval_batch_users", "index", "stages", "objective",
-                 "schedule")
+                 "schedule", "baselines")
 TRAIN_ON = ("positives", "exposures", "candidates")
 # The features a model reads, by constructor argument (zoo models name them so).
 _FEATURE_ARGS = ("query_features", "candidate_features", "user_features", "item_features", "features")
+# pipeline.baselines.ease (every key optional): enabled; grid, the L2 weights tried on the validation split;
+# validation_fraction, each user's latest share of training rows held out for that choice; interactions,
+# "exposures" (every training row, e.g. every MovieLens rating) or "clicks" (label 0 > 0); max_items, the
+# most interacted items it models (the Gram matrix is max_items² floats); dtype; in_stream, whether the
+# streaming funnel refits it at every pass's evaluation (off: a fit per pass is minutes).
+EASE_DEFAULTS: dict[str, Any] = {"enabled": True, "grid": [100.0, 300.0, 1000.0], "validation_fraction": 0.2,
+                                 "interactions": "exposures", "max_items": 4000, "dtype": "float32",
+                                 "in_stream": False}
+
+
+def hits(lists: torch.Tensor, positives: Csr, num_items: int) -> torch.Tensor:
+    """(B, K) bool: whether item lists[b, k] is a positive of row b of `positives` (-1 pads never are)."""
+    b = lists.shape[0]
+    rows = torch.arange(b).unsqueeze(1)
+    keys = torch.where(lists >= 0, rows * num_items + lists, torch.full_like(lists, -1))  # (B, K)
+    wanted = positives.row_ids() * num_items + positives.items  # (P,)
+    return torch.isin(keys, wanted)
+
+
+def most_popular(funnel: Funnel, users: torch.Tensor, n: int) -> torch.Tensor:
+    """(B, n) the most clicked training items each user has not seen."""
+    data = funnel.data
+    order = torch.argsort(data.popularity(), descending=True)  # (I,)
+    seen = data.seen.rows(users)
+    take = min(order.numel(), n + int(seen.offsets.diff().max()) if users.numel() else n)
+    cand = order[:take].unsqueeze(0).expand(users.numel(), -1)  # (B, C)
+    is_seen = hits(cand, seen, data.num_items)  # (B, C)
+    rank = torch.where(is_seen, torch.full_like(cand, take), torch.arange(take).expand_as(cand))
+    picked = torch.argsort(rank, dim=1, stable=True)[:, :n]
+    out = cand.gather(1, picked)
+    return torch.where(rank.gather(1, picked) < take, out, torch.full_like(out, -1))
 
 
 @dataclass
@@ -276,6 +308,7 @@ def pipeline_specs(cfg: DictConfig) -> list[StageSpec]:
                           f"({', '.join(f'{s.name}={s.threads}' for s in specs)}): one worker's threads train every "
                           "stage in turn; give every stage the same threads")
     schedule(cfg, specs)  # pipeline.schedule checked too, before any process starts
+    ease_settings(cfg)  # pipeline.baselines.ease too
     return specs
 
 
@@ -318,6 +351,37 @@ def schedule(cfg: DictConfig, specs: list[StageSpec]) -> list[list[StageSpec]]:
                     raise ConfigError(f"pipeline.schedule: stages {s.name} and {other} are in one group "
                                       f"{[g.name for g in group]}, but {s.name} reads {other}'s {what}; they "
                                       f"cannot train concurrently: put {s.name} in a group after {other}'s")
+    return out
+
+
+def ease_settings(cfg: DictConfig) -> dict[str, Any] | None:
+    """pipeline.baselines.ease over EASE_DEFAULTS, checked (ConfigError naming the key); None: not computed
+    (enabled false, or a streaming run without in_stream)."""
+    node = ((cfg.pipeline.get("baselines") or {}) or {}).get("ease")
+    given = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
+    unknown = [k for k in given if k not in EASE_DEFAULTS]
+    if unknown:
+        raise ConfigError(f"pipeline.baselines.ease.{unknown[0]} is read by nothing; its keys are "
+                          f"{', '.join(EASE_DEFAULTS)}")
+    out = {**EASE_DEFAULTS, **given}
+    if not out["enabled"]:
+        return None
+    streaming = bool(((cfg.get("stream") or {}) or {}).get("enabled", False))
+    if streaming and not out["in_stream"]:
+        return None
+    grid = [float(v) for v in (out["grid"] or ())]
+    if not grid or any(not v > 0 for v in grid):
+        raise ConfigError(f"pipeline.baselines.ease.grid={out['grid']}; give L2 weights > 0, e.g. [100, 300, 1000]")
+    if not 0.0 < float(out["validation_fraction"]) < 1.0:
+        raise ConfigError(f"pipeline.baselines.ease.validation_fraction={out['validation_fraction']}; use a value in "
+                          "(0, 1): each user's latest share of TRAINING rows the L2 weight is chosen on")
+    if out["interactions"] not in ("exposures", "clicks"):
+        raise ConfigError(f"pipeline.baselines.ease.interactions={out['interactions']!r}; use exposures or clicks")
+    if int(out["max_items"]) < 1:
+        raise ConfigError(f"pipeline.baselines.ease.max_items={out['max_items']}; use an integer >= 1")
+    if out["dtype"] not in ("float32", "float64"):
+        raise ConfigError(f"pipeline.baselines.ease.dtype={out['dtype']!r}; use float32 or float64")
+    out["grid"] = grid
     return out
 
 

@@ -71,6 +71,30 @@ LISTS = ("final", "most_popular", "recall_alone", "without", "ideal", "ease")  #
 
 
 
+
+def hits(lists: torch.Tensor, positives: Csr, num_items: int) -> torch.Tensor:
+    """(B, K) bool: whether item lists[b, k] is a positive of row b of `positives` (-1 pads never are)."""
+    b = lists.shape[0]
+    rows = torch.arange(b).unsqueeze(1)
+    keys = torch.where(lists >= 0, rows * num_items + lists, torch.full_like(lists, -1))  # (B, K)
+    wanted = positives.row_ids() * num_items + positives.items  # (P,)
+    return torch.isin(keys, wanted)
+
+
+def most_popular(funnel: Funnel, users: torch.Tensor, n: int) -> torch.Tensor:
+    """(B, n) the most clicked training items each user has not seen."""
+    data = funnel.data
+    order = torch.argsort(data.popularity(), descending=True)  # (I,)
+    seen = data.seen.rows(users)
+    take = min(order.numel(), n + int(seen.offsets.diff().max()) if users.numel() else n)
+    cand = order[:take].unsqueeze(0).expand(users.numel(), -1)  # (B, C)
+    is_seen = hits(cand, seen, data.num_items)  # (B, C)
+    rank = torch.where(is_seen, torch.full_like(cand, take), torch.arange(take).expand_as(cand))
+    picked = torch.argsort(rank, dim=1, stable=True)[:, :n]
+    out = cand.gather(1, picked)
+    return torch.where(rank.gather(1, picked) < take, out, torch.full_like(out, -1))
+
+
 def _list_names(name: str, n: int, utility: bool, logged: bool) -> list[str]:
     names = [f"{name}.ndcg@{n}", f"{name}.hr@{n}", f"{name}.recall@{n}"]
     if utility:

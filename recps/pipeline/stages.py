@@ -32,6 +32,9 @@ PIPELINE_KEYS = ("name", "world", "top_n", "eval_users", "eval_batch_users", "in
 TRAIN_ON = ("positives", "exposures", "candidates")
 # The features a model reads, by constructor argument (zoo models name them so).
 _FEATURE_ARGS = ("query_features", "candidate_features", "user_features", "item_features", "features")
+# ... and by a behaviour-history model (models/_behaviour.py), defaults included: a DIN without
+# history_item_id among its stage's inputs.features fails here, naming the stage and the key.
+_SEQUENCE_ARGS = ("target_features", "history_features", "history_flags", "other_features")
 # pipeline.baselines.ease (every key optional): enabled; grid, the L2 weights tried on the validation split;
 # validation_fraction, each user's latest share of training rows held out for that choice; interactions,
 # "exposures" (every training row, e.g. every MovieLens rating) or "clicks" (label 0 > 0); max_items, the
@@ -40,29 +43,6 @@ _FEATURE_ARGS = ("query_features", "candidate_features", "user_features", "item_
 EASE_DEFAULTS: dict[str, Any] = {"enabled": True, "grid": [100.0, 300.0, 1000.0], "validation_fraction": 0.2,
                                  "interactions": "exposures", "max_items": 4000, "dtype": "float32",
                                  "in_stream": False}
-
-
-def hits(lists: torch.Tensor, positives: Csr, num_items: int) -> torch.Tensor:
-    """(B, K) bool: whether item lists[b, k] is a positive of row b of `positives` (-1 pads never are)."""
-    b = lists.shape[0]
-    rows = torch.arange(b).unsqueeze(1)
-    keys = torch.where(lists >= 0, rows * num_items + lists, torch.full_like(lists, -1))  # (B, K)
-    wanted = positives.row_ids() * num_items + positives.items  # (P,)
-    return torch.isin(keys, wanted)
-
-
-def most_popular(funnel: Funnel, users: torch.Tensor, n: int) -> torch.Tensor:
-    """(B, n) the most clicked training items each user has not seen."""
-    data = funnel.data
-    order = torch.argsort(data.popularity(), descending=True)  # (I,)
-    seen = data.seen.rows(users)
-    take = min(order.numel(), n + int(seen.offsets.diff().max()) if users.numel() else n)
-    cand = order[:take].unsqueeze(0).expand(users.numel(), -1)  # (B, C)
-    is_seen = hits(cand, seen, data.num_items)  # (B, C)
-    rank = torch.where(is_seen, torch.full_like(cand, take), torch.arange(take).expand_as(cand))
-    picked = torch.argsort(rank, dim=1, stable=True)[:, :n]
-    out = cand.gather(1, picked)
-    return torch.where(rank.gather(1, picked) < take, out, torch.full_like(out, -1))
 
 
 @dataclass
@@ -97,6 +77,14 @@ class StageSpec:
     @property
     def is_retrieval(self) -> bool:
         return self.upstream is None
+
+    @property
+    def sequence(self) -> bool:
+        """Whether the stage's model reads unpooled rows (it takes an `embedding_collection`: models.DIN,
+        models.BST, which read behaviour history); else a pooled bag collection."""
+        from hydra.utils import get_object
+
+        return "embedding_collection" in inspect.signature(get_object(str(self.model._target_))).parameters
 
 
 def enabled(cfg: DictConfig) -> bool:
@@ -245,12 +233,20 @@ def pipeline_specs(cfg: DictConfig) -> list[StageSpec]:
         if scores and "dense_in_features" not in takes:
             raise ConfigError(f"{where}.inputs.scores={scores}: {node.model._target_} takes no dense inputs; "
                               "use a model with dense_in_features (models.CTRDNN, models.DeepFM) or drop scores")
-        if "embedding_bag_collection" not in takes:
-            raise ConfigError(f"{where}.model._target_={node.model._target_} does not take an embedding_bag_collection; "
-                              "a funnel stage builds its model over a PS-backed bag collection: use a pooled zoo "
-                              "model (two_tower, youtube_dnn, deepfm, dcn_v2, mmoe, ctr_dnn)")
-        for arg in _FEATURE_ARGS:
+        sequence = "embedding_collection" in takes
+        if "embedding_bag_collection" not in takes and not sequence:
+            raise ConfigError(f"{where}.model._target_={node.model._target_} takes neither an embedding_bag_collection "
+                              "nor an embedding_collection; a funnel stage builds its model over a PS-backed "
+                              "collection: use a pooled zoo model (two_tower, youtube_dnn, deepfm, dcn_v2, mmoe, "
+                              "ctr_dnn) or a behaviour-history one (din, bst)")
+        if sequence and inputs.get("share"):
+            raise ConfigError(f"{where}.inputs.share: {node.model._target_} reads unpooled rows of its own tables; "
+                              "sharing another stage's table is for pooled models: drop inputs.share")
+        for arg in (*_FEATURE_ARGS, *(_SEQUENCE_ARGS if sequence else ())):
             wanted = node.model.get(arg)
+            if wanted is None and arg in _SEQUENCE_ARGS and arg in takes:  # the model's default names count too
+                default = takes[arg].default
+                wanted = None if default is inspect.Parameter.empty else default
             if wanted is not None:
                 lacking = [str(f) for f in wanted if str(f) not in features]
                 if lacking:

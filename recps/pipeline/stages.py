@@ -179,6 +179,12 @@ def pipeline_specs(cfg: DictConfig) -> list[StageSpec]:
     if p.get("world") is None or not p.world.get("_target_"):
         raise ConfigError("pipeline.world has no _target_; give the data builder, e.g. recps.pipeline.data.movielens")
     top_n = _int(p, "top_n", "pipeline", 1)
+    length = p.world.get("history_length")
+    if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
+        readers = [str(n) for n, node in (p.get("stages") or {}).items()
+                   if any(str(f).startswith("history_") for f in ((node.get("inputs") or {}).get("features") or ()))]
+        raise ConfigError(f"pipeline.world.history_length={length!r}; use an integer >= 1 (the interactions a history "
+                          f"feature holds{'; read by stages ' + ', '.join(readers) if readers else ''})")
     specs: list[StageSpec] = []
     for index, (name, node) in enumerate(stages.items()):
         name = str(name)

@@ -36,9 +36,18 @@ _PROCESS_FIXTURES = {"hdfs", "private_hdfs", "launch_output"}
 _SAVED_STARTS = pytest.StashKey[list]()
 
 
+# Programs libraries run on their own the first time something is imported or looked up (ctypes'
+# find_library runs ldconfig or gcc; platform runs uname): not the test's processes, and which test
+# pays for them depends on the order tests run in.
+_LIBRARY_HELPERS = {"ldconfig", "gcc", "cc", "ld", "objdump", "uname", "lscpu"}
+
+
 def _noting(what: str, start):
     def spawn(*args, **kwargs):
-        _SPAWNED.append(what)
+        argv = args[0] if args and isinstance(args[0], (list, tuple)) else None
+        program = os.path.basename(os.fsdecode(argv[0])) if argv else ""
+        if program not in _LIBRARY_HELPERS:
+            _SPAWNED.append(what)
         return start(*args, **kwargs)
     return spawn
 

@@ -22,6 +22,7 @@ from typing import Iterable, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
+from recps.data.schema import Schema  # no torch, no reader
 from recps.errors import ConfigError
 from recps.targets import check_target_args  # re-exported: config validation binds every _target_ with it
 
@@ -45,7 +46,7 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("recps.root", lambda: str(PROJECT_ROOT))
     from hydra.core.config_store import ConfigStore
 
-    from recps.ps.modes import MODES
+    from recps.ps.modes import MODES  # deferred: torch; `import recps.config` stays light for the launcher and --cfg
 
     store = ConfigStore.instance()
     for name, mode in MODES.items():
@@ -228,8 +229,8 @@ def _check_values(cfg: DictConfig) -> None:
     device = str(cfg.device)
     if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
         raise ConfigError(f"device={device!r}: use cpu or cuda (cuda:N for one GPU)")
-    if device != "cpu":  # torch only then: a CPU run's launcher need not import it here
-        from recps.device import check_device
+    if device != "cpu":
+        from recps.device import check_device  # deferred: torch only for a GPU run; a CPU launcher need not import it
 
         check_device(device)  # CUDA build, a GPU torch sees, fbgemm-gpu's CUDA build; else the fix
     if cfg.checkpoint.get("keep_last") is not None:
@@ -388,6 +389,7 @@ def validate_config(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
         check_target_args(cfg.dataset, "dataset", injected=("seed",))
     for i, spec in enumerate(cfg.trainer.get("observers") or ()):
         check_target_args(spec, f"trainer.observers[{i}]", injected=("job",))
+    # deferred: torch (the observers' modules); `import recps.config` stays light for the launcher and --cfg
     from recps.debug.dump import check_debug_config
     from recps.metrics.groups import check_run_groups
     from recps.metrics.reporter import check_metrics_config
@@ -428,8 +430,6 @@ def dataset_feature_names(dataset: DictConfig) -> tuple[str, ...] | None:
     """
     if dataset.get("_target_") or dataset.get("schema") is None:
         return None
-    from recps.data.schema import Schema  # no torch, no reader
-
     return Schema.from_config(OmegaConf.to_container(dataset.schema, resolve=True)).feature_names
 
 

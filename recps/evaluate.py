@@ -17,13 +17,17 @@ from typing import Sequence
 
 from omegaconf import OmegaConf
 
+from recps import fs as rfs
+from recps.config import register_resolvers
+from recps.errors import RecpsError
+
 __all__ = ["main", "evaluate_checkpoint"]
 
 
 def evaluate_checkpoint(path: str, overrides: Sequence[str] = ()) -> dict[str, float]:
-    from recps import fs as rfs
+    # deferred: torch, torchrec (the job, the checkpoint, the PS) once the arguments parsed
     from recps.checkpoint import find_checkpoint, load_checkpoint, parent_url, verify_ps_checkpoint
-    from recps.config import register_resolvers
+    from recps.ps.fleet import read_checkpoint
     from recps.run import build_job, evaluate
 
     register_resolvers()
@@ -37,8 +41,6 @@ def evaluate_checkpoint(path: str, overrides: Sequence[str] = ()) -> dict[str, f
         load_checkpoint(job, found)
         return evaluate(job)
     verify_ps_checkpoint(folder)
-    from recps.ps.fleet import read_checkpoint
-
     job = build_job(cfg)
     params = [p for group in job.optimizer.param_groups for p in group["params"]]
     with read_checkpoint(folder, [job.collection], params):
@@ -51,8 +53,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="config overrides as key=value")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from recps.errors import RecpsError
-
     try:
         metrics = evaluate_checkpoint(args.checkpoint, args.overrides)
     except RecpsError as exc:

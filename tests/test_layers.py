@@ -46,7 +46,8 @@ def test_the_contracts_are_the_ones_designed():
     """A contract deleted or renamed in pyproject.toml fails here, not silently."""
     assert sorted(CONTRACTS) == sorted([
         "layers", "l0-independent", "models-pure", "engine-names-models", "observers-not-trainer",
-        "orchestration-through-fleet",
+        "orchestration-through-fleet", "transport-client-server", "funnel-runner-not-stream",
+        "generators-ctr-alone", "observers-not-config",
     ])
     assert CONFIG["session_options"]["root_packages"] == ["recps", "models"]
 
@@ -110,3 +111,55 @@ def test_the_guard_sees_a_reach_through():
     assert _REACHES_THROUGH.search("ServerReader(communicator.client)")
     assert _REACHES_THROUGH.search("obj._client.pull(t, k)")
     assert not _REACHES_THROUGH.search("fleet.wait_for_workers('x'); fleet.channel()")
+
+
+def _circles(graph, modules) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index, low, on, stack, out, counter = {}, {}, set(), [], [], [0]
+    for root in sorted(modules):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.find_modules_directly_imported_by(root) & modules)))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter[0]
+                    counter[0] += 1
+                    stack.append(child)
+                    on.add(child)
+                    work.append((child, iter(sorted(graph.find_modules_directly_imported_by(child) & modules))))
+                elif child in on:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                scc = []
+                while True:
+                    m = stack.pop()
+                    on.discard(m)
+                    scc.append(m)
+                    if m == node:
+                        break
+                if len(scc) > 1:
+                    out.append(sorted(scc))
+    return out
+
+
+def test_no_import_circles():
+    """No two modules of recps import each other, directly or through others (imports inside
+    functions count: they are circles all the same, only later). Closed in issue 28: config <->
+    debug.dump / metrics.reporter, transport client <-> server, pipeline runner <-> incremental,
+    fs <-> fs.hdfs."""
+    graph = grimp.build_graph("recps", cache_dir=None)
+    modules = set(graph.modules)
+    assert len(modules) > 100
+    circles = _circles(graph, modules)
+    assert not circles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in circles)

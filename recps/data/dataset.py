@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
 import torch
+from hydra.utils import get_object
 
 from recps.data.batch import Batch
 from recps.data.reader import Examples, TabularReader, TensorBatches, empty_examples, load_tensors
@@ -123,8 +124,6 @@ def ensure_generated(cfg: Mapping[str, Any]) -> Any:
     """
     if not cfg.get("generate"):
         return None
-    from hydra.utils import get_object
-
     name = cfg.get("generator") or DEFAULT_GENERATOR
     try:
         ensure_split = get_object(name)

@@ -77,6 +77,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from recps.data.batch import Batch
 from recps.data.schema import Schema
+from recps.data.sessions import ItemVocabulary, build_sessions, read_train_test
 from recps.errors import ConfigError, DataError
 
 __all__ = [
@@ -603,8 +604,6 @@ def prepare_session_corpus(
     unseen in training dropped, then sessions shorter than `min_length`, as GRU4Rec's protocol).
     The layout and `test_days` (the last N days of `train` as the test split) are
     recps.data.sessions.prepare_sessions'."""
-    from recps.data.sessions import ItemVocabulary, build_sessions, read_train_test
-
     read = dict(session_key=session_key, item_key=item_key, time_key=time_key, separator=separator,
                 integer_ids=integer_ids, error_budget=error_budget, header=header, columns=columns,
                 time_format=time_format)

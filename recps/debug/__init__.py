@@ -35,7 +35,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in ("DebugDump", "DumpEstimate", "build_dump", "check_debug_config", "FIELDS"):
-        from recps.debug import dump
+        from recps.debug import dump  # deferred: torch; `recps.debug` (the diff CLI, reading dumps) needs none
 
         return getattr(dump, name)
     raise AttributeError(f"module 'recps.debug' has no attribute {name!r}")

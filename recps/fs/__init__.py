@@ -319,7 +319,7 @@ def _replace_by_renames(fs: fsspec.AbstractFileSystem, tmp: str, path: str) -> N
 def _renames_over(fs: fsspec.AbstractFileSystem) -> bool:
     """Whether fs.mv(a, b, overwrite=True) replaces b atomically (hdfs-native's Rename2 OVERWRITE)."""
     try:
-        from hdfs_native.fsspec import BaseFileSystem
+        from hdfs_native.fsspec import BaseFileSystem  # deferred: hdfs-native is optional
     except ImportError:
         return False
     return isinstance(fs, BaseFileSystem)

@@ -63,6 +63,7 @@ from torch import Tensor
 
 from recps.errors import DataError
 from recps.metrics.base import Metric, State
+from recps.metrics.collection import MetricCollection
 from recps.metrics.grouped import group_auc, pair_counts
 
 __all__ = [
@@ -274,7 +275,5 @@ class FunnelTally(Metric):
 def merge_tally(tally: FunnelTally, merger: Any) -> FunnelTally:
     """The sum of every worker's `tally` (a collective: every worker calls it, same names), through
     a ``recps.metrics.reporter`` merger: ``build_merger("ps", client=...)`` (the servers), gloo, local."""
-    from recps.metrics.collection import MetricCollection
-
     merged = merger.merge(MetricCollection([tally], device=tally.device))
     return merged[tally.name]  # type: ignore[return-value]

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from recps.errors import ConfigError, DataError
 from recps.metrics.base import Metric, prepare_pointwise
-from recps.metrics.collection import MetricCollection
+from recps.metrics.collection import METRICS, MetricCollection
 
 __all__ = ["batch_groups", "check_group_key", "check_evaluation_groups", "check_run_groups", "source_groups",
            "evaluate_pointwise", "update_collection", "feed_columns"]
@@ -55,8 +55,6 @@ def check_group_key(key: str | None, feature_names: Sequence[str] | None, metric
 def check_evaluation_groups(task_metrics: Any, metrics_cfg: Any, feature_names: Sequence[str] | None) -> None:
     """Before training: gauc / pnr among a task's evaluation metrics need ``metrics.group_key``,
     a sparse feature of the data (ConfigError naming the fix)."""
-    from recps.metrics.collection import METRICS
-
     names = [str(n) for n in (task_metrics or ())]  # a list, or a mapping's keys
     grouped = [n for n in names if not getattr(METRICS.get(n), "additive", True)]  # others' names: not ours to judge
     key = (metrics_cfg or {}).get("group_key") if metrics_cfg is not None else None
@@ -77,8 +75,6 @@ def check_run_groups(task_metrics: Any, metrics_cfg: Any, feature_names: Sequenc
     ...
     recps.errors.ConfigError: metrics.group_key='user' is not a sparse feature of dataset synthetic (it has ['C1', 'C2']); set metrics.group_key to its user or query feature (metrics.metrics pnr group examples by it)
     """
-    from recps.metrics.collection import METRICS
-
     def grouped(names: Any) -> list[str]:  # others' names (recall@20, ...): not ours to judge
         return [str(n) for n in (names or ()) if not getattr(METRICS.get(str(n)), "additive", True)]
 

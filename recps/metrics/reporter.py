@@ -56,13 +56,17 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 import torch
+import torch.distributed as dist
+from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 
 from recps.errors import ConfigError, DataError
 from recps.targets import check_target_args
 from recps.metrics.base import Metric, State, prepare_pointwise
 from recps.metrics.collection import MetricCollection, build_metric
+from recps.metrics.distributed import allreduce_metrics
 from recps.metrics.groups import batch_groups, check_group_key, feed_columns
+from recps.metrics.ps_merger import PSMerger
 from recps.observer import TrainObserver
 
 __all__ = [
@@ -138,8 +142,6 @@ class GlooMerger:
     """
 
     def __init__(self, group: Any = None) -> None:
-        import torch.distributed as dist
-
         if not (dist.is_available() and dist.is_initialized()):
             raise ConfigError(
                 "metrics.merge=gloo: torch.distributed is not initialized; call "
@@ -156,8 +158,6 @@ class GlooMerger:
         return buf
 
     def merge(self, collection: MetricCollection) -> MetricCollection:
-        from recps.metrics.distributed import allreduce_metrics
-
         return allreduce_metrics(collection, self.group)
 
 
@@ -169,8 +169,6 @@ def build_merger(kind: str = "auto", *, client: Any = None, group: Any = None) -
     torch.distributed is initialized, else ps if a client is given, else local.
     """
     if kind == "auto":
-        import torch.distributed as dist
-
         if dist.is_available() and dist.is_initialized():
             kind = "gloo"
         elif client is not None and getattr(client, "num_workers", 1) > 1:
@@ -184,8 +182,6 @@ def build_merger(kind: str = "auto", *, client: Any = None, group: Any = None) -
     if kind == "ps":
         if client is None:
             raise ConfigError("metrics.merge=ps needs a parameter-server client; this run has none (use ps=sync|async|geo or merge=local)")
-        from recps.metrics.ps_merger import PSMerger
-
         return PSMerger(client)
     raise ConfigError(f"metrics.merge={kind!r}; use auto, local, gloo or ps")
 
@@ -290,7 +286,7 @@ class MetricsReporter(TrainObserver):
         if tensorboard:
             _check_tensorboard()
             if self._writes:
-                from torch.utils.tensorboard import SummaryWriter
+                from torch.utils.tensorboard import SummaryWriter  # deferred: tensorboard is optional, asked for
 
                 self._tb = SummaryWriter(log_dir=str(self.out_dir / "tensorboard"))
         # Per thread: pass -> collection, under the thread's lock. Passes every local thread
@@ -574,8 +570,6 @@ def build_reporter(cfg: Any, *, task: Any, threads: int, out_dir: str | Path | N
     if cfg is None or not bool(cfg.get("enabled", True)):
         return None
     check_metrics_config(cfg)
-    from omegaconf import DictConfig, OmegaConf
-
     values = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     kwargs = {k: v for k, v in values.items() if not str(k).startswith("_") and k not in _ENGINE_KEYS}
     grouped = [name for name, _ in _specs(kwargs.get("metrics") or [])
@@ -589,7 +583,7 @@ def build_reporter(cfg: Any, *, task: Any, threads: int, out_dir: str | Path | N
 
 def _check_tensorboard() -> None:
     try:
-        import tensorboard  # noqa: F401  (SummaryWriter needs the package, not just torch)
+        import tensorboard  # noqa: F401  deferred: an optional package, checked when asked for (SummaryWriter needs it)
     except ImportError as exc:
         raise ConfigError(
             "metrics.tensorboard=true needs the tensorboard package, which is not installed: "

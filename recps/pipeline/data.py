@@ -10,24 +10,50 @@ A `FunnelData` is built by the `_target_` of `pipeline.world` (conf/pipeline/*.y
 - `video_world(...)`: the generated video world (recps.data.generators.video_world), whose click and long-view
   labels come from a known model (its ideal ranking is known).
 
-Shapes: U users, I items, N exposures, R held-out requests (one per test user).
+Shapes: U users, I items, N exposures, R held-out requests (one per test user), E interactions, L the
+history length.
 Pairs of (user, item) become `Examples` with one key per feature (`pair_examples`): the stage's
 features, user side then item side, as its model names them.
+
+Behaviour history (issue 29.1; models/_behaviour.py reads it): each user's training exposures are its
+interactions (`History`: item, time, click, long view). An example at time t sees the user's last L
+interactions with time < t, oldest first (`FunnelData.history_at`, vectorized): strictly before, so
+nothing of its own request (same time), its own label or later; interactions at the same time are
+ordered by item id (deterministic) and come or go together. A held-out request's history is the whole
+training history (`HELD_OUT`: after every training exposure; nothing of the test period is an
+interaction). As sequence features (one key per position, names in `HISTORY_FEATURES`):
+
+    history_item_id     the item                      history_category   its category
+    history_click       1 if it was clicked, else 0   history_long_view  1 if watched through, else 0
+
+L = `history_length` (pipeline.world.history_length, >= 1).
 """
 
 from __future__ import annotations
 
+import io
 import logging
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
+import pandas as pd
 import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
 
+from recps import fs as rfs
+from recps.data.generators.video_world import VideoWorldConfig, ensure_world, load
+from recps.data.interactions import read_movies, read_ratings
 from recps.data.reader import Examples
 from recps.errors import ConfigError, DataError
+from recps.targets import check_target_args
 
-__all__ = ["FunnelData", "Csr", "movielens", "video_world", "pair_examples", "csr_from_pairs", "exposure_bucket"]
+__all__ = ["FunnelData", "Csr", "History", "HISTORY_FEATURES", "HELD_OUT", "movielens", "video_world", "pair_examples",
+           "csr_from_pairs", "exposure_bucket", "load_world"]
+
+HISTORY_FEATURES = ("history_item_id", "history_category", "history_click", "history_long_view")
+HELD_OUT = torch.iinfo(torch.int64).max  # the time of a held-out request: after every training exposure
 
 log = logging.getLogger("recps.pipeline")
 
@@ -74,6 +100,49 @@ def csr_from_pairs(rows: torch.Tensor, items: torch.Tensor, num_rows: int) -> Cs
     return Csr(offsets, i)
 
 
+@dataclass(frozen=True)
+class History:
+    """Each user's interactions, oldest first: user u's are entries offsets[u]:offsets[u + 1], sorted by
+    (time, item). offsets (U + 1,), item, time, click, long_view (E,) int64; `rank` (E,) the dense rank of
+    each entry's time among `times` (the sorted distinct times, (K,))."""
+
+    offsets: torch.Tensor
+    item: torch.Tensor
+    time: torch.Tensor
+    click: torch.Tensor
+    long_view: torch.Tensor
+    times: torch.Tensor
+    rank: torch.Tensor
+
+    @classmethod
+    def of(cls, user: torch.Tensor, item: torch.Tensor, time: torch.Tensor, labels: torch.Tensor,
+           num_users: int) -> "History":
+        """From interactions (user, item, time (E,), labels (E, >=2): click, long view), in any order."""
+        user, item, time = (x.to(torch.int64) for x in (user, item, time))
+        order = torch.from_numpy(np.lexsort((item.numpy(), time.numpy(), user.numpy())))  # (E,) by (user, time, item)
+        offsets = torch.zeros(num_users + 1, dtype=torch.int64)
+        torch.cumsum(torch.bincount(user, minlength=num_users), 0, out=offsets[1:])
+        times, rank = torch.unique(time[order], return_inverse=True)  # (K,), (E,)
+        flags = (labels[order, :2] > 0).to(torch.int64)  # (E, 2)
+        return cls(offsets, item[order], time[order], flags[:, 0].contiguous(), flags[:, 1].contiguous(), times, rank)
+
+    def at(self, users: torch.Tensor, times: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(lengths (N,), entries (V,)): for row n the indices of user[n]'s last `length` interactions with
+        time < times[n], oldest first (entries row after row). One searchsorted over (user, time rank) keys."""
+        users, times = users.to(torch.int64), times.to(torch.int64)
+        k = self.times.numel() + 1
+        user_of = torch.repeat_interleave(torch.arange(self.offsets.numel() - 1), self.offsets.diff())  # (E,)
+        keys = user_of * k + self.rank  # (E,) ascending: entries are sorted by (user, time)
+        before = torch.searchsorted(self.times, times, side="left")  # (N,) distinct times < t
+        end = torch.searchsorted(keys, users * k + before, side="left")  # (N,) one past the last entry < t
+        start = torch.maximum(self.offsets[users], end - int(length))  # (N,)
+        lengths = end - start  # (N,)
+        out = torch.zeros(users.numel() + 1, dtype=torch.int64)
+        torch.cumsum(lengths, 0, out=out[1:])
+        entries = torch.repeat_interleave(start - out[:-1], lengths) + torch.arange(int(out[-1]))  # (V,)
+        return lengths, entries
+
+
 @dataclass
 class FunnelData:
     """Users, items, exposures and held-out requests of a funnel.
@@ -97,6 +166,9 @@ class FunnelData:
             (None: real data, unknown).
         utility_ndcg: (users (B,), lists (B, n)) -> (B,) DCG of the lists' true utility over the ideal
             list's (1.0: the ideal; None: unknown).
+        train_time: (N,) int64 each exposure's time (None: unknown; then no history features).
+        history: the users' interactions (`History`, from the exposures), None without train_time.
+        history_length: L, the most recent interactions a history feature holds.
     """
 
     name: str
@@ -114,6 +186,19 @@ class FunnelData:
     evaluated_on: str = "logged"
     ideal: Callable[[torch.Tensor, int, Csr], torch.Tensor] | None = field(default=None, repr=False)
     utility_ndcg: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = field(default=None, repr=False)
+    train_time: torch.Tensor | None = None
+    history: History | None = field(default=None, repr=False)
+    history_length: int = 50
+
+    def __post_init__(self) -> None:
+        if isinstance(self.history_length, bool) or not isinstance(self.history_length, (int, np.integer)) \
+                or self.history_length < 1:
+            raise ConfigError(f"pipeline.world.history_length={self.history_length!r}; use an integer >= 1 (the "
+                              f"interactions a history feature holds)")
+        self.history_length = int(self.history_length)
+        if self.history is None and self.train_time is not None:
+            self.history = History.of(self.train_user, self.train_item, self.train_time, self.train_labels,
+                                      self.num_users)
 
     @property
     def num_users(self) -> int:
@@ -127,31 +212,74 @@ class FunnelData:
     def feature_names(self) -> tuple[str, ...]:
         return (*self.user_features, *self.item_features)
 
+    @property
+    def sequence_feature_names(self) -> tuple[str, ...]:
+        """The history features (`HISTORY_FEATURES`) when the data has a history, else ()."""
+        return HISTORY_FEATURES if self.history is not None else ()
+
+    def request_times(self, users: torch.Tensor) -> torch.Tensor:
+        """(R,) the time of held-out requests of `users` (HELD_OUT): their history is the whole training history."""
+        return torch.full((int(users.numel()),), HELD_OUT, dtype=torch.int64)
+
+    def history_at(self, users: torch.Tensor, times: torch.Tensor,
+                   features: Sequence[str] = HISTORY_FEATURES) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """{feature: (lengths (N,), values (V,))} of the history features `features` of rows (user, time): each
+        row's last history_length interactions strictly before its time, oldest first (module docstring).
+        Exposures: times = train_time[rows]; held-out requests: request_times(users)."""
+        if self.history is None:
+            raise ConfigError(f"the data {self.name!r} has no exposure times, so no history features {list(features)}; "
+                              f"build it with train_time")
+        if times is None or times.shape != users.shape:
+            raise ValueError(f"history_at: times {None if times is None else tuple(times.shape)} must match users "
+                             f"{tuple(users.shape)}: pass train_time[rows] for exposures, request_times(users) for "
+                             f"held-out requests")
+        lengths, entries = self.history.at(users, times, self.history_length)
+        h = self.history
+        items = h.item[entries]  # (V,)
+        values = {"history_item_id": lambda: items, "history_category": lambda: self.item_features["category"][items],
+                  "history_click": lambda: h.click[entries], "history_long_view": lambda: h.long_view[entries]}
+        unknown = [f for f in features if f not in values]
+        if unknown:
+            raise ValueError(f"history_at: {unknown} are not history features; they are {list(HISTORY_FEATURES)}")
+        return {f: (lengths, values[f]()) for f in features}
+
     def popularity(self) -> torch.Tensor:
         """(I,) training clicks per item (label column 0)."""
         clicked = self.train_labels[:, 0] > 0
         return torch.bincount(self.train_item[clicked], minlength=self.num_items)
 
     def check_features(self, stage: str, features: Sequence[str]) -> None:
-        missing = [f for f in features if f not in self.user_features and f not in self.item_features]
+        missing = [f for f in features if f not in self.user_features and f not in self.item_features
+                   and f not in self.sequence_feature_names]
         if missing:
             raise ConfigError(f"pipeline.stages.{stage}.inputs.features: {missing} are not features of the data "
-                              f"{self.name!r} (it has {list(self.feature_names)}); name some of those")
+                              f"{self.name!r} (it has {[*self.feature_names, *self.sequence_feature_names]}); "
+                              f"name some of those")
 
 
 def pair_examples(data: FunnelData, features: Sequence[str], users: torch.Tensor, items: torch.Tensor,
-                  labels: torch.Tensor | None = None, dense: torch.Tensor | None = None) -> Examples:
+                  labels: torch.Tensor | None = None, dense: torch.Tensor | None = None,
+                  times: torch.Tensor | None = None) -> Examples:
     """Examples (N rows) of (user, item) pairs: one key per feature (user side from `users`, item side
-    from `items`), `labels` (N, T) (zeros when None), `dense` (N, I) (none when None)."""
+    from `items`), `labels` (N, T) (zeros when None), `dense` (N, I) (none when None).
+
+    History features (`HISTORY_FEATURES`) become sequence slots, after the single-valued ones (the
+    `Examples` order), as of `times` (N,): the exposures' `data.train_time[rows]`, or
+    `data.request_times(users)` for held-out requests; without `times` they fail (never a silent
+    "everything", which would leak the future into training rows)."""
     n = int(users.numel())
+    single = [f for f in features if f not in HISTORY_FEATURES]
+    sequence = [f for f in features if f in HISTORY_FEATURES]
     cols = []
-    for f in features:
+    for f in single:
         table, index = (data.user_features[f], users) if f in data.user_features else (data.item_features[f], items)
         cols.append(table[index])  # (N,)
     keys = torch.stack(cols, 1) if cols else torch.zeros(n, 0, dtype=torch.int64)  # (N, S)
-    return Examples(feature_names=tuple(features), dense=dense if dense is not None else torch.zeros(n, 0),
+    seq = data.history_at(users, times, sequence) if sequence else {}
+    return Examples(feature_names=(*single, *sequence), dense=dense if dense is not None else torch.zeros(n, 0),
                     keys=keys.contiguous(),
-                    labels=labels if labels is not None else torch.zeros(n, len(data.label_names)))
+                    labels=labels if labels is not None else torch.zeros(n, len(data.label_names)),
+                    seq_lengths=tuple(seq[f][0] for f in sequence), seq_values=tuple(seq[f][1] for f in sequence))
 
 
 def exposure_bucket(items: torch.Tensor, num_items: int) -> torch.Tensor:
@@ -165,17 +293,11 @@ def exposure_bucket(items: torch.Tensor, num_items: int) -> torch.Tensor:
 
 
 def movielens(ratings: str, movies: str, test_fraction: float = 0.2, click_rating: float = 4.0,
-              long_view_rating: float = 4.5, max_users: int = 0, seed: int = 0) -> FunnelData:
+              long_view_rating: float = 4.5, max_users: int = 0, seed: int = 0, history_length: int = 50) -> FunnelData:
     """MovieLens latest-small (or any ratings/movies pair in its layout) as funnel data; see the module doc.
     The items are every movie of `movies` (recall retrieves over all of them). `max_users` > 0 keeps the
-    first that many users (tests)."""
-    import io
-
-    import pandas as pd
-
-    from recps import fs as rfs
-    from recps.data.interactions import read_movies, read_ratings
-
+    first that many users (tests). A rating's history: the user's training ratings with an earlier timestamp
+    (the same second: neither, whatever the file's row order), the last `history_length`."""
     if not 0.0 < float(test_fraction) < 1.0:
         raise ConfigError(f"pipeline.world.test_fraction={test_fraction}; use a value in (0, 1)")
     frame = read_ratings(ratings)
@@ -193,8 +315,9 @@ def movielens(ratings: str, movies: str, test_fraction: float = 0.2, click_ratin
     item_ids = np.union1d(listed, rated)
     item = np.searchsorted(item_ids, rated)
     rating = frame["rating"].to_numpy(np.float64)
-    order = np.lexsort((frame["timestamp"].to_numpy(np.int64), user))
-    user, item, rating = user[order], item[order], rating[order]
+    stamp = frame["timestamp"].to_numpy(np.int64)
+    order = np.lexsort((stamp, user))  # the split's order (ties: file order); History sorts (user, time, item)
+    user, item, rating, stamp = user[order], item[order], rating[order], stamp[order]
     counts = np.bincount(user, minlength=user_ids.size)  # (U,)
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
     position = np.arange(user.size) - starts[user]  # (N,) rank in the user's time order
@@ -225,6 +348,7 @@ def movielens(ratings: str, movies: str, test_fraction: float = 0.2, click_ratin
                        "exposures": exposure_bucket(t(item[train]), int(item_ids.size))},
         train_user=t(user[train]).contiguous(), train_item=t(item[train]).contiguous(), train_labels=t(labels),
         seen=seen, test_users=t(test_users), test_positives=positives,
+        train_time=t(stamp[train]).contiguous(), history_length=history_length,
     )
 
 
@@ -235,8 +359,6 @@ def video_world(dir: str, **config) -> FunnelData:
     long_view, held-out requests (the test impressions the user clicked), the train-seen items, and the
     world's ideal list (`ideal_topn`, seen items excluded). With a random bucket (`random_items_per_user` > 0)
     the held-out positives are its clicks (`logged_positives`: the logged test clicks), else the test clicks."""
-    from recps.data.generators.video_world import VideoWorldConfig, ensure_world, load
-
     try:
         wcfg = VideoWorldConfig(**config)
     except TypeError as exc:
@@ -282,4 +404,12 @@ def video_world(dir: str, **config) -> FunnelData:
         seen=seen, test_users=torch.from_numpy(test_users), test_positives=positives, ideal=ideal,
         utility_ndcg=utility_ndcg, logged_positives=logged, test_shown=shown,
         evaluated_on="random_bucket" if len(bucket) else "logged",
+        train_time=t(train, "time"), history_length=wcfg.history_length,
     )
+
+
+def load_world(cfg) -> FunnelData:
+    """The funnel's data, `pipeline.world` of the composed config (its `_target_`: movielens, video_world),
+    its arguments bound to the constructor's signature first."""
+    check_target_args(cfg.pipeline.world, "pipeline.world")
+    return instantiate(OmegaConf.to_container(cfg.pipeline.world, resolve=True), _convert_="all")

@@ -17,6 +17,7 @@ Shapes: B users, K candidates per user, E vector width, T a stage's objectives.
 
 from __future__ import annotations
 
+import inspect
 import io
 import logging
 import time
@@ -25,7 +26,9 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
+from hydra.utils import get_object, instantiate
 from omegaconf import OmegaConf
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from recps import fs as rfs
 from recps.config import MODEL_ENGINE_KEYS
@@ -48,8 +51,6 @@ EXPORT_ROWS = 65536  # keys per feature pulled at a time by an export
 def stage_collection(spec: StageSpec):
     """The stage's PS-backed bag collection: one table per input feature, namespaced by the stage's name
     (`<stage>_d<D>`); a feature in `inputs.share` is the owner stage's table instead (SharedBagCollection)."""
-    from recps.ps.embedding import PSEmbeddingBagCollection
-
     if spec.share:
         return SharedBagCollection(spec)
     return PSEmbeddingBagCollection.from_features(spec.features, int(spec.model.embedding_dim), prefix=spec.name)
@@ -69,8 +70,6 @@ class SharedBagCollection(torch.nn.Module):
     (the async stage's own rows are pulled in the forward pass)."""
 
     def __init__(self, spec: StageSpec) -> None:
-        from recps.ps.embedding import PSEmbeddingBagCollection
-
         super().__init__()
         dim = int(spec.model.embedding_dim)
         self.features, self.dim = list(spec.features), dim
@@ -132,8 +131,6 @@ class SharedBagCollection(torch.nn.Module):
         self.own.drop_prefetch()
 
     def forward(self, features):
-        from torchrec.sparse.jagged_tensor import KeyedTensor
-
         keys = features.keys()
         parts = [self.own, *self.frozen]
         order = [keys.index(f) for p in parts for f in p.feature_names]
@@ -161,10 +158,6 @@ def outputs_of(spec: StageSpec) -> int:
 
 def build_stage_model(spec: StageSpec, collection, num_dense: int) -> torch.nn.Module:
     """The stage's zoo model (its `_target_`) over `collection`."""
-    import inspect
-
-    from hydra.utils import get_object, instantiate
-
     node = OmegaConf.to_container(spec.model, resolve=True)
     for key in MODEL_ENGINE_KEYS:
         node.pop(key, None)
@@ -223,8 +216,6 @@ class _Recorder:
 
 def _all_keys(data: FunnelData, features: Sequence[str], start: int, stop: int):
     """A KJT of rows start..stop-1 of every feature's key table (feature f's rows past its end: empty)."""
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
     tables = [data.user_features[f] if f in data.user_features else data.item_features[f] for f in features]
     width = stop - start
     rows = torch.arange(start, stop)
@@ -363,7 +354,7 @@ class Funnel:
         self.stages, self.index, self.data = stages, index, data
 
     def seen_of(self, users: torch.Tensor):
-        from recps.pipeline.ann import Seen
+        from recps.pipeline.ann import Seen  # deferred: faiss, only where the recall index is built or read
 
         part = self.data.seen.rows(users)
         return Seen(part.offsets.numpy(), part.items.numpy())
@@ -462,7 +453,7 @@ def score_inputs(probs: torch.Tensor) -> torch.Tensor:
 
 def build_index(vectors: torch.Tensor, config: dict | None):
     """The recall stage's ItemIndex over item vectors (I, E) (ids 0..I-1)."""
-    from recps.pipeline.ann import AnnConfig, ItemIndex
+    from recps.pipeline.ann import AnnConfig, ItemIndex  # deferred: faiss, only where the recall index is built
 
     cfg = AnnConfig(**(config or {}))
     return ItemIndex.build(vectors.numpy().astype(np.float32), np.arange(vectors.shape[0], dtype=np.int64), cfg)

@@ -26,7 +26,10 @@ import torch
 from omegaconf import OmegaConf
 
 from recps import fs as rfs
+from recps.config import register_resolvers
 from recps.errors import ConfigError, RecpsError
+from recps.pipeline.ann import ItemIndex
+from recps.pipeline.data import load_world
 from recps.pipeline.stages import pipeline_specs
 from recps.pipeline.funnel import EXPORT_DIR, Funnel, load_stage
 
@@ -38,10 +41,6 @@ JOB_CONFIG = "recps-job.yaml"  # what recps.cluster writes into the run folder
 def load_funnel(run_dir: str | Path, data=None) -> Funnel:
     """The trained funnel of a `pipeline=...` run folder (see the module docstring); `data`: its
     FunnelData when the caller holds it already (else built from the run's config)."""
-    from recps.config import register_resolvers
-    from recps.pipeline.ann import ItemIndex
-    from recps.pipeline.runner import load_world
-
     register_resolvers()
     run_dir = Path(run_dir)
     path = run_dir / JOB_CONFIG

@@ -41,7 +41,7 @@ from omegaconf import DictConfig, OmegaConf
 from recps import fs as rfs
 from recps.errors import ConfigError
 from recps.pipeline.stages import StageSpec, check_data, pipeline_specs, schedule
-from recps.pipeline.data import FunnelData, pair_examples
+from recps.pipeline.data import FunnelData, load_world, pair_examples
 from recps.pipeline.funnel import (EXPORT_DIR, Funnel, build_index, build_stage_model, dense_width, export_stage,
                                    load_stage, outputs_of, score_inputs, stage_collection)
 
@@ -50,15 +50,6 @@ __all__ = ["run_pipeline", "funnel_work", "load_world", "training_examples", "su
 log = logging.getLogger("recps.pipeline")
 
 _EVAL_TIMEOUT_S = 3600.0  # how long a worker waits for the others' evaluation of the funnel (its merge rounds)
-
-
-def load_world(cfg: DictConfig) -> FunnelData:
-    from hydra.utils import instantiate
-
-    from recps.config import check_target_args
-
-    check_target_args(cfg.pipeline.world, "pipeline.world")
-    return instantiate(OmegaConf.to_container(cfg.pipeline.world, resolve=True), _convert_="all")
 
 
 def run_pipeline(cfg: DictConfig, out_dir: Path) -> float:

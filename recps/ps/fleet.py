@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 import signal
 import threading
 import time
@@ -62,7 +63,7 @@ from recps.errors import ConfigError, PSError
 from recps.ps.embedding import PSEmbeddingBagCollection, PSEmbeddingCollection
 from recps.ps.modes import MODES, AsyncMode, KeepsWorkerState, Mode, ReadsServers, ServerReader, server_halves
 from recps.ps.modes.dense import assign_flat
-from recps.ps.node import ServerNode, connect
+from recps.ps.node import PSClient, PSServer, ServerNode, connect
 from recps.ps.node.coordinator import DEFAULT_DEAD_AFTER_S
 from recps.ps.node.server import STORAGE_ROOTS_ENV  # the folders a server may save to and load from
 from recps.ps.transport.security import ENCRYPTION_ENV  # curve (default) or off, the same on every process
@@ -483,8 +484,9 @@ class Fleet:
     def _local_dense_updater(self):
         """The dense updater whose optimizer runs on this worker (geo), or None."""
         updater = self._optimizer.updater if self._optimizer is not None else None
-        updater = getattr(updater, "updater", updater)  # _EveryMode wraps the strategy's
-        return updater if hasattr(updater, "state_dict") else None
+        if isinstance(updater, _EveryMode):  # it wraps the strategy's
+            updater = updater.updater
+        return updater if isinstance(updater, KeepsWorkerState) else None  # geo's GeoDenseUpdater
 
     def save(self, path: str, mode: str = "full", tables: Sequence[str] | None = None,
              timeout: float | None = None) -> dict[str, int]:
@@ -618,10 +620,6 @@ def read_checkpoint(folder: str, collections, params):
     (re-sharded onto it), the `collections` read through it (nothing is created or pushed) and the
     dense `params` (the distributed optimizer's order) hold its dense values. Evaluation of a
     checkpoint without a cluster."""
-    import secrets
-
-    from recps.ps.node import PSClient, PSServer
-
     token = secrets.token_hex(16)
     with PSServer(token=token, halves=server_halves()) as server, PSClient([server.endpoint], token=token) as client:
         tables = sorted({t for c in collections for t in c.table_dims()})

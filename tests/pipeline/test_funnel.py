@@ -25,6 +25,9 @@ SMALL = [
     "pipeline.world.users=600", "pipeline.world.items=2000", "pipeline.world.creators=200",
     "pipeline.world.metric_users=100", "pipeline.world.impressions_per_user=60",
     "pipeline.world.random_items_per_user=500",
+    # the world before issue 29.4 (no short-term interest, no age x category cross): the bounds below were
+    # measured on it; the stages do not read the history yet
+    "pipeline.world.short_term_weight=0", "pipeline.world.cross_scale=0",
     "pipeline.stages.recall.keep=200", "pipeline.stages.coarse.keep=50", "pipeline.stages.fine.keep=20",
     "pipeline.stages.coarse.inputs.candidates_per_user=30", "pipeline.stages.fine.inputs.candidates_per_user=20",
     "pipeline.stages.fusion.inputs.candidates_per_user=10",
@@ -372,7 +375,8 @@ def test_two_workers_train_every_stage_in_its_mode_sharing_a_table_and_two_stage
     run = tmp_path / "run"
     tiny = ["pipeline=video_funnel", "cluster.workers=2", "pipeline.world.users=150", "pipeline.world.items=1000",
             "pipeline.world.creators=100", "pipeline.world.metric_users=50", "pipeline.world.impressions_per_user=30",
-            "pipeline.world.random_items_per_user=250",
+            "pipeline.world.random_items_per_user=250", "pipeline.world.short_term_weight=0",
+            "pipeline.world.cross_scale=0",
             "pipeline.stages.recall.keep=100", "pipeline.stages.coarse.keep=40", "pipeline.stages.fine.keep=20",
             *(f"pipeline.stages.{s}.trainer.epochs=1" for s in ("recall", "coarse", "fine", "fusion")),
             *SHARE, *CONCURRENT, "ps@pipeline.stages.fine.ps=sync",

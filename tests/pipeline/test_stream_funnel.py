@@ -33,6 +33,7 @@ TINY = [
     "pipeline.world.users=120", "pipeline.world.items=600", "pipeline.world.creators=60",
     "pipeline.world.metric_users=40", "pipeline.world.impressions_per_user=30",
     "pipeline.world.random_items_per_user=100",  # the held-out random bucket, within the tiny catalogue
+    "pipeline.world.short_term_weight=0", "pipeline.world.cross_scale=0",  # the world before issue 29.4
     "pipeline.stages.recall.keep=80", "pipeline.stages.coarse.keep=30", "pipeline.stages.fine.keep=15",
     "pipeline.stages.coarse.inputs.candidates_per_user=10", "pipeline.stages.fine.inputs.candidates_per_user=10",
     "pipeline.stages.fusion.inputs.candidates_per_user=5",

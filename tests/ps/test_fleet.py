@@ -394,3 +394,47 @@ def test_merge_worker_states_unions_replicas_and_averages_optimizer_state():
     state = merged["dense_optimizer"]["state"][0]
     assert state["step"].item() == 5.0 and state["exp_avg"].tolist() == [2.0, 4.0]
     assert merged["dense_optimizer"]["param_groups"] == a["dense_optimizer"]["param_groups"]
+
+
+def test_the_table_verbs_orchestration_uses_beside_the_optimizer():
+    """What recps.pipeline and recps.cluster call instead of fleet.client: create_dense_table (the first
+    creator's values win, later creators change nothing), wait_for_workers, pull_dense_into (the servers'
+    values into parameters, in the table's order), push_dense on a geo table (the workers' pushes add up),
+    table_mode (default: the strategy's mode), channel() (this worker's place)."""
+    with pytest.raises(PSError, match=r"pull_dense: call init_worker\(\) first"):
+        Fleet(UserDefinedRoleMaker("worker", 0, 1, 1, coordinator="127.0.0.1:1", token="t")).pull_dense("x")
+    server_role, worker_roles = roles(2)
+    got: dict = {}
+    errors: list = []
+
+    def work(w: int) -> None:
+        try:
+            with Fleet(worker_roles[w], connect_timeout_s=60) as fleet:
+                fleet.init_worker(DistributedStrategy(mode=SyncMode()))
+                mine = {"a": torch.full((2, 3), float(w + 1)), "b": torch.arange(4.0) + 10 * w}
+                if w == 0:
+                    fleet.create_dense_table("stage_dense", mine)
+                fleet.wait_for_workers("test.created", timeout=60)
+                if w == 1:
+                    fleet.create_dense_table("stage_dense", mine)  # idempotent: worker 0's values stay
+                fleet.create_dense_table("stats", 3, mode="geo")
+                fleet.wait_for_workers("test.created.twice", timeout=60)
+                params = [torch.zeros(2, 3), torch.zeros(4)]
+                fleet.pull_dense_into("stage_dense", params, timeout=60)
+                fleet.push_dense("stats", torch.full((3,), float(w + 1))).wait(60)
+                fleet.wait_for_workers("test.pushed", timeout=60)
+                channel = fleet.channel()
+                got[w] = {"params": params, "stats": fleet.pull_dense("stats", 60),
+                          "modes": (fleet.table_mode("stage_dense"), fleet.table_mode("stats")),
+                          "place": (channel.worker_index, channel.num_workers)}
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    serve_while(server_role, work, 2)
+    assert not errors, errors
+    for w in (0, 1):
+        assert torch.equal(got[w]["params"][0], torch.ones(2, 3))  # worker 0's values, on both workers
+        assert torch.equal(got[w]["params"][1], torch.arange(4.0))
+        assert got[w]["stats"].tolist() == [3.0, 3.0, 3.0]  # 1 + 2: a geo table adds what arrives
+        assert got[w]["modes"] == ("sync", "geo")
+        assert got[w]["place"] == (w, 2)

@@ -83,6 +83,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import torch
@@ -954,8 +955,6 @@ def _hex_words(col: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
     None, NaN and "" are missing. Goes through Arrow: the characters of a column of
     8-char strings are one contiguous (N, 8) byte block.
     """
-    import pyarrow.compute as pc
-
     if isinstance(col, pa.ChunkedArray):
         arr = col.combine_chunks()
     elif isinstance(col, pa.Array):

@@ -60,6 +60,7 @@ from typing import Any, Mapping
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from recps.data.generators import ctr as synthetic
@@ -255,8 +256,6 @@ def _terms(table: Any, click_info: synthetic.GeneratorInfo) -> tuple[np.ndarray,
 
 def _present(col: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """(N,) bool: the value is neither null nor empty (synthetic's missing)."""
-    import pyarrow.compute as pc
-
     return pc.fill_null(pc.greater(pc.binary_length(col), 0), False).to_numpy(zero_copy_only=False)
 
 

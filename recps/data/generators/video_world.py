@@ -23,7 +23,12 @@ The world (U users, I items, d = `dim`; user ids and item ids are the row indice
 
 The label model (`click_prob`, `long_view_prob`, `utility`):
 
-    z_click(u, i) = click_bias + click_scale · a(u, i) + q_i + activity_effect[activity_u]
+    z_click(u, i, t) = click_bias + click_scale · a(u, i) + q_i + activity_effect[activity_u]
+                       + G[age_u, category_i]                        (cross_scale; a feature cross)
+                       + w_s · min(1, s_u[category_i](t))            (short_term_weight; the history)
+    s_u[c](t)     = Σ over u's train clicks e in category c with t_e < t of 2^(-(t - t_e) / h)
+                    (h = short_term_half_life_days): recent clicks predict the next ones, a
+                    short-term interest that decays; no fixed user/item factor product holds it
     z_lv(u, i)    = long_view_bias + long_view_scale · a(u, i) + duration_effect[duration_i]
     P(click)      = σ(z_click)
     P(long view)  = σ(z_click) · σ(z_lv)        a long view follows a click (ESMM's funnel):
@@ -32,15 +37,22 @@ The label model (`click_prob`, `long_view_prob`, `utility`):
 
 activity_effect = (-0.4, 0, 0.3, 0.6) over levels 0..3; duration_effect runs linearly from +0.8
 (shortest) to -0.8 (longest): short videos are watched through more often. No position term.
+G (7 ages x C categories) ~ cross_scale · N(0, 1) from its own stream. short_term_weight = 0 and
+cross_scale = 0 give the world before issue 29 (the same labels; request times differ by < R s).
+Labels are drawn request after request in time order (`_sequential_clicks`: a loop over each user's
+R requests, vectorized over users), so the state of an impression is its user's clicks of earlier
+requests (a request's own clicks never enter its state). For held-out lists (`ideal_topn`,
+`utility`, `click_prob` without times, the random bucket) the state is as of the user's held-out
+request (`request_time`: its first test request's time): the whole train history.
 
-Impressions (the logging policy): every user gets R = impressions_per_user / request_size train
+Impressions (the logging policy; it does not read the state): every user gets R = impressions_per_user / request_size train
 requests and `test_requests_per_user` test requests of `request_size` impressions each, n items
 in all, distinct per user. Exposure ∝ popularity × exp(exposure_relevance · a(u, i)), drawn by
 sampling-importance-resampling: candidate_factor · n candidates by popularity (with replacement),
 duplicates dropped, then n of them without replacement by Gumbel-top-n on
 exposure_relevance · a(u, i). The n items are shuffled over the user's requests, whose times are
-sorted uniform draws over 30 days; the last `test_requests_per_user` requests are the test period
-(so a test item is never one the user saw in train). Labels: click = 1[u1 < P(click)],
+sorted uniform draws over 30 days made strictly increasing (+ their rank in seconds); the last
+`test_requests_per_user` requests are the test period (so a test item is never one the user saw in train). Labels: click = 1[u1 < P(click)],
 long_view = click · 1[u2 < σ(z_lv)].
 
 Random bucket (`random_items_per_user` = M > 0; the held-out evaluation the funnel is measured on):
@@ -55,8 +67,10 @@ random-exposure logs of Yahoo! R3, Coat and KuaiRand).
 Best reachable metrics (`world.metrics`, world.json "best"):
 
     auc.click, auc.long_view   the true P(click) / P(long view) against the test impressions'
-                               labels (exact AUC, ties 1/2): no model of the features beats it
-                               in expectation
+                               labels (exact AUC, ties 1/2): no model of the features and the
+                               history beats it in expectation
+    auc_without_history.click  (short_term_weight > 0) the static logit's AUC: the best of a
+                               model that does not see the user's history
     ideal.ndcg@10, ideal.hr@10 the ideal funnel's list (`ideal_topn`: the 10 items of highest
                                true utility over all I items, the user's train-seen items
                                excluded) against the user's held-out positives (test impressions
@@ -178,7 +192,9 @@ _ITEM_BLOCK = 65536
 _USER_BLOCK = 1024
 _SCALE_PAIRS = 65536
 # purposes of the seeded generators (each its own stream)
-_P_CENTERS, _P_CREATORS, _P_ITEMS, _P_USERS, _P_SCALE, _P_EXPOSE, _P_LABELS, _P_TIMES, _P_RANDOM, _P_RANDOM_LABELS = range(1, 11)
+(_P_CENTERS, _P_CREATORS, _P_ITEMS, _P_USERS, _P_SCALE, _P_EXPOSE, _P_LABELS, _P_TIMES, _P_RANDOM, _P_RANDOM_LABELS,
+ _P_CROSS) = range(1, 12)
+DAY_S = 86400
 RANDOM_COLUMNS = ("user_id", "item_id", "click", "long_view", "p_click", "p_long_view")
 
 
@@ -208,16 +224,21 @@ class VideoWorldConfig:
         random_items_per_user: M, each user's held-out random-bucket impressions: M distinct items drawn
             uniformly from the items the user did not see in training (a uniform logging policy, the
             random traffic counterfactual evaluation keeps), labelled by the same model (0: none).
+        short_term_weight: w_s, the click logit a click in the item's category adds right after it (the
+            short-term interest; decays, saturates at w_s; 0: off, the labels of the old world).
+        short_term_half_life_days: h, the short-term interest halves every h days.
+        cross_scale: std of the age x category table G added to z_click (a user feature x item feature
+            interaction; 0: off).
     """
 
     users: int = 20_000
-    items: int = 1_000_000
+    items: int = 200_000
     dim: int = 16
     categories: int = 50
     creators: int = 10_000
     regions: int = 30
     durations: int = 5
-    impressions_per_user: int = 50
+    impressions_per_user: int = 200
     request_size: int = 10
     test_requests_per_user: int = 1
     history_length: int = 50
@@ -234,6 +255,9 @@ class VideoWorldConfig:
     candidate_factor: int = 8
     metric_users: int = 300
     random_items_per_user: int = 0
+    short_term_weight: float = 2.0
+    short_term_half_life_days: float = 5.0
+    cross_scale: float = 0.5
 
     def __post_init__(self) -> None:
         ints = ("users", "items", "dim", "categories", "creators", "regions", "durations", "impressions_per_user",
@@ -271,7 +295,8 @@ class VideoWorldConfig:
                               f"(impressions_per_user + test_requests_per_user x request_size); raise items or "
                               f"lower impressions_per_user")
         floats = ("click_bias", "click_scale", "item_bias_scale", "long_view_bias", "long_view_scale",
-                  "long_view_weight", "popularity_skew", "popularity_quality", "exposure_relevance")
+                  "long_view_weight", "popularity_skew", "popularity_quality", "exposure_relevance",
+                  "short_term_weight", "short_term_half_life_days", "cross_scale")
         for name in floats:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)) or \
@@ -279,9 +304,12 @@ class VideoWorldConfig:
                 raise ConfigError(f"video_world {name}={value!r}; give a finite number")
             object.__setattr__(self, name, float(value))
         for name in ("click_scale", "item_bias_scale", "long_view_scale", "long_view_weight", "popularity_skew",
-                     "exposure_relevance"):
+                     "exposure_relevance", "short_term_weight", "cross_scale"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"video_world {name}={getattr(self, name)}; use a value >= 0")
+        if self.short_term_half_life_days <= 0:
+            raise ConfigError(f"video_world short_term_half_life_days={self.short_term_half_life_days}; use a value "
+                              f"> 0 (turn the short-term interest off with short_term_weight=0)")
 
     @property
     def per_user(self) -> int:
@@ -425,15 +453,96 @@ class VideoWorld:
         """The train-seen CSR (offsets (U + 1,), items) for `ideal_topn(exclude=...)`."""
         return self.seen_offsets, self.seen_items
 
+    @property
+    def cross(self) -> np.ndarray:
+        """(AGES, C) float64 G: the age x category term of z_click, cross_scale · N(0, 1) (zeros at 0)."""
+        c = self.config
+        return c.cross_scale * _rng(c.seed, _P_CROSS).standard_normal((AGES, c.categories))
+
+    # -- the short-term state ------------------------------------------------------------------
+
+    def request_time(self) -> np.ndarray:
+        """(U,) int64: each user's held-out request time, its first test request's (its last train time + 1
+        without test requests): the time the ideal list and the random bucket's labels are as of."""
+        c = self.config
+        out = np.full(c.users, TIME0, np.int64)
+        for frame, last, shift in ((self.train, True, 1), (self.test, False, 0)):  # test overrides train
+            if len(frame):
+                user = frame["user_id"].to_numpy(np.int64)  # rows by (user, time)
+                first = np.unique(user[::-1] if last else user, return_index=True)[1]
+                rows = (len(user) - 1 - first) if last else first
+                out[user[rows]] = frame["time"].to_numpy(np.int64)[rows] + shift
+        return out
+
+    def short_term_state(self, user_ids: Any, times: Any = None) -> np.ndarray:
+        """(P, C) float64 s[p, c] = Σ 2^(-(t_p - t_e)/h) over the train clicks e of user u_p in category c with
+        t_e < t_p (strictly before; h = short_term_half_life_days); times=None: each user's request_time().
+        Vectorized over the (pair, click) product (P x the users' clicks)."""
+        c = self.config
+        users = np.asarray(user_ids, np.int64).ravel()
+        if times is None:
+            return self._held_out_state()[users]
+        times = np.broadcast_to(np.asarray(times, np.int64), users.shape).ravel()
+        ev_user, ev_time, ev_cat = self._clicks()
+        starts = np.searchsorted(ev_user, users)  # (P,) clicks are sorted by user
+        counts = np.searchsorted(ev_user, users, side="right") - starts  # (P,)
+        rows = np.repeat(np.arange(users.shape[0]), counts)  # (E',)
+        idx = np.repeat(starts - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts) + np.arange(rows.shape[0])
+        dt = times[rows] - ev_time[idx]  # (E',) seconds
+        w = np.where(dt > 0, np.exp2(-np.maximum(dt, 0) / (c.short_term_half_life_days * DAY_S)), 0.0)
+        flat = np.bincount(rows * c.categories + ev_cat[idx], weights=w, minlength=users.shape[0] * c.categories)
+        return flat.reshape(users.shape[0], c.categories)
+
+    def _clicks(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(user, time, category) of the train clicks, rows by (user, time)."""
+        t = self.train[self.train["click"].to_numpy() > 0]
+        return (t["user_id"].to_numpy(np.int64), t["time"].to_numpy(np.int64), t["category"].to_numpy(np.int64))
+
+    def _held_out_state(self) -> np.ndarray:
+        """(U, C) float64 the short-term state as of each user's request_time() (cached: train is fixed once made)."""
+        cached = self.__dict__.get("_state_cache")
+        if cached is None:
+            c = self.config
+            ev_user, ev_time, ev_cat = self._clicks()
+            dt = self.request_time()[ev_user] - ev_time  # (E,) > 0: train clicks precede the request
+            w = np.exp2(-dt / (c.short_term_half_life_days * DAY_S))
+            cached = np.bincount(ev_user * c.categories + ev_cat, weights=w,
+                                 minlength=c.users * c.categories).reshape(c.users, c.categories)
+            self.__dict__["_state_cache"] = cached
+        return cached
+
+    def short_term(self, user_idx: Any, item_idx: Any, times: Any = None) -> np.ndarray:
+        """The short-term logit w_s · min(1, s[u, category_i](t)) of (user, item[, time]) pairs (broadcast);
+        times=None: as of each user's request_time()."""
+        u, i = self._check_ids(user_idx, item_idx)
+        u, i = np.broadcast_arrays(u, i)
+        w = self.config.short_term_weight
+        if w == 0:
+            return np.zeros(u.shape)
+        cat = self.items["category"].to_numpy(np.int64)[i]
+        if times is None:
+            s = self._held_out_state()[u, cat]
+        else:
+            t = np.broadcast_to(np.asarray(times, np.int64), u.shape)
+            state = self.short_term_state(u.ravel(), t.ravel())  # (P, C)
+            s = state[np.arange(u.size), cat.ravel()].reshape(u.shape)
+        return w * np.minimum(1.0, s)
+
     # -- the label model, for (user, item) pairs ---------------------------------------------
 
-    def _pair_logits(self, user_idx: Any, item_idx: Any) -> tuple[np.ndarray, np.ndarray]:
+    def _pair_logits(self, user_idx: Any, item_idx: Any, times: Any = None,
+                     short: bool = True) -> tuple[np.ndarray, np.ndarray]:
         u, i = self._check_ids(user_idx, item_idx)
         u, i = np.broadcast_arrays(u, i)
         a = np.einsum("...d,...d->...", self.user_factors[u].astype(np.float64),
                       self.item_factors[i].astype(np.float64))  # (...)
         c = self.config
         z_click = c.click_bias + c.click_scale * a + self.item_bias[i] + self.user_bias[u]
+        if c.cross_scale:
+            z_click = z_click + self.cross[self.users["age"].to_numpy(np.int64)[u],
+                                           self.items["category"].to_numpy(np.int64)[i]]
+        if short and c.short_term_weight:
+            z_click = z_click + self.short_term(u, i, times)
         dur = self.items["duration"].to_numpy()[i]
         z_lv = c.long_view_bias + c.long_view_scale * a + self.duration_effect[dur]
         return z_click, z_lv
@@ -448,18 +557,20 @@ class VideoWorld:
                                 f"the world's {name}s table")
         return u, i
 
-    def click_prob(self, user_idx: Any, item_idx: Any) -> np.ndarray:
-        """P(click) float64 of (user, item) pairs (arrays broadcast against each other)."""
-        return _sigmoid(self._pair_logits(user_idx, item_idx)[0])
+    def click_prob(self, user_idx: Any, item_idx: Any, times: Any = None) -> np.ndarray:
+        """P(click) float64 of (user, item) pairs (arrays broadcast against each other) at `times` (the
+        short-term state from the train clicks strictly before; None: as of each user's request_time())."""
+        return _sigmoid(self._pair_logits(user_idx, item_idx, times)[0])
 
-    def long_view_prob(self, user_idx: Any, item_idx: Any) -> np.ndarray:
+    def long_view_prob(self, user_idx: Any, item_idx: Any, times: Any = None) -> np.ndarray:
         """P(long view) = P(click) · σ(z_lv) (a long view needs a click)."""
-        z_click, z_lv = self._pair_logits(user_idx, item_idx)
+        z_click, z_lv = self._pair_logits(user_idx, item_idx, times)
         return _sigmoid(z_click) * _sigmoid(z_lv)
 
-    def utility(self, user_idx: Any, item_idx: Any) -> np.ndarray:
-        """P(click) + long_view_weight · P(long view): the expected value the funnel maximises."""
-        z_click, z_lv = self._pair_logits(user_idx, item_idx)
+    def utility(self, user_idx: Any, item_idx: Any, times: Any = None) -> np.ndarray:
+        """P(click) + long_view_weight · P(long view): the expected value the funnel maximises (None: as of
+        each user's held-out request)."""
+        z_click, z_lv = self._pair_logits(user_idx, item_idx, times)
         return _sigmoid(z_click) * (1.0 + self.config.long_view_weight * _sigmoid(z_lv))
 
     # -- the ideal funnel --------------------------------------------------------------------
@@ -484,19 +595,22 @@ class VideoWorld:
         user_bias = self.user_bias  # (U,)
         click0 = torch.from_numpy(self.item_bias + np.float32(c.click_bias))  # (I,) z_click's item part
         lv0 = torch.from_numpy(self.duration_effect[self.items["duration"].to_numpy()] + np.float32(c.long_view_bias))
+        category = torch.from_numpy(self.items["category"].to_numpy(np.int64, copy=True))  # (I,)
         ids_out = np.empty((users.shape[0], n), np.int64)
         val_out = np.empty((users.shape[0], n), np.float32)
         for s in range(0, users.shape[0], user_chunk):
             ub = users[s: s + user_chunk]  # (B,)
             U = torch.from_numpy(self.user_factors[ub])  # (B, d)
             ubias = torch.from_numpy(user_bias[ub])[:, None]  # (B, 1)
+            extra = torch.from_numpy(self._category_logits(ub).astype(np.float32))  # (B, C) cross + short-term
             rows, cols = _csr_pairs(exclude, ub) if exclude is not None else (np.zeros(0, np.int64),) * 2
             best_v = torch.full((ub.shape[0], 0), -math.inf)
             best_i = torch.zeros((ub.shape[0], 0), dtype=torch.int64)
             for lo in range(0, c.items, item_chunk):
                 hi = min(c.items, lo + item_chunk)
                 a = U @ V[lo:hi].T  # (B, Ic) affinities
-                p_click = torch.add(click0[lo:hi], a, alpha=c.click_scale).add_(ubias).sigmoid_()  # (B, Ic)
+                p_click = torch.add(click0[lo:hi], a, alpha=c.click_scale).add_(ubias)  # (B, Ic) logits
+                p_click.add_(extra[:, category[lo:hi]]).sigmoid_()  # (B, Ic)
                 util = a.mul_(c.long_view_scale).add_(lv0[lo:hi]).sigmoid_()  # (B, Ic) σ(z_lv), in a's memory
                 util.mul_(c.long_view_weight).add_(1.0).mul_(p_click)  # (B, Ic) P(click)·(1 + w·σ(z_lv))
                 del p_click
@@ -514,6 +628,17 @@ class VideoWorld:
         if np.isinf(val_out).any():
             raise DataError(f"ideal_topn: a user has fewer than n={n} items left after exclusion; lower n")
         return (ids_out, val_out) if return_scores else ids_out
+
+    def _category_logits(self, users: np.ndarray) -> np.ndarray:
+        """(B, C) float64 the z_click terms that depend on (user, item category) only, as of each user's held-out
+        request: G[age_u, c] + w_s · min(1, s[u, c])."""
+        c = self.config
+        out = np.zeros((users.shape[0], c.categories))
+        if c.cross_scale:
+            out += self.cross[self.users["age"].to_numpy(np.int64)[users]]
+        if c.short_term_weight:
+            out += c.short_term_weight * np.minimum(1.0, self._held_out_state()[users])
+        return out
 
     def popular_topn(self, user_ids: Any, n: int, exclude: tuple[np.ndarray, np.ndarray] | None = None
                      ) -> np.ndarray:
@@ -597,6 +722,10 @@ def generate(cfg: VideoWorldConfig) -> VideoWorld:
     world.metrics = {"auc": {"click": _exact_auc(world.test["p_click"].to_numpy(), world.test["click"].to_numpy()),
                              "long_view": _exact_auc(world.test["p_long_view"].to_numpy(),
                                                      world.test["long_view"].to_numpy())}}
+    if cfg.short_term_weight:  # the best AUC of a model without the user's history (the static logit only)
+        t = world.test
+        static = world._pair_logits(t["user_id"].to_numpy(), t["item_id"].to_numpy(), short=False)[0]
+        world.metrics["auc_without_history"] = {"click": _exact_auc(static, t["click"].to_numpy())}
     world.metrics.update(ideal_metrics(world, cfg.metric_users, baseline=True))
     t3 = time.perf_counter()
     world.rates = {split: {"rows": int(len(f)), "click": float(f["click"].mean()) if len(f) else float("nan"),
@@ -638,13 +767,14 @@ def _impressions(world: VideoWorld, popularity: np.ndarray) -> None:
         pick = np.argpartition(-score, n - 1, axis=1)[:, :n]  # (B, n): n without replacement, in any order
         order = np.argsort(r.random((B, n)), axis=1)  # shuffle over the requests
         shown = np.take_along_axis(cand, np.take_along_axis(pick, order, 1), 1)  # (B, n)
-        times = np.sort(_rng(cfg.seed, _P_TIMES, b).integers(0, SPAN_S, (B, R)), axis=1) + TIME0  # (B, R)
+        # sorted draws made strictly increasing (+ rank): a user's requests never share a second
+        times = np.sort(_rng(cfg.seed, _P_TIMES, b).integers(0, SPAN_S, (B, R)), axis=1) + TIME0 + np.arange(R)
         rl = _rng(cfg.seed, _P_LABELS, b)
         u1, u2 = rl.random((B, n)), rl.random((B, n))
         uu = np.broadcast_to(users[:, None], (B, n))
-        z_click, z_lv = world._pair_logits(uu, shown)  # (B, n) each
+        z_click, z_lv = world._pair_logits(uu, shown, short=False)  # (B, n) each: the static part
+        click = _sequential_clicks(world, shown, times, z_click, u1)  # (B, n), z_click += the short-term term
         p_click, p_lv_after = _sigmoid(z_click), _sigmoid(z_lv)
-        click = (u1 < p_click).astype(np.int32)
         long_view = click * (u2 < p_lv_after).astype(np.int32)
         req = np.repeat(np.arange(R), cfg.request_size)  # (n,) request of each slot
         parts.append({
@@ -677,6 +807,34 @@ def _impressions(world: VideoWorld, popularity: np.ndarray) -> None:
     world.seen_items = ti[order]
     world.seen_offsets = np.zeros(cfg.users + 1, np.int64)
     np.cumsum(np.bincount(tu, minlength=cfg.users), out=world.seen_offsets[1:])
+
+
+def _sequential_clicks(world: VideoWorld, shown: np.ndarray, times: np.ndarray, z_click: np.ndarray,
+                       u1: np.ndarray) -> np.ndarray:
+    """(B, n) int32 clicks of a user block's impressions, drawn request after request in time order (a loop
+    over the R requests, vectorized over users), each request's z_click (B, n) raised in place by the
+    short-term term w_s · min(1, s[u, category]) of the clicks of the user's earlier requests; s decays by
+    2^(-Δt / h) between requests. shown (B, n) items, slot j in request j // request_size; times (B, R)."""
+    cfg = world.config
+    B, n = shown.shape
+    size, C = cfg.request_size, cfg.categories
+    click = np.zeros((B, n), np.int32)
+    if cfg.short_term_weight == 0:
+        click[:] = u1 < _sigmoid(z_click)
+        return click
+    cat = world.items["category"].to_numpy(np.int64)[shown]  # (B, n)
+    state = np.zeros((B, C))  # (B, C) s as of the previous request
+    base = np.arange(B)[:, None] * C  # (B, 1)
+    last = times[:, 0]
+    for r in range(times.shape[1]):
+        sl = slice(r * size, (r + 1) * size)
+        state *= np.exp2(-(times[:, r] - last) / (cfg.short_term_half_life_days * DAY_S))[:, None]
+        last = times[:, r]
+        z_click[:, sl] += cfg.short_term_weight * np.minimum(1.0, np.take_along_axis(state, cat[:, sl], 1))
+        click[:, sl] = u1[:, sl] < _sigmoid(z_click[:, sl])
+        state += np.bincount((base + cat[:, sl]).ravel(), weights=click[:, sl].ravel(),
+                             minlength=B * C).reshape(B, C)  # this request's clicks, after its labels
+    return click
 
 
 def _random_bucket(world: VideoWorld) -> pd.DataFrame:
@@ -968,7 +1126,7 @@ def prepare_recall(name: str, dir: str, generate: dict[str, Any], ratings: str, 
     (its `generate` block, as video_world.yaml's), then reads its recall/ratings.csv and
     recall/items.csv with recps.data.interactions.prepare_interactions (`interactions`: that
     function's other keys: layouts, min_rating, history_length, examples_per_user, shuffle)."""
-    from recps.data.interactions import prepare_interactions
+    from recps.data.interactions import prepare_interactions  # deferred: torchrec, only for the recall data set
 
     gen = dict(generate)
     ensure_split(dir, int(gen.pop("train_rows", 0)), int(gen.pop("test_rows", 0)), seed=int(gen.pop("seed", 0)),

@@ -381,7 +381,7 @@ class _Replica:
         """The TBE over this replica's buffers for lookups of `num_features` features (call under lock)."""
         tbe = self._tbes.get(num_features)
         if tbe is None:
-            # FBGEMM here, not at import: the launcher validates GeoMode without loading it.
+            # deferred: FBGEMM's TBE ops, not at import: the launcher validates GeoMode without loading them.
             from fbgemm_gpu.split_embedding_configs import EmbOptimType
             from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
                 BoundsCheckMode,

@@ -56,6 +56,8 @@ import time
 from dataclasses import dataclass
 
 import zmq
+from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils import z85
 
 from recps.errors import ConfigError
 from recps.ps.transport.wire import MAX_FRAME_BYTES, resolve_token
@@ -114,8 +116,6 @@ class CurveKeys:
 
 @functools.lru_cache(maxsize=8)
 def _derive(token: bytes) -> CurveKeys:
-    from zmq.utils import z85
-
     material = hashlib.scrypt(token, salt=_SALT, dklen=64, **_SCRYPT)
     # Any 32 bytes are a Curve25519 secret key (the scalar is clamped when used).
     server_secret, client_secret = z85.encode(material[:32]), z85.encode(material[32:])
@@ -186,8 +186,6 @@ def start_authenticator(ctx: zmq.Context, keys: CurveKeys):
     """pyzmq's ZAP handler on `ctx` (a thread), admitting CURVE clients with the job's client key.
     Refusals reach the server as HANDSHAKE_FAILED_AUTH monitor events (counted there). Stop it
     before the context is destroyed."""
-    from zmq.auth.thread import ThreadAuthenticator
-
     auth = ThreadAuthenticator(ctx, log=logging.getLogger(f"{__name__}.zap"))
     auth.start()
     auth.configure_curve_callback(ZAP_DOMAIN, credentials_provider=_ClientKeyCheck(keys.client_public))

@@ -20,7 +20,7 @@ from recps.errors import ConfigError, DataError
 from tests.helpers.cli import recps_train
 
 ROOT = Path(__file__).resolve().parents[3]
-SMALL = vw.VideoWorldConfig(users=300, items=4000, creators=400, seed=3, metric_users=100)
+SMALL = vw.VideoWorldConfig(users=300, items=4000, creators=400, seed=3, metric_users=100, impressions_per_user=50)
 
 
 @pytest.fixture(scope="module")
@@ -77,11 +77,12 @@ def test_exposure_is_biased_by_popularity(world):
 
 def test_labels_follow_the_label_model(world):
     t = world.train
-    u, i = t["user_id"].to_numpy(), t["item_id"].to_numpy()
-    p_click = world.click_prob(u, i)
+    u, i, when = t["user_id"].to_numpy(), t["item_id"].to_numpy(), t["time"].to_numpy()
+    p_click = world.click_prob(u, i, when)  # the truth at the impression's time (its short-term state)
     np.testing.assert_allclose(t["p_click"].to_numpy(), p_click, rtol=1e-5)
-    np.testing.assert_allclose(t["p_long_view"].to_numpy(), world.long_view_prob(u, i), rtol=1e-5)
-    np.testing.assert_allclose(world.utility(u, i), p_click + SMALL.long_view_weight * world.long_view_prob(u, i))
+    np.testing.assert_allclose(t["p_long_view"].to_numpy(), world.long_view_prob(u, i, when), rtol=1e-5)
+    np.testing.assert_allclose(world.utility(u, i, when),
+                               p_click + SMALL.long_view_weight * world.long_view_prob(u, i, when))
     click = t["click"].to_numpy()
     edges = np.quantile(p_click, np.linspace(0, 1, 11))
     bucket = np.clip(np.searchsorted(edges, p_click, side="right") - 1, 0, 9)
@@ -93,7 +94,7 @@ def test_labels_follow_the_label_model(world):
     # a long view needs a click; given a click its rate is the post-click σ(z_lv)
     lv = t["long_view"].to_numpy()
     assert (lv <= click).all()
-    after = (world.long_view_prob(u, i) / p_click)[click == 1]
+    after = (world.long_view_prob(u, i, when) / p_click)[click == 1]
     observed = lv[click == 1].mean()
     assert abs(observed - after.mean()) < 4 * np.sqrt(after.mean() * (1 - after.mean()) / after.size)
 
@@ -244,7 +245,7 @@ def test_a_failed_write_leaves_no_world_and_a_changed_file_is_refused(world, tmp
 
 
 def test_ensure_split_reuses_a_world_and_checks_sizes(tmp_path):
-    opts = dict(users=60, items=2000, creators=100, metric_users=10)
+    opts = dict(users=60, items=2000, creators=100, metric_users=10, impressions_per_user=50)
     info, _ = vw.ensure_split(tmp_path, 0, 0, seed=1, **opts)
     stamp = (tmp_path / "world.json").stat().st_mtime_ns
     again, _ = vw.ensure_split(tmp_path, 60 * 50, 60 * 10, seed=1, **opts)
@@ -281,7 +282,7 @@ def test_cli_writes_a_world(tmp_path, capsys):
     assert vw.main(["--users", "40", "--items", "1000", "--creators", "100", "--metric-users", "5",
                     "--out", str(tmp_path / "cli"), "--seed", "2"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["train_rows"] == 40 * 50
+    assert report["train_rows"] == 40 * vw.VideoWorldConfig().impressions_per_user  # the default (200)
     assert vw.load(tmp_path / "cli").config.seed == 2
 
 
@@ -319,3 +320,77 @@ def test_write_and_load_through_an_fsspec_url(world, written):
     back = vw.load(out)
     np.testing.assert_array_equal(back.train["click"].to_numpy(), world.train["click"].to_numpy())
     assert vw.read_info(out)["files"] == vw.read_info(written)["files"]  # the same bytes as on the local disk
+
+
+# ----------------------------------------------------------------------------- the terms a ranker needs (issue 29.4)
+
+OLD = vw.VideoWorldConfig(**{**SMALL.to_dict(), "short_term_weight": 0.0, "cross_scale": 0.0})
+
+
+def _logit(p: np.ndarray) -> np.ndarray:
+    p = p.astype(np.float64)
+    return np.log(p) - np.log1p(-p)
+
+
+def test_a_recent_click_in_a_category_raises_its_click_logit_by_the_configured_amount(world):
+    """The short-term term, exactly (logit(p_click) - the static logit = w_s · min(1, s)) and measurably (the
+    observed click rate right after a click in the category is above the static model's by that much)."""
+    t = world.train
+    u, i, when = t["user_id"].to_numpy(), t["item_id"].to_numpy(), t["time"].to_numpy()
+    static = world._pair_logits(u, i, short=False)[0]  # (N,) without the user's history
+    shift = _logit(t["p_click"].to_numpy()) - static  # (N,)
+    s = world.short_term_state(u, when)[np.arange(len(t)), t["category"].to_numpy()]  # (N,)
+    expected_p = 1 / (1 + np.exp(-(static + SMALL.short_term_weight * np.minimum(1.0, s))))
+    np.testing.assert_allclose(t["p_click"].to_numpy(), expected_p, rtol=1e-5)  # float32 p: compare p, not logits
+    # right after: the category was clicked in the user's previous request
+    req = t["request_id"].to_numpy()
+    prev = t[t["click"] == 1].assign(request_id=lambda f: f["request_id"] + 1)[["request_id", "category", "time"]]
+    keyed = t.reset_index().merge(prev.drop_duplicates(["request_id", "category"]), on=["request_id", "category"],
+                                  suffixes=("", "_prev"))
+    rows = keyed["index"].to_numpy()
+    assert rows.size > 300 and np.isin(req[rows] - 1, req).all()
+    dt_days = (keyed["time"] - keyed["time_prev"]).to_numpy() / 86400
+    assert (shift[rows] >= SMALL.short_term_weight * np.exp2(-dt_days / SMALL.short_term_half_life_days) - 1e-3).all()
+    assert (shift <= SMALL.short_term_weight + 1e-3).all() and (shift >= -1e-3).all()
+    fresh = rows[dt_days < 1.0]  # clicked the category less than a day before: shift >= 2^(-1/h) w_s
+    base = 1 / (1 + np.exp(-static[fresh]))
+    click = t["click"].to_numpy()[fresh]
+    se = np.sqrt((base * (1 - base)).sum()) / fresh.size
+    assert click.mean() - base.mean() > 4 * se, (click.mean(), base.mean(), se)  # measurably above the static
+    expected = t["p_click"].to_numpy()[fresh].mean()
+    assert abs(click.mean() - expected) < 4 * se, (click.mean(), expected)  # by the configured amount
+
+
+def test_the_best_reachable_auc_is_recomputed_from_the_new_truth(world):
+    t = world.test
+    assert world.metrics["auc"]["click"] == pytest.approx(_exact_auc(t["p_click"].to_numpy(), t["click"].to_numpy()))
+    # the test request's truth is the state as of the request: the train clicks before it
+    np.testing.assert_allclose(t["p_click"].to_numpy(), world.click_prob(t["user_id"], t["item_id"]), rtol=1e-5)
+    assert world.metrics["auc"]["click"] > world.metrics["auc_without_history"]["click"] + 0.005, world.metrics["auc"]
+    # the ideal list knows the state too: its utility is the brute-force argmax with the state in (see
+    # test_ideal_topn_is_the_true_argmax); without the state it would rank otherwise
+    users = np.unique(t["user_id"])[:20]
+    state_free = world._pair_logits(users[:, None], np.arange(SMALL.items)[None, :], short=False)[0]
+    with_state = _logit(world.click_prob(users[:, None], np.arange(SMALL.items)[None, :]))
+    assert (np.abs(with_state - state_free) > 0.1).mean() > 0.01
+
+
+def test_the_old_world_is_reached_with_the_new_weights_at_zero():
+    """short_term_weight=0, cross_scale=0: the labels of the world before issue 29 (its best AUC on this
+    config, 0.82756523639423, measured on the commit before), the static truth everywhere."""
+    old = vw.generate(OLD)
+    t = old.train
+    np.testing.assert_allclose(t["p_click"].to_numpy(), old.click_prob(t["user_id"], t["item_id"]), rtol=1e-5)
+    assert old.metrics["auc"]["click"] == pytest.approx(0.82756523639423, abs=1e-12)
+    assert "auc_without_history" not in old.metrics
+
+
+def test_same_seed_same_labels_and_generation_is_fast(world):
+    import time
+    t0 = time.perf_counter()
+    again = vw.generate(SMALL)
+    assert time.perf_counter() - t0 < 30.0  # ~1.5 s on 2 shared cores
+    np.testing.assert_array_equal(again.train["click"].to_numpy(), world.train["click"].to_numpy())
+    np.testing.assert_array_equal(again.test["p_click"].to_numpy(), world.test["p_click"].to_numpy())
+    times = world.train.groupby("user_id")["time"].apply(lambda x: np.diff(np.unique(x)).min())
+    assert (times > 0).all()  # requests strictly ordered in time per user

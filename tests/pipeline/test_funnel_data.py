@@ -1,0 +1,160 @@
+"""recps.pipeline.data: behaviour history as a point-in-time feature of the funnel's data (issue 29.1).
+
+The leakage test: a world whose label is "the item is shown again in the user's next request" (a leaked
+future makes "target in history" an AUC ~ 1 score) must score at the no-leak level (0.5)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from recps.config import PROJECT_ROOT
+from recps.data.generators.ctr import _exact_auc
+from recps.errors import ConfigError
+from recps.pipeline.data import (HELD_OUT, HISTORY_FEATURES, Csr, FunnelData, History, csr_from_pairs, movielens,
+                                 pair_examples, video_world)
+
+ML = next((p for p in (PROJECT_ROOT.parent / "shared" / "data" / "movielens_latest_small",
+                       PROJECT_ROOT / "datasets" / "movielens_latest_small") if (p / "ratings.csv").exists()), None)
+
+
+def _leak_world(users: int = 400, requests: int = 12, size: int = 5, items: int = 40, seed: int = 0,
+                length: int = 50) -> FunnelData:
+    """Each user: `requests` requests of `size` distinct uniform items at times 100·r (+ the user id, so users'
+    clocks differ); label click = 1 iff the item is shown again in the user's NEXT request (the last request's
+    rows: 0). Rows are shuffled, so no order of the arrays can stand in for time."""
+    g = np.random.default_rng(seed)
+    shown = np.argsort(g.random((users, requests, items)), axis=2)[:, :, :size]  # (U, R, S) distinct per request
+    nxt = np.zeros((users, requests, size), bool)
+    nxt[:, :-1] = (shown[:, :-1, :, None] == shown[:, 1:, None, :]).any(-1)  # in request r + 1
+    user = np.broadcast_to(np.arange(users)[:, None, None], shown.shape).ravel()
+    time = (100 * np.broadcast_to(np.arange(requests)[None, :, None], shown.shape) + np.arange(users)[:, None, None]
+            ).ravel()
+    perm = g.permutation(user.size)
+    t = lambda x: torch.from_numpy(np.ascontiguousarray(x[perm]).astype(np.int64))  # noqa: E731
+    labels = torch.from_numpy(np.stack([nxt.ravel(), np.zeros(user.size, bool)], 1)[perm].astype(np.float32))
+    return FunnelData(
+        name="leak", user_features={"user_id": torch.arange(users)},
+        item_features={"item_id": torch.arange(items), "category": torch.arange(items) % 7},
+        train_user=t(user), train_item=t(shown.ravel()), train_labels=labels,
+        seen=csr_from_pairs(t(user), t(shown.ravel()), users), test_users=torch.arange(users),
+        test_positives=Csr(torch.zeros(users + 1, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)),
+        train_time=t(time), history_length=length)
+
+
+def _target_in_history(data: FunnelData, times: torch.Tensor) -> np.ndarray:
+    """(N,) 1 where the exposure's own item is among its history's items (as of `times`; its own row, were it
+    there, not counted): a model-free score."""
+    lengths, entries = data.history.at(data.train_user, times, data.history_length)
+    rows = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
+    match = (data.history.item[entries] == data.train_item[rows]) & (data.history.time[entries] != data.train_time[rows])
+    hit = torch.zeros(lengths.numel(), dtype=torch.int64).index_add_(0, rows, match.long())
+    return (hit > 0).numpy().astype(np.float64)
+
+
+def test_a_leaked_future_would_score_auc_one_the_point_in_time_history_scores_chance():
+    """L = 5 = a request: the leaky history (as of one request later) is the next request itself."""
+    data = _leak_world(length=5)
+    label = data.train_labels[:, 0].numpy()
+    assert 0.05 < label.mean() < 0.5
+    leaky = _exact_auc(_target_in_history(data, data.train_time + 150), label)  # one request into the future
+    honest = _exact_auc(_target_in_history(data, data.train_time), label)
+    assert leaky > 0.95, leaky  # the test can see a leak: the future holds the label
+    assert abs(honest - 0.5) < 0.03, honest  # measured 0.50x: past repeats say nothing of the next request
+
+
+def test_no_history_entry_is_at_or_after_its_exposure_and_none_is_its_own_row():
+    data = _leak_world(length=7)
+    lengths, entries = data.history.at(data.train_user, data.train_time, 7)
+    rows = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)  # (V,)
+    assert (data.history.time[entries] < data.train_time[rows]).all()  # strictly before: not its own request
+    # every earlier interaction up to L = 7, the latest ones, oldest first
+    u, tm = data.train_user.numpy(), data.train_time.numpy()
+    earlier = np.array([(tm[u == u[n]] < tm[n]).sum() for n in range(0, u.size, 97)])
+    np.testing.assert_array_equal(lengths.numpy()[::97], np.minimum(earlier, 7))
+    got_t = data.history.time[entries]
+    same_row = rows[1:] == rows[:-1]
+    assert (got_t[1:][same_row] >= got_t[:-1][same_row]).all()
+    # the flags are the interactions' own labels
+    key = lambda uu, ii, ttt: (uu * 1000 + ii) * 10_000 + ttt  # noqa: E731
+    order = np.argsort(key(u, data.train_item.numpy(), tm))
+    pos = np.searchsorted(key(u, data.train_item.numpy(), tm)[order],
+                          key(u[rows], data.history.item[entries].numpy(), got_t.numpy()))
+    np.testing.assert_array_equal(data.history.click[entries].numpy(), data.train_labels[order[pos], 0].numpy())
+
+
+def test_held_out_history_is_the_whole_training_history_and_examples_carry_it():
+    data = _leak_world(users=30, requests=4, length=50)
+    users = torch.tensor([3, 0, 29])
+    ex = pair_examples(data, ["user_id", "history_item_id", "item_id", "history_click", "history_category"],
+                       users, torch.tensor([1, 2, 3]), times=data.request_times(users))
+    assert ex.feature_names == ("user_id", "item_id", "history_item_id", "history_click", "history_category")
+    assert ex.keys.tolist() == [[3, 1], [0, 2], [29, 3]]
+    np.testing.assert_array_equal(ex.seq_lengths[0].numpy(), [20, 20, 20])  # 4 requests x 5: all of them
+    for q in range(3):
+        assert torch.equal(ex.seq_lengths[q], ex.seq_lengths[0])
+    mine = data.train_user == 3
+    order = np.lexsort((data.train_item[mine].numpy(), data.train_time[mine].numpy()))
+    np.testing.assert_array_equal(ex.seq_values[0][:20].numpy(), data.train_item[mine].numpy()[order])
+    np.testing.assert_array_equal(ex.seq_values[2].numpy(), (ex.seq_values[0] % 7).numpy())  # the items' category
+    assert int(HELD_OUT) == torch.iinfo(torch.int64).max
+    with pytest.raises(ValueError, match="pass train_time\\[rows\\] for exposures"):
+        pair_examples(data, ["item_id", "history_item_id"], users, torch.tensor([1, 2, 3]))
+
+
+def test_history_length_is_validated_and_stages_may_name_the_history_features():
+    data = _leak_world(users=10, requests=3)
+    data.check_features("fine", ["user_id", "item_id", *HISTORY_FEATURES])
+    with pytest.raises(ConfigError, match=r"\['history_colour'\] are not features"):
+        data.check_features("fine", ["history_colour"])
+    for bad in (0, -3):
+        with pytest.raises(ConfigError, match=rf"^pipeline.world.history_length={bad}; use an integer >= 1"):
+            _leak_world(users=10, requests=3, length=bad)
+
+
+def test_video_world_history_is_point_in_time(tmp_path):
+    data = video_world(str(tmp_path / "w"), users=80, items=2000, creators=200, metric_users=20,
+                       impressions_per_user=60, history_length=15, seed=2)
+    assert data.history_length == 15
+    lengths, entries = data.history.at(data.train_user, data.train_time, 15)
+    rows = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
+    assert (data.history.time[entries] < data.train_time[rows]).all()
+    # a user's items are distinct in the world: an exposure's own item never in its history
+    assert not (data.history.item[entries] == data.train_item[rows]).any()
+    assert int(lengths.max()) == 15 and int(lengths.min()) == 0  # first requests: empty
+    # held out: the last 15 training exposures, never a test-period item
+    held = data.history_at(data.test_users, data.request_times(data.test_users), ["history_item_id"])
+    hl, hv = held["history_item_id"]
+    assert (hl == 15).all()
+    seen = data.seen.rows(data.test_users)
+    hrows = torch.repeat_interleave(torch.arange(hl.numel()), hl)
+    assert torch.isin(data.test_users[hrows] * 10_000 + hv, data.test_users[seen.row_ids()] * 10_000 + seen.items).all()
+    with pytest.raises(ConfigError, match=r"^pipeline.world.history_length=0; use an integer >= 1"):
+        video_world(str(tmp_path / "w"), users=80, items=2000, creators=200, metric_users=20,
+                    impressions_per_user=60, history_length=0, seed=2)
+
+
+@pytest.mark.skipif(ML is None, reason="MovieLens latest-small is not here (datasets/movielens_latest_small)")
+def test_movielens_history_uses_timestamps_and_never_a_same_second_row():
+    data = movielens(str(ML / "ratings.csv"), str(ML / "movies.csv"), max_users=60, history_length=30)
+    lengths, entries = data.history.at(data.train_user, data.train_time, 30)
+    rows = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
+    assert (data.history.time[entries] < data.train_time[rows]).all()  # never the same second
+    # MovieLens users rate many movies in the same second: those never see each other
+    key = data.train_user * (1 << 40) + data.train_time
+    _, counts = torch.unique(key, return_counts=True)
+    assert int(counts.max()) > 1  # there are same-second rows to guard against
+    # deterministic whatever the rows' order: the same histories from a permuted log
+    perm = torch.from_numpy(np.random.default_rng(0).permutation(data.train_user.numel()))
+    again = History.of(data.train_user[perm], data.train_item[perm], data.train_time[perm], data.train_labels[perm],
+                       data.num_users)
+    l2, e2 = again.at(data.train_user, data.train_time, 30)
+    assert torch.equal(l2, lengths) and torch.equal(again.item[e2], data.history.item[entries])
+    assert torch.equal(again.click[e2], data.history.click[entries])
+    # the click flag is rating >= 4 of the interaction itself; held-out requests see the whole train history
+    held = data.history_at(data.test_users, data.request_times(data.test_users), ["history_click"])["history_click"]
+    per_user = torch.bincount(data.train_user, minlength=data.num_users)[data.test_users]
+    assert torch.equal(held[0], per_user.clamp(max=30))

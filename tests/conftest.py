@@ -36,18 +36,17 @@ _PROCESS_FIXTURES = {"hdfs", "private_hdfs", "launch_output"}
 _SAVED_STARTS = pytest.StashKey[list]()
 
 
-# Programs libraries run on their own the first time something is imported or looked up (ctypes'
-# find_library runs ldconfig or gcc; platform runs uname): not the test's processes, and which test
-# pays for them depends on the order tests run in.
-_LIBRARY_HELPERS = {"ldconfig", "gcc", "cc", "ld", "objdump", "uname", "lscpu"}
+# Library probes that are not a test starting a process: ctypes.util.find_library runs
+# `/sbin/ldconfig -p` (when recps.ps.table._memory is first imported).
+_PROBES = {"ldconfig", "gcc", "cc", "ld", "objdump", "uname", "lscpu"}  # and what find_library or platform may run
 
 
 def _noting(what: str, start):
     def spawn(*args, **kwargs):
-        argv = args[0] if args and isinstance(args[0], (list, tuple)) else None
+        argv = args[0] if args and isinstance(args[0], (list, tuple)) else ()
         program = os.path.basename(os.fsdecode(argv[0])) if argv else ""
-        if program not in _LIBRARY_HELPERS:
-            _SPAWNED.append(what)
+        if program not in _PROBES:
+            _SPAWNED.append(what if not program else f"{what}: {program}")
         return start(*args, **kwargs)
     return spawn
 

@@ -121,10 +121,10 @@ def exact_counts(overrides: list[str], checkpoint: Path, mode: str) -> str:
     averaging), else 'WRONG k of N'."""
     import torch
 
-    from recps.checkpoint import read_ps_checkpoint
+    from recps.job.checkpoint import read_ps_checkpoint
     from recps.config import compose_config
     from recps.ps.embedding import salted_keys
-    from recps.run import prepare_dataset
+    from recps.job.build import prepare_dataset
 
     cfg = compose_config(overrides)
     data = prepare_dataset(cfg.dataset, seed=int(cfg.seed))

@@ -23,7 +23,7 @@ def run(rows: int, threads: int, batch: int, vocab: int, model_name: str, seed: 
     from recps.metrics import MetricCollection
     from recps.embeddings import LocalEmbeddingBagCollection
     from recps.tasks import BinaryTask
-    from recps.trainer import LocalDenseUpdater, Trainer, dense_parameters
+    from recps.job.loop import LocalDenseUpdater, Trainer, dense_parameters
     import models
 
     torch.manual_seed(seed)

@@ -62,7 +62,7 @@ def run(rows: int, pairs: int, threads: int, every: int, model: str, batch: int)
 
     from recps.config import PROJECT_ROOT, register_resolvers
     from recps.metrics.reporter import build_reporter
-    from recps.run import build_job
+    from recps.job.build import build_job
 
     register_resolvers()
     overrides = [

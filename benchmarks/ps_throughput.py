@@ -212,7 +212,8 @@ def local_child(overrides: list[str]) -> dict:
     from hydra import compose, initialize_config_dir
 
     from recps.config import register_resolvers
-    from recps.run import build_job, evaluate
+    from recps.job.build import build_job
+    from recps.job.run import evaluate
 
     register_resolvers()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):

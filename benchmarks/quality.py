@@ -3,7 +3,7 @@
     python -m recps.train model=ctr_dnn ps=local \\
         '++trainer.observers=[{_target_: benchmarks.quality.HeldOutAUC, every_steps: 40, path: /tmp/q.jsonl}]'
 
-`HeldOutAUC` is a `recps.trainer.TrainObserver` that `recps.run.build_job` builds from
+`HeldOutAUC` is a `recps.job.observer.TrainObserver` that `recps.job.build.build_job` builds from
 `trainer.observers` (with `job=`), in every process that trains: ps=local, and each worker of a
 PS cluster, where only worker `worker` (default 0) evaluates. Every `every_steps` global steps
 the training thread that counts the step evaluates ITS replica of the model (the shared
@@ -39,7 +39,7 @@ from torch import nn
 
 from recps.errors import ConfigError
 from recps.metrics import MetricCollection
-from recps.trainer import TrainObserver
+from recps.job.observer import TrainObserver
 
 __all__ = ["HeldOutAUC", "read_curve", "time_to_quality"]
 
@@ -59,7 +59,7 @@ class HeldOutAUC(TrainObserver):
     """AUC and logloss of the model on the held-out split every `every_steps` global steps.
 
     Args:
-        job: the recps.run.Job (injected by build_job): task, collection and `data.test`.
+        job: the recps.job.build.Job (injected by build_job): task, collection and `data.test`.
         every_steps: evaluate when the fit's global step count reaches a multiple of this.
         path: JSON-lines file the records are appended to (the benchmark's, outside the checkout).
         rows: held-out rows evaluated (the first `rows` of the split; 0: all of it).

@@ -148,7 +148,7 @@ def run_system(system: str, epochs: int, seed: int = 0, corpus: str = "wiki", k_
 
 def _text_data(corpus: str, seed: int):
     from recps.config import compose_config
-    from recps.run import prepare_dataset
+    from recps.job.build import prepare_dataset
 
     cfg = compose_config(["model=word2vec", f"dataset.min_count={SETTINGS['min_count']}", *corpus_overrides(corpus)])
     return prepare_dataset(cfg.dataset, seed=seed)
@@ -210,7 +210,8 @@ def gensim_child(spec: dict[str, Any]) -> dict[str, Any]:
 def local_child(overrides: list[str]) -> dict[str, Any]:
     """recps ps=local: the job `python -m recps.train` builds, its training loop timed (wall, CPU)."""
     from recps.config import compose_config
-    from recps.run import build_job, evaluate
+    from recps.job.build import build_job
+    from recps.job.run import evaluate
 
     cfg = compose_config(overrides)
     job = build_job(cfg)

@@ -26,9 +26,10 @@ __all__ = ["main", "evaluate_checkpoint"]
 
 def evaluate_checkpoint(path: str, overrides: Sequence[str] = ()) -> dict[str, float]:
     # deferred: torch, torchrec (the job, the checkpoint, the PS) once the arguments parsed
-    from recps.checkpoint import find_checkpoint, load_checkpoint, parent_url, verify_ps_checkpoint
+    from recps.job.build import build_job
+    from recps.job.checkpoint import find_checkpoint, load_checkpoint, parent_url, verify_ps_checkpoint
+    from recps.job.run import evaluate
     from recps.ps.fleet import read_checkpoint
-    from recps.run import build_job, evaluate
 
     register_resolvers()
     kind, found = find_checkpoint(path)

@@ -105,7 +105,7 @@ def _run(cfg: DictConfig) -> float:
         if metrics is None:
             return float("nan")
     elif cfg.ps.name == "local":
-        from recps.run import run_training
+        from recps.job.build import run_training
 
         metrics = run_training(cfg, out_dir)
     else:
@@ -131,11 +131,11 @@ def _run(cfg: DictConfig) -> float:
 
 def _check_resume(cfg: DictConfig, overrides: list[str]) -> None:
     """Before any data is read or process started: trainer.resume, when set, holds a checkpoint
-    (recps.checkpoint.find_checkpoint's ConfigError, with trainer.resume and its source in front)."""
+    (recps.job.checkpoint.find_checkpoint's ConfigError, with trainer.resume and its source in front)."""
     resume = cfg.trainer.get("resume")
     if not resume:
         return
-    from recps.checkpoint import find_checkpoint
+    from recps.job.checkpoint import find_checkpoint
     from recps.errors import ConfigError
 
     try:

@@ -18,7 +18,7 @@ from recps.config import (
     validate_config,
 )
 from recps.errors import ConfigError
-from recps.run import MODEL_ENGINE_KEYS, MODEL_INJECTED  # what the engine injects into / reads from a model config
+from recps.job.build import MODEL_ENGINE_KEYS, MODEL_INJECTED
 
 CONF = PROJECT_ROOT / "conf"
 GROUP_FILES = sorted(p for p in CONF.rglob("*.yaml") if p.parent != CONF)

@@ -8,7 +8,7 @@ machine (RECPS_REQUIRE_CUDA=1 makes the absence a failure). The cuda half compar
 - the copies (recps.device) and the prefetching batch loader (recps.embeddings.placement);
 - GEO's replica as a CUDA TBE and sync's pulled rows on the GPU, both against plain-torch SGD on the
   CPU (the exact equalities of tests/ps/modes/test_geo.py, with tests/helpers/reference.py, to float tolerance);
-- ps=local, GEO and async runs of CTR-DNN (recps.run / recps.cluster, servers in this process) on a
+- ps=local, GEO and async runs of CTR-DNN (recps.job / recps.cluster, servers in this process) on a
   small generated world: first losses and AUC against the same run on the CPU.
 
 On a machine without CUDA, `device=cuda` fails before any data is read or process started, naming
@@ -209,7 +209,7 @@ _CPU_RUNS: dict[str, dict] = {}  # mode -> the CPU run's metrics: the reference 
 
 
 def _run(mode: str, device: str, folder, run) -> dict:
-    from recps.run import run_training
+    from recps.job.build import run_training
 
     cfg = compose_config([*RUN, f"ps={mode}", f"device={device}", f"dataset.dir={folder / 'synthetic'}",
                           *EXTRA[mode]])
@@ -238,7 +238,7 @@ def test_trainer_places_the_kjt_where_the_collection_or_the_task_reads_it(device
     """A PS collection reads the batch's KJT on the host when the task hands it over as it is (BinaryTask);
     a task that builds its own KJT from it (passes_batch_sparse False: sequences, skip-gram) gets it on the
     device with the dense part, and the PS collection copies what it is given down (`_split`)."""
-    from recps.trainer import LocalDenseUpdater, Trainer
+    from recps.job.loop import LocalDenseUpdater, Trainer
 
     class OwnKJTTask(BinaryTask):
         passes_batch_sparse = False

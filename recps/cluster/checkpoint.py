@@ -6,10 +6,10 @@
                                      merged onto another number of workers (merge_worker_states)
     CheckpointPauses                 committed checkpoints during training (ps.checkpoint_every_*)
     resume_point                     where a worker's threads continue a checkpoint (trainer.resume)
-    last_committed_checkpoint,       a restarted cluster resumes from the last committed checkpoint
-    resume_after_restart             under checkpoint.dir, so that the updates after it are replayed once
+    last_committed, restart_resume   a restarted cluster resumes from the last committed checkpoint
+                                     under checkpoint.dir, so that the updates after it are replayed once
 
-The checkpoint's format (manifest, checksums, committed folders) is recps.checkpoint's; the servers
+The checkpoint's format (manifest, checksums, committed folders) is recps.job.checkpoint's; the servers
 write the tables (recps.ps.fleet). Streams resume from their own records (recps.stream).
 """
 
@@ -19,22 +19,20 @@ import io
 import json
 import logging
 import time
-from pathlib import Path
 from typing import Sequence
 
 import torch
-from omegaconf import DictConfig
 
 from recps import fs as rfs
-from recps.checkpoint import (checkpoint_dir, commit_ps_checkpoint, committed_checkpoints, find_checkpoint,
-                              is_committed, prune_step_checkpoints, read_recorded, verify_ps_checkpoint)
+from recps.job.checkpoint import (commit_ps_checkpoint, committed_checkpoints, find_checkpoint, is_committed,
+                                  prune_step_checkpoints, read_recorded, verify_ps_checkpoint)
 from recps.cluster.launch import restart_count
 from recps.data.sharding import WorkerShards
 from recps.errors import ConfigError
 from recps.ps.fleet import DENSE_TABLE
 
 __all__ = ["CONTROL_TABLE", "CheckpointPauses", "write_progress", "read_progress", "load_worker_state",
-           "merge_worker_states", "resume_point", "last_committed_checkpoint", "resume_after_restart",
+           "merge_worker_states", "resume_point", "last_committed", "restart_resume",
            "finished_message"]
 
 log = logging.getLogger("recps.cluster")
@@ -44,36 +42,34 @@ log = logging.getLogger("recps.cluster")
 CONTROL_TABLE = "recps_control"
 
 
-def last_committed_checkpoint(cfg: DictConfig, out_dir: Path) -> str | None:
-    """The committed checkpoint with the most steps under the run's checkpoint folder (its step-N/
+def last_committed(root: str) -> str | None:
+    """The committed checkpoint with the most steps under a run's checkpoint folder `root` (its step-N/
     folders, or the folder itself), or None."""
-    root = checkpoint_dir(cfg, out_dir)
     if not committed_checkpoints(root):
         return None
     return find_checkpoint(root)[1]
 
 
-
-def resume_after_restart(cfg: DictConfig, role, out_dir: Path) -> None:
-    """On a restart of the cluster (recps.launch's RECPS_RESTART_COUNT or torchrun's
-    TORCHELASTIC_RESTART_COUNT > 0) every process resumes from the last committed checkpoint under
-    checkpoint.dir (trainer.resume is set to it), so that the updates after it are replayed exactly
-    once; with none committed yet, the job starts over as configured. Every process of the cluster
-    was stopped before the restart, so they all find the same one. A stream resumes from its own
-    records in stream.out instead (recps.stream), the same way as a rerun of its command."""
+def restart_resume(root: str, role, resume: str | None) -> str | None:
+    """On a restart of the cluster (recps.cluster.launch's RECPS_RESTART_COUNT or torchrun's
+    TORCHELASTIC_RESTART_COUNT > 0) every process resumes from the last committed checkpoint under the
+    run's checkpoint folder `root`: returned (the caller sets trainer.resume to it), so that the updates
+    after it are replayed exactly once; None: no restart, or none committed yet (the job starts over as
+    configured, from `resume` if set). Every process of the cluster was stopped before the restart, so
+    they all find the same one. A stream resumes from its own records in stream.out instead (its caller
+    does not ask), the same way as a rerun of its command."""
     count = restart_count()
-    if count == 0 or (cfg.get("stream") is not None and bool(cfg.stream.get("enabled", False))):
-        return
-    found = last_committed_checkpoint(cfg, out_dir)
+    if count == 0:
+        return None
+    found = last_committed(root)
     if found is None:
         log.warning("%s: restart %d: no committed checkpoint under %s yet; starting over%s", role.name, count,
-                    checkpoint_dir(cfg, out_dir),
-                    f" from trainer.resume={cfg.trainer.resume}" if cfg.trainer.resume else "")
-        return
-    if found == checkpoint_dir(cfg, out_dir):
+                    root, f" from trainer.resume={resume}" if resume else "")
+        return None
+    if found == root:
         raise ConfigError(finished_message(f"{role.name}: restart {count}", found))
     log.warning("%s: restart %d: resuming from %s", role.name, count, found)
-    cfg.trainer.resume = found
+    return found
 
 
 def finished_message(what: str, checkpoint: str) -> str:
@@ -129,7 +125,7 @@ def write_progress(ckpt: str, role, steps: int, positions, fleet) -> None:
     """<checkpoint>/progress/worker-XXXXX.json: this worker's steps and each thread's (epoch, batches);
     and what only the worker holds (Fleet.worker_state: geo's replica and dense optimizer state) in
     <checkpoint>/workers/worker-XXXXX.pt, named by the progress record ("state_file"), so the
-    manifest records its size and sha256 (recps.checkpoint.commit_ps_checkpoint)."""
+    manifest records its size and sha256 (recps.job.checkpoint.commit_ps_checkpoint)."""
     record = {"worker": role.index, "num_workers": role.num_workers, "steps": steps,
               "positions": [list(p) for p in positions or ()]}
     writes = []
@@ -160,7 +156,7 @@ def read_progress(ckpt: str, num_workers: int) -> list[dict]:
 
 
 class CheckpointPauses:
-    """`recps.trainer.Pauses` of ps.checkpoint_every_steps / ps.checkpoint_every_seconds: committed
+    """`recps.job.loop.Pauses` of ps.checkpoint_every_steps / ps.checkpoint_every_seconds: committed
     checkpoints of a running job at `<checkpoint dir>/step-N/` (N: each worker's steps, over its
     threads, since the job began: the resumed steps count).
 
@@ -175,12 +171,12 @@ class CheckpointPauses:
     later one is a checkpoint and worker 0 sets the steps to the next from its rate (through
     CONTROL_TABLE). `records`: per checkpoint its folder, steps, pause and save seconds (worker 0)."""
 
-    def __init__(self, fleet, cfg: DictConfig, job, mode, root: str, tables: Sequence[str], planned: int,
+    def __init__(self, fleet, job, mode, root: str, tables: Sequence[str], planned: int,
                  origin: dict | None = None) -> None:
-        self.fleet, self.cfg, self.job, self.root, self.tables = fleet, cfg, job, root, list(tables)
+        self.fleet, self.job, self.root, self.tables = fleet, job, root, list(tables)
         self.origin = origin or {"epoch": 0, "steps": 0}  # where the job began, recorded in each checkpoint
         self.role = fleet.role
-        self.threads = int(cfg.trainer.threads)
+        self.threads = job.settings.trainer.threads
         self.unit = self.threads if mode.name == "sync" else 1  # sync: every thread takes each step
         self.every_steps, self.every_s = mode.checkpoint_every_steps, mode.checkpoint_every_seconds
         self.check_steps = int(mode.checkpoint_check_steps)
@@ -239,12 +235,12 @@ class CheckpointPauses:
                                       "overwritten: give another checkpoint.dir or hydra.run.dir (or move it away)")
                 t = time.perf_counter()
                 progress = read_progress(folder, role.num_workers)
-                commit_ps_checkpoint(folder, self.tables, self.cfg,
+                commit_ps_checkpoint(folder, self.tables, self.job.settings,
                                      {"steps": self.job.steps_done + steps, "workers": progress, "origin": self.origin},
                                      save=lambda: fleet.save(folder, mode="full", tables=self.tables,
                                                               timeout=self.timeout_s))
                 save_s = time.perf_counter() - t
-                keep = self.cfg.checkpoint.get("keep_last")
+                keep = self.job.settings.checkpoint.keep_last
                 if keep is not None:
                     for old in prune_step_checkpoints(self.root, int(keep)):
                         log.info("%s: removed %s (checkpoint.keep_last=%d)", role.name, old, int(keep))
@@ -271,16 +267,16 @@ class CheckpointPauses:
         return self._next(at)
 
 
-def resume_point(cfg: DictConfig, job, role, threads: int, batch_size: int) -> dict:
+def resume_point(job, role, threads: int, batch_size: int) -> dict:
     """Where this worker's threads continue a PS checkpoint: {"folder", "epoch", "skip" per thread}.
 
     The same workers x threads continue exactly where each thread stopped. Another layout takes
     the fraction of the (earliest) epoch the old threads had trained, from each new shard."""
-    _, folder = find_checkpoint(str(cfg.trainer.resume))
+    _, folder = find_checkpoint(str(job.settings.trainer.resume))
     # Each worker reads the state files it takes (load_worker_state), not all of them.
     manifest = verify_ps_checkpoint(folder, needed=[*job.collection.table_dims(), DENSE_TABLE], worker_states=False)
-    if manifest["model_target"] != str(cfg.model._target_):
-        raise ConfigError(f"trainer.resume: {folder} holds a {manifest['model_target']} but model={cfg.model._target_}; "
+    if manifest["model_target"] != job.settings.model_target:
+        raise ConfigError(f"trainer.resume: {folder} holds a {manifest['model_target']} but model={job.settings.model_target}; "
                           "resume with the model config it was trained with")
     progress = manifest["progress"]
     job.steps_done = int(progress["steps"])

@@ -28,7 +28,7 @@ role:
   During training, conf/metrics' global metrics merge over every worker and thread through
   the servers (worker 0 logs them and writes train_metrics.jsonl, metrics.json
   "train_metrics", TensorBoard events), and with debug=dump every worker's threads write
-  their own files under <run dir>/dump/ (`recps.run.training_observers`).
+  their own files under <run dir>/dump/ (`recps.job.run.training_observers`).
 
 Recovery: with `cluster.restarts=N` the launcher starts a failed cluster again (recps.cluster.launch:
 every process stopped, a back-off, at most N times), logging the cause and the checkpoint it
@@ -54,17 +54,18 @@ from typing import Any, Mapping, Sequence
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
-from recps.checkpoint import MANIFEST, checkpoint_dir, committed_checkpoints, find_checkpoint, is_committed
-from recps.cluster.checkpoint import finished_message, last_committed_checkpoint, resume_after_restart
+from recps.cluster.checkpoint import finished_message, last_committed, restart_resume
 from recps.cluster.launch import LaunchError, launch, process_age
 from recps.cluster.process import role_logging
 from recps.config import check_cluster_config, cluster_checkpoint_every, ps_mode
 from recps.errors import ConfigError, DataError, RecpsError
+from recps.job.checkpoint import MANIFEST, committed_checkpoints, find_checkpoint, is_committed
+from recps.job.settings import checkpoint_dir, node_settings
 from recps.ps.fleet import ENCRYPTION_ENV, STORAGE_ROOTS_ENV
 from recps.ps.roles import ROLE_ENV, detect_role_maker
 
 __all__ = ["run_distributed", "run_role", "storage_roots", "environment_role", "child_command", "apply_checkpoint_every",
-           "JOB_CONFIG"]
+           "JOB_CONFIG", "last_committed_checkpoint", "resume_after_restart"]
 
 log = logging.getLogger("recps.cluster")
 
@@ -116,6 +117,22 @@ def apply_checkpoint_every(cfg: DictConfig) -> None:
     if seconds is not None:
         cfg.ps.checkpoint_every_seconds = seconds
 
+
+
+def last_committed_checkpoint(cfg: DictConfig, out_dir: Path) -> str | None:
+    """The committed checkpoint with the most steps under the run's checkpoint folder, or None
+    (recps.cluster.checkpoint.last_committed)."""
+    return last_committed(checkpoint_dir(cfg, out_dir))
+
+
+def resume_after_restart(cfg: DictConfig, role, out_dir: Path) -> None:
+    """A restarted cluster's process sets trainer.resume to the last committed checkpoint under
+    checkpoint.dir (recps.cluster.checkpoint.restart_resume); a stream resumes from its own records."""
+    if cfg.get("stream") is not None and bool(cfg.stream.get("enabled", False)):
+        return
+    found = restart_resume(checkpoint_dir(cfg, out_dir), role, cfg.trainer.resume or None)
+    if found is not None:
+        cfg.trainer.resume = found
 
 
 def _transport_encryption(cfg: DictConfig) -> None:
@@ -173,14 +190,14 @@ def run_role(cfg: DictConfig, role, out_dir: Path, *, data=None, observers: Sequ
 
     In-process clusters (tests) run each role in a thread of one process; `data` (the
     PreparedData of cfg.dataset) spares reading the data set again, `observers`
-    (recps.trainer.TrainObserver) join the worker's training threads; `work`: as run_distributed's."""
+    (recps.job.observer.TrainObserver) join the worker's training threads; `work`: as run_distributed's."""
     check_cluster_config(cfg)
     # Deferred: the launcher (no role) never runs a role body; a server or worker pays the imports of
-    # its own (recps.run: torch, fbgemm, the readers) only where it runs one.
+    # its own (recps.job.build: torch, fbgemm, the readers) only where it runs one.
     if role.is_server:
         from recps.cluster.server import serve
 
-        serve(cfg, role, Path(out_dir), storage_roots(cfg, out_dir))
+        serve(node_settings(cfg), role, Path(out_dir), storage_roots(cfg, out_dir))
         return None
     if work is None:
         from recps.cluster.work import work

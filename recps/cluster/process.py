@@ -11,30 +11,28 @@ import os
 import sys
 from typing import Sequence
 
-from omegaconf import DictConfig
-
+from recps.job.settings import NodeSettings
 from recps.ps.fleet import Fleet
 from recps.ps.roles import ROLE_ENV
 
-__all__ = ["fleet_for", "crowded", "on_this_machine", "role_logging"]
+__all__ = ["NodeSettings", "fleet_for", "crowded", "on_this_machine", "role_logging"]
 
 
-def fleet_for(cfg: DictConfig, role, storage_roots: Sequence[str] | None = None):
+def fleet_for(settings: NodeSettings, role, storage_roots: Sequence[str] | None = None):
     """The Fleet of `role` with the cluster's settings; `storage_roots`: a server's save/load folders."""
-    c = cfg.cluster
-    # Handler threads of a server (null: 0 when this machine is crowded, see _crowded; else 2).
+    # Handler threads of a server (null: 0 when this machine is crowded, see crowded; else 2).
     # Measured on 2 cores, quiet (benchmarks/RESULTS.md): serving on the network thread cut the
     # server's CPU by 7-20% and ran async 1S+2Wx1T, 1S+1Wx2T and GEO/sync 1S+1Wx2T faster.
-    server_threads = c.get("server_threads")
+    server_threads = settings.server_threads
     if server_threads is None:
-        server_threads = 0 if role.is_server and crowded(cfg, role) else 2
-    return Fleet(role, connect_timeout_s=float(c.connect_timeout_s), dead_after_s=float(c.dead_after_s),
+        server_threads = 0 if role.is_server and crowded(settings, role) else 2
+    return Fleet(role, connect_timeout_s=settings.connect_timeout_s, dead_after_s=settings.dead_after_s,
                  server_threads=int(server_threads), storage_roots=storage_roots)
 
 
-def crowded(cfg: DictConfig, role) -> bool:
+def crowded(settings: NodeSettings, role) -> bool:
     """Whether this machine's servers and training threads outnumber its cores (local launches only)."""
-    busy = role.num_servers + role.num_workers * int(cfg.trainer.threads)
+    busy = role.num_servers + role.num_workers * settings.trainer_threads
     return on_this_machine(role) and busy > (os.cpu_count() or 1)
 
 

@@ -13,14 +13,13 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
-from omegaconf import DictConfig
-
 from recps.cluster.process import crowded, fleet_for, on_this_machine
+from recps.job.settings import NodeSettings
 
 __all__ = ["serve"]
 
 
-def serve(cfg: DictConfig, role, out_dir: Path, roots: Sequence[str]) -> None:
+def serve(settings: NodeSettings, role, out_dir: Path, roots: Sequence[str]) -> None:
     """Serve as `role` until a worker stops it; `roots`: the folders it may save to and load from
     (recps.cluster.driver.storage_roots)."""
     # Intra-op threads of a server's table ops (null: torch's default, or 1 when this machine is
@@ -29,12 +28,12 @@ def serve(cfg: DictConfig, role, out_dir: Path, roots: Sequence[str]) -> None:
     # 1 server + 1 worker x 2 threads (counted since session 4: the workers' threads are busy too),
     # 1 thread 21,259 examples/s and 4.6 s of server CPU against 19,754 and 5.6 s, and serving on
     # the network thread with 2 intra-op threads spun: 13.5 s of server CPU, 14,811 examples/s.
-    threads = cfg.cluster.get("server_torch_threads")
-    if threads is None and crowded(cfg, role):
+    threads = settings.server_torch_threads
+    if threads is None and crowded(settings, role):
         threads = 1
     if threads is not None:
         torch.set_num_threads(int(threads))
-    with fleet_for(cfg, role, storage_roots=roots) as fleet:
+    with fleet_for(settings, role, storage_roots=roots) as fleet:
         fleet.init_server()  # start-up work (loads the tables' compiled loops), like the imports:
         cpu = time.process_time()  # before the CPU clock starts
         fleet.run_server()

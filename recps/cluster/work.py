@@ -23,16 +23,18 @@ from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
 from recps import fs as rfs
-from recps.checkpoint import checkpoint_dir, commit_ps_checkpoint
 from recps.cluster.checkpoint import CheckpointPauses, load_worker_state, read_progress, resume_point, write_progress
 from recps.cluster.launch import process_age, restart_count
 from recps.cluster.process import fleet_for, on_this_machine
 from recps.config import ps_mode
 from recps.data.dataset import prepare_data, worker_parses_its_shards
 from recps.data.sharding import WorkerShards
+from recps.job.build import Job, build_job
+from recps.job.checkpoint import commit_ps_checkpoint
+from recps.job.loop import left_of_target, planned_steps
+from recps.job.settings import node_settings
+from recps.job.run import Fit, base_metrics, data_metrics, evaluate, train
 from recps.ps.fleet import DENSE_TABLE, DistributedStrategy
-from recps.run import build_job, evaluate, training_observers
-from recps.trainer import left_of_target, planned_steps
 
 __all__ = ["work", "worker_data", "ProgressLog", "STATS_TABLE"]
 
@@ -90,18 +92,26 @@ def work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence = 
         data = worker_data(cfg, role)
     job = build_job(cfg, data)  # the same data, model, task and trainer as ps=local, over a PS-backed collection
     job.trainer.observers = [*job.trainer.observers, *observers]
-    strategy = DistributedStrategy(ps_mode(cfg), threads=int(cfg.trainer.threads))
-    threads, batch_size = int(cfg.trainer.threads), int(cfg.trainer.batch_size)
-    epochs, max_steps = int(cfg.trainer.epochs), int(cfg.trainer.max_steps)
+    strategy = DistributedStrategy(ps_mode(cfg), threads=job.settings.trainer.threads)
+    settings = node_settings(cfg)
+    return _train(job, strategy, lambda: fleet_for(settings, role), role, Path(out_dir))
+
+
+def _train(job: Job, strategy: DistributedStrategy, open_fleet, role, out_dir: Path) -> dict[str, Any] | None:
+    """The worker's part of the job, from the typed objects `work` built (see the module docstring);
+    `open_fleet()`: this worker's Fleet, joined once the resume point is known."""
+    t = job.settings.trainer
+    threads, batch_size, epochs, max_steps = t.threads, t.batch_size, t.epochs, t.max_steps
+    ckpt = job.settings.checkpoint.folder(out_dir)
     source = WorkerShards(job.data.train, role.index, role.num_workers)
     if on_this_machine(role):  # W workers share this machine's cores: no oversubscribed OpenMP pools
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // role.num_workers))
-    resume = resume_point(cfg, job, role, threads, batch_size) if cfg.trainer.resume else None
+    resume = resume_point(job, role, threads, batch_size) if t.resume else None
     first_epoch, skip = (resume["epoch"], resume["skip"]) if resume else (0, None)
     # Where this job began (epoch, steps): (0, 0), or the checkpoint a user resumed; its checkpoints record it.
     # A restart that resumes one of them continues the same job: it trains what is left of it, not that much more.
     origin = {"epoch": first_epoch, "steps": job.steps_done}
-    if resume and restart_count() > 0 and str(resume["folder"]).startswith(checkpoint_dir(cfg, out_dir).rstrip("/") + "/"):
+    if resume and restart_count() > 0 and str(resume["folder"]).startswith(ckpt.rstrip("/") + "/"):
         origin = resume["manifest"]["progress"].get("origin") or {"epoch": 0, "steps": 0}
         epochs, max_steps = left_of_target(epochs, max_steps, (int(origin["epoch"]), int(origin["steps"])),
                                            first_epoch, job.steps_done)
@@ -118,7 +128,7 @@ def work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence = 
         # Else the trainer stops at exactly max_steps, a multiple of the threads (check_cluster_config):
         # each step waits for every thread, so each takes max_steps / threads.
 
-    with fleet_for(cfg, role) as fleet:
+    with open_fleet() as fleet:
         fleet.add_collection(job.collection)
         dist = fleet.distributed_optimizer(job.optimizer, strategy)
         fleet.init_worker(load_from=resume["folder"] if resume else None)
@@ -133,16 +143,13 @@ def work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence = 
         if strategy.mode.checkpoint_every_steps or strategy.mode.checkpoint_every_seconds:
             mine = source.shard_batches(batch_size, threads)[role.index * threads:(role.index + 1) * threads]
             planned = planned_steps(mine, epochs, max_steps, per_thread, skip)
-            pauses = CheckpointPauses(fleet, cfg, job, strategy.mode, checkpoint_dir(cfg, out_dir), tables, planned,
-                                      origin=origin)
+            pauses = CheckpointPauses(fleet, job, strategy.mode, ckpt, tables, planned, origin=origin)
         # Global metrics (merged over every worker and thread through the servers; worker 0
         # logs and writes them) and the debug dump (each worker's threads write their own files).
-        with training_observers(job, out_dir, client=fleet.channel(), rank=role.index) as reporter:
-            cpu = time.process_time()
-            stats = job.trainer.fit(source, batch_size, epochs=epochs, max_steps=max_steps, progress=False,
-                                    thread_steps_per_epoch=per_thread, first_epoch=first_epoch, skip=skip,
-                                    pauses=pauses)
-            cpu = time.process_time() - cpu
+        trained = train(job, out_dir, Fit(source, epochs, max_steps, first_epoch=first_epoch, skip=skip,
+                                          thread_steps_per_epoch=per_thread, pauses=pauses),
+                        client=fleet.channel(), rank=role.index)
+        stats, cpu = trained.stats, trained.cpu_seconds
         # Everything is sent (geo: the last deltas) and nothing more will be: worker 0 below
         # overwrites its dense params with the servers' values, which must not count as a delta.
         fleet.close_communicators()
@@ -150,8 +157,7 @@ def work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence = 
             [float(stats.examples), stats.examples_per_sec, stats.seconds, cpu])).wait()
         log.info("%s trained: %d steps, %d examples, %.0f examples/s", role.name, stats.steps, stats.examples,
                  stats.examples_per_sec)
-        ckpt = checkpoint_dir(cfg, out_dir)
-        if cfg.checkpoint.save:  # where every thread stopped, for a resume
+        if job.settings.checkpoint.save:  # where every thread stopped, for a resume
             write_progress(ckpt, role, job.steps_done + stats.steps, stats.positions, fleet)
         fleet.barrier("recps.trained")
         if role.index != 0:
@@ -160,26 +166,17 @@ def work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence = 
         fleet.read_servers()
         metrics: dict[str, Any] = evaluate(job)
         total_examples, total_rate, _, total_cpu = fleet.pull_dense(STATS_TABLE).tolist()
-        metrics.update(
-            examples_per_sec=total_rate, train_examples=int(total_examples), train_steps=stats.steps,
-            worker_cpu_seconds=total_cpu,
-            train_seconds=stats.seconds, train_loss=stats.last_loss, first_losses=stats.first_losses,
-            model=str(cfg.model._target_), ps=str(cfg.ps.name), threads=threads,
-            servers=role.num_servers, workers=role.num_workers,
-        )
-        if reporter is not None:
-            metrics["train_metrics"] = reporter.reports
+        metrics.update(base_metrics(job, trained))
+        metrics.update(examples_per_sec=total_rate, train_examples=int(total_examples), worker_cpu_seconds=total_cpu,
+                       servers=role.num_servers, workers=role.num_workers)
         if strategy.mode.name == "geo":
             metrics["k_steps"] = strategy.mode.k_steps
-        if best := getattr(job.data, "best_auc", None):
-            metrics["best_reachable_auc"] = best
-        if best_per_label := getattr(job.data, "best_aucs", None):  # multi-label generators: one per label
-            metrics["best_reachable_aucs"] = dict(best_per_label)
+        metrics.update(data_metrics(job))
         if pauses is not None:
             metrics["checkpoints"] = pauses.records
-        if cfg.checkpoint.save:
+        if job.settings.checkpoint.save:
             progress = read_progress(ckpt, role.num_workers)
-            commit_ps_checkpoint(ckpt, tables, cfg, {"steps": job.steps_done + stats.steps, "workers": progress,
+            commit_ps_checkpoint(ckpt, tables, job.settings, {"steps": job.steps_done + stats.steps, "workers": progress,
                                                      "origin": origin},
                                  save=lambda: fleet.save(ckpt, mode="full", tables=tables,
                                                                 timeout=max(strategy.mode.timeout_s, 600.0)))

@@ -503,7 +503,7 @@ def build_sessions(clicks: pd.DataFrame, vocabulary: ItemVocabulary, min_length:
 
 @dataclass
 class SessionData:
-    """What `recps.run` trains and evaluates on: as `PreparedData`, plus the vocabulary.
+    """What `recps.job` trains and evaluates on: as `PreparedData`, plus the vocabulary.
 
     train: the batching the model asks for; test: a non-shuffled `SequenceSource`.
     num_embeddings: C, the rows the item table needs (ids are 0..C-1).

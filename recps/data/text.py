@@ -488,7 +488,7 @@ def _letters(i: int) -> str:
 
 @dataclass
 class TextData:
-    """What `recps.run` trains and evaluates on (as `PreparedData`), plus the vocabulary.
+    """What `recps.job` trains and evaluates on (as `PreparedData`), plus the vocabulary.
 
     schema: the skip-gram tables' features (sequence "input", "output"; label "context");
     train: a `TokenSource`; test: a `WordEvaluation` (text) or a `SessionProbe` (sessions);

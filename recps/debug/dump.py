@@ -52,8 +52,8 @@ from torch import nn
 
 from recps.debug.format import DumpWriter, Record
 from recps.errors import ConfigError, DataError
+from recps.job.observer import TrainObserver
 from recps.targets import check_target_args
-from recps.observer import TrainObserver
 
 __all__ = ["DebugDump", "DumpEstimate", "FIELDS", "build_dump", "check_debug_config"]
 
@@ -204,7 +204,7 @@ class DebugDump(TrainObserver):
     # ---- TrainObserver ----------------------------------------------------------------------------
 
     def on_fit_plan(self, steps: int | None) -> None:
-        """Before on_fit_start (recps.trainer.Trainer.fit): the steps the fit takes over all its threads
+        """Before on_fit_start (recps.job.loop.Trainer.fit): the steps the fit takes over all its threads
         (None: unknown); its first step's records times the ones selected give the size estimate."""
         self._planned = None if steps is None else int(steps)
 

@@ -3,7 +3,7 @@
 recps names every temporary of an atomic write one way, beside its target:
 
     .<name>.tmp-<pid>-<8 hex>          write_atomic's file, ShardWriter's shard folder,
-                                       recps.checkpoint's staged files
+                                       recps.job.checkpoint's staged files
     .<name>.tmp-<pid>-<8 hex>.old      write_atomic's old record, renamed aside (webhdfs, memory)
     .<name>.old-<pid>-<8 hex>          ShardWriter's replaced shard folder, before its removal
 

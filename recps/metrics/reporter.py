@@ -57,7 +57,7 @@ from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 from torch import Tensor
 
 from recps.errors import ConfigError, DataError
@@ -66,8 +66,8 @@ from recps.metrics.base import Metric, State, prepare_pointwise
 from recps.metrics.collection import MetricCollection, build_metric
 from recps.metrics.distributed import allreduce_metrics
 from recps.metrics.groups import batch_groups, check_group_key, feed_columns
+from recps.job.observer import TrainObserver
 from recps.metrics.ps_merger import PSMerger
-from recps.observer import TrainObserver
 
 __all__ = [
     "ExampleCount",
@@ -570,7 +570,7 @@ def build_reporter(cfg: Any, *, task: Any, threads: int, out_dir: str | Path | N
     if cfg is None or not bool(cfg.get("enabled", True)):
         return None
     check_metrics_config(cfg)
-    values = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+    values = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)  # a node, or plain values (recps.job.settings)
     kwargs = {k: v for k, v in values.items() if not str(k).startswith("_") and k not in _ENGINE_KEYS}
     grouped = [name for name, _ in _specs(kwargs.get("metrics") or [])
                if not build_metric(name).additive]

@@ -202,7 +202,7 @@ class _StageTrainer:
     def __init__(self, fleet, spec: StageSpec, specs: Sequence[StageSpec], role, timeout_s: float) -> None:
         from hydra.utils import instantiate
 
-        from recps.trainer import dense_parameters
+        from recps.job.loop import dense_parameters
 
         self.fleet, self.spec, self.role, self.timeout_s = fleet, spec, role, timeout_s
         self.collection = stage_collection(spec)
@@ -226,7 +226,7 @@ class _StageTrainer:
     def start(self) -> None:
         """After the tables exist (and a resumed checkpoint was loaded): the servers' dense values, the
         stage mode's updater, the trainer."""
-        from recps.trainer import Trainer
+        from recps.job.loop import Trainer
 
         mode = self.spec.mode
         self.fleet.pull_dense_into(self.table, self.dense, self.timeout_s)  # every worker starts equal
@@ -333,7 +333,7 @@ class _FunnelFleet:
 
 def _read_worker_states(folder: str, manifest: dict, files: Sequence[str]) -> list[dict]:
     """The worker state files `files` of the checkpoint `folder`, each checked against its manifest."""
-    from recps.checkpoint import read_recorded
+    from recps.job.checkpoint import read_recorded
 
     return [torch.load(io.BytesIO(read_recorded(folder, manifest, rel)), map_location="cpu", weights_only=True)
             for rel in files]
@@ -408,7 +408,7 @@ class _PassData:
 
 
 @dataclass
-class _PassStats:  # what PassLoop.run reads of a pass's training (recps.trainer.TrainStats' fields)
+class _PassStats:  # what PassLoop.run reads of a pass's training (recps.job.loop.TrainStats' fields)
     steps: int
     examples: int
     seconds: float
@@ -567,11 +567,12 @@ def funnel_stream_work(cfg: DictConfig, role, out_dir: Path, data=None, observer
     """A worker of the streaming funnel (recps.cluster.driver.run_role's `work`); worker 0 returns the metrics."""
     import os
 
-    from recps.checkpoint import verify_ps_checkpoint
+    from recps.job.checkpoint import verify_ps_checkpoint
     from recps.cluster.checkpoint import merge_worker_states
+    from recps.job.settings import node_settings
     from recps.cluster.process import fleet_for, on_this_machine
     from recps.ps.fleet import DistributedStrategy
-    from recps.run import seed_everything
+    from recps.job.build import seed_everything
     from recps.stream.plan import StreamPlan
     from recps.stream.source import pass_files
 
@@ -592,7 +593,7 @@ def funnel_stream_work(cfg: DictConfig, role, out_dir: Path, data=None, observer
     plan = StreamPlan(config)
     for p in _passes_before(config, resume.next) if resume.folder else ():  # seen items, item statistics
         history = history + read_pass(pass_files(plan.split_folders(p)), world.num_users, world.num_items)
-    with fleet_for(cfg, role) as fleet:
+    with fleet_for(node_settings(cfg), role) as fleet:
         trainers = {s.name: _StageTrainer(fleet, s, specs, role, timeout_s) for s in specs}
         for s in specs:
             fleet.add_collection(trainers[s.name].collection, mode=s.mode)

@@ -130,7 +130,7 @@ def _train_stage(fleet, spec: StageSpec, model, collection, examples, role, time
 
     from recps.data.dataset import ExamplesSource
     from recps.data.sharding import WorkerShards
-    from recps.trainer import Trainer, dense_parameters
+    from recps.job.loop import Trainer, dense_parameters
 
     task_cfg = OmegaConf.to_container(spec.task, resolve=True)
     task_cfg.pop("objective", None)
@@ -232,9 +232,10 @@ def _index(cfg, s: StageSpec, stages: dict, world, role, export_dir: str, traine
 
 def funnel_work(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -> dict[str, Any] | None:
     """A worker of the funnel job; see the module docstring. Worker 0 returns the metrics."""
+    from recps.job.settings import node_settings
     from recps.cluster.process import fleet_for, on_this_machine
     from recps.ps.fleet import DistributedStrategy
-    from recps.run import seed_everything
+    from recps.job.build import seed_everything
 
     specs = pipeline_specs(cfg)
     world = data if isinstance(data, FunnelData) else load_world(cfg)
@@ -249,7 +250,7 @@ def funnel_work(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -
     models = {s.name: build_stage_model(s, collections[s.name], dense_width(s, specs)) for s in specs}
     export_dir = rfs.join(str(Path(out_dir).resolve()), EXPORT_DIR)
     trained: dict[str, Any] = {}
-    with fleet_for(cfg, role) as fleet:
+    with fleet_for(node_settings(cfg), role) as fleet:
         for s in specs:
             fleet.add_collection(collections[s.name], mode=s.mode)
         fleet.init_worker(DistributedStrategy(mode=specs[0].mode, threads=threads))

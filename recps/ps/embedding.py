@@ -37,7 +37,7 @@ CTR statistics: a communicator whose `counts_statistics(table)` is true (the ser
 CTR accessor, recps.ps.table.accessor) gets with each push the batch's shows and clicks per
 unique key: a show per occurrence of the key in the batch, and the click of the example the
 occurrence belongs to, summed (float32; exact for 0/1 clicks). The trainer hands the clicks (B,)
-of the batch to `set_batch_clicks` before the forward pass (recps.trainer: the task's label
+of the batch to `set_batch_clicks` before the forward pass (recps.job.loop: the task's label
 column); a label is clamped to [0, 1] and counts as that much of a click (Paddle feeds the label
 as the click). Without clicks (a model that builds its own KJT, a forward outside the trainer)
 the shows still count the occurrences and the clicks are 0. `key_statistics` is where this is decided;

@@ -110,7 +110,7 @@ class DistributedOptimizer:
 
     `step(thread=0)` hands the gradients to the mode (see the module docstring) and ends the
     step; `zero_grad()` is the wrapped optimizer's. `updater` is the same thing as a
-    recps.trainer DenseUpdater, for the multi-threaded Trainer.
+    recps.job.loop DenseUpdater, for the multi-threaded Trainer.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, strategy: DistributedStrategy) -> None:

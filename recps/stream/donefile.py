@@ -12,7 +12,7 @@ Paddle rewrites a donefile by deleting it and uploading the new one: a crash in 
 its history. Here a record is appended by writing the whole new file beside the old one and
 renaming it over (recps.fs.write_atomic: atomic on local disks and HDFS), and only after the
 folder it names was committed (its manifest lists the sha256 of every server's shard, written
-after every shard was: recps.checkpoint.commit_ps_checkpoint). A reader finds the old file or
+after every shard was: recps.job.checkpoint.commit_ps_checkpoint). A reader finds the old file or
 the new one, never a partial one; a record always names a complete, verified folder.
 
 A donefile line that does not parse is an error naming the file, the line and the fix (the job

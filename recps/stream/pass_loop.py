@@ -41,6 +41,7 @@ from omegaconf import DictConfig, OmegaConf
 from recps import fs as rfs
 from recps.errors import ConfigError
 from recps.stream.donefile import BASE_DONEFILE, DAY_MODEL_PASS, PATCH_DONEFILE, Donefiles, ModelRecord
+from recps.job.settings import build_settings
 from recps.stream.plan import Pass, StreamConfig, StreamPlan, next_day
 
 __all__ = ["run_stream", "stream_work", "resume_point", "Resume", "enabled", "PassLoop", "check_stream_out", "stream_config"]
@@ -137,7 +138,7 @@ def resume_point(config: StreamConfig) -> Resume:
     """The Resume of `config.out`'s records (see the module docstring); raises ConfigError for a
     history that goes back in time or does not match the stream's passes. Records win over
     stream.start_day: a stream begun earlier goes on after its last record."""
-    from recps.checkpoint import is_committed
+    from recps.job.checkpoint import is_committed
 
     plan = StreamPlan(config)
     done = Donefiles(config.out)
@@ -217,6 +218,7 @@ class _Loop:
         from recps.metrics.ps_merger import PSMerger
 
         self.cfg, self.role, self.out_dir, self.job, self.fleet = cfg, role, out_dir, job, fleet
+        self.settings = build_settings(cfg)  # what its checkpoints record (config.yaml, the model)
         self.strategy, self.config, self.resume = strategy, config, resume
         self.plan = StreamPlan(config)
         self.done = Donefiles(config.out)
@@ -260,7 +262,7 @@ class _Loop:
 
     def _export(self, folder: str, mode: str, p: Pass, extra: dict | None = None) -> tuple[int, float]:
         """Servers save `mode` into `folder`, committed by its manifest; (rows, seconds)."""
-        from recps.checkpoint import commit_ps_checkpoint
+        from recps.job.checkpoint import commit_ps_checkpoint
 
         t = time.perf_counter()
         state = {"day": p.day, "pass": p.index, "mode": mode, "base_key": self.base_key, **(extra or {})}
@@ -269,7 +271,7 @@ class _Loop:
             saved = self.fleet.save(folder, mode=mode, tables=self.tables, timeout=self.timeout_s)
             state["rows"] = sum(v for k, v in saved.items() if k in self.sparse_tables)
 
-        commit_ps_checkpoint(folder, self.tables, self.cfg, {"steps": self.job.steps_done, "stream": state}, save=save)
+        commit_ps_checkpoint(folder, self.tables, self.settings, {"steps": self.job.steps_done, "stream": state}, save=save)
         return int(state["rows"]), time.perf_counter() - t
 
     def _scratch(self, mode: str, p: Pass) -> float:
@@ -282,7 +284,7 @@ class _Loop:
         return time.perf_counter() - t
 
     def _checkpoint(self, p: Pass, delta: str | None) -> float:
-        from recps.checkpoint import commit_ps_checkpoint
+        from recps.job.checkpoint import commit_ps_checkpoint
         from recps.cluster.checkpoint import read_progress
 
         folder = _pass_folder(self.config, p)
@@ -290,7 +292,7 @@ class _Loop:
         progress = {"steps": self.job.steps_done, "workers": read_progress(folder, self.role.num_workers),
                     "stream": {"day": p.day, "pass": p.index, "base_key": self.base_key, "delta": delta,
                                "passes_done": self.passes_done}}
-        commit_ps_checkpoint(folder, self.tables, self.cfg, progress,
+        commit_ps_checkpoint(folder, self.tables, self.settings, progress,
                              save=lambda: self.fleet.save(folder, mode="full", tables=self.tables,
                                                                  timeout=self.timeout_s))
         self.done.add_model(ModelRecord(p.day, self.base_key, folder, p.index))
@@ -360,7 +362,7 @@ class _Loop:
         return {name: float(v) for name, v in merged.compute().items()}
 
     def _train(self, source) -> Any:
-        from recps.trainer import TrainStats
+        from recps.job.loop import TrainStats
 
         per_thread = -1
         if self.strategy.mode.name == "sync":
@@ -496,6 +498,7 @@ def stream_work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequ
     import torch
 
     from recps.cluster.checkpoint import load_worker_state
+    from recps.job.settings import node_settings
     from recps.cluster.process import fleet_for, on_this_machine
     from recps.cluster.work import STATS_TABLE, ProgressLog
     from recps.config import ps_mode
@@ -503,7 +506,8 @@ def stream_work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequ
     from recps.data.reader import empty_examples
     from recps.data.schema import Schema
     from recps.ps.fleet import DENSE_TABLE, DistributedStrategy
-    from recps.run import build_job, training_observers
+    from recps.job.build import build_job
+    from recps.job.run import training_observers
 
     config = stream_config(cfg)
     resume = resume_point(config)  # before init_worker's barrier: worker 0 appends records only after it
@@ -516,12 +520,12 @@ def stream_work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequ
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // role.num_workers))
     manifest = None
     if resume.folder:
-        from recps.checkpoint import verify_ps_checkpoint
+        from recps.job.checkpoint import verify_ps_checkpoint
 
         manifest = verify_ps_checkpoint(resume.folder, needed=[*job.collection.table_dims(), DENSE_TABLE],
                                         worker_states=False)
         job.steps_done = resume.steps
-    with fleet_for(cfg, role) as fleet:
+    with fleet_for(node_settings(cfg), role) as fleet:
         fleet.add_collection(job.collection)
         dist = fleet.distributed_optimizer(job.optimizer, strategy)
         fleet.init_worker(load_from=resume.folder)

@@ -1,7 +1,7 @@
 """The Task protocol: how the trainer turns a batch into a loss and an evaluation.
 
 Tasks own the losses and the evaluation; models only return logits. The trainer calls
-`forward(model, batch)` then `loss(output, batch)`; `recps.run.evaluate` calls the task's
+`forward(model, batch)` then `loss(output, batch)`; `recps.job.run.evaluate` calls the task's
 own `evaluate(model, source, batch_size)` when it has one (ranking and retrieval tasks
 score whole candidate sets), else `predict`/`target` over the test split with the
 pointwise metrics named in `metrics`.
@@ -60,7 +60,7 @@ class TaskBase:
     # the readers' bad rows (check_label_range).
     label_range: tuple[float, float] | None = None
     # forward() hands batch.sparse to the model as it is: a PS collection may prefetch its rows
-    # (recps.trainer.Trainer(prefetch=True)). A task whose forward builds other features says False.
+    # (recps.job.loop.Trainer(prefetch=True)). A task whose forward builds other features says False.
     passes_batch_sparse = True
 
     def forward(self, model: nn.Module, batch: Batch) -> Any:

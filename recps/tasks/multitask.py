@@ -161,7 +161,7 @@ class MultiTask(TaskBase):
 
     # ---- evaluation -----------------------------------------------------------------------------
 
-    evaluates_groups = True  # recps.run.evaluate passes metrics.group_key (gauc / pnr among the metrics)
+    evaluates_groups = True  # recps.job.run.evaluate passes metrics.group_key (gauc / pnr among the metrics)
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, source: Any, batch_size: int, group_key: str | None = None) -> dict[str, float]:

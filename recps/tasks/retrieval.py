@@ -229,7 +229,7 @@ class RetrievalTask:
         if self.num_negatives:
             if self._proposal is None:
                 raise ConfigError(f"task.negatives={self.negatives!r} needs the item catalogue: call "
-                                  "task.bind(data) before training (recps.run does)")
+                                  "task.bind(data) before training (recps.job.build does)")
             neg_rows = torch.multinomial(self._proposal, self.num_negatives, replacement=True)  # (N,)
             sparse = append_rows(sparse, self.catalogue.features(neg_rows))  # stride B + N
             dense = torch.cat([dense, dense.new_zeros(self.num_negatives, dense.shape[1])])  # (B + N, I)

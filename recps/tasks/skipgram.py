@@ -239,7 +239,7 @@ class SkipGramTask(TaskBase):
             raise DataError(f"task=skipgram reads TokenBatch (recps.data.text), got {type(batch).__name__}; "
                             "pick a text or session-corpus data set")
         if self._cdf is None:
-            raise ConfigError("SkipGramTask: no word counts; call bind(data) (recps.run does) or bind_counts()")
+            raise ConfigError("SkipGramTask: no word counts; call bind(data) (recps.job.build does) or bind_counts()")
         tokens = batch.sparse.values()  # (n,)
         piece = torch.repeat_interleave(torch.arange(batch.sparse.stride()), batch.sparse.lengths(),
                                         output_size=tokens.numel())  # (n,) document piece of each token

@@ -153,13 +153,14 @@ def test_process_tree_monitor_sees_children_and_their_peaks(tmp_path):
 
 @pytest.mark.slow  # a whole job trained end to end: e2e, not in make test-fast
 def test_held_out_auc_equals_the_evaluation_and_only_worker_0_evaluates(tmp_path, monkeypatch):
-    """HeldOutAUC through trainer.observers: its last record is recps.run.evaluate's AUC of the
+    """HeldOutAUC through trainer.observers: its last record is recps.job.run.evaluate's AUC of the
     trained model; records fall every `every_steps` steps; a PS worker other than 0 records nothing."""
     from hydra import compose, initialize_config_dir
     from omegaconf import open_dict
 
     from recps.config import register_resolvers
-    from recps.run import build_job, evaluate
+    from recps.job.build import build_job
+    from recps.job.run import evaluate
 
     register_resolvers()
     curve = tmp_path / "curve.jsonl"
@@ -310,7 +311,7 @@ def test_ctr_dnn_reaches_best_reachable_minus_0_01_on_the_quality_world(tmp_path
     reaches the best reachable AUC - 0.01 on the held-out split (measured: at ~95-130k of 150k rows,
     ending ~0.005 below)."""
     from recps.config import compose_config
-    from recps.run import build_job
+    from recps.job.build import build_job
 
     case = next(c for c in bench_run.PRESETS["full"].cases if c.kind == "quality" and c.mode == "local"
                 and c.model == "ctr_dnn")

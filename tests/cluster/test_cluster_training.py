@@ -33,8 +33,8 @@ from recps.ps.embedding import salted_keys
 from recps.ps.modes import server_halves
 from recps.ps.node import PSClient, PSServer
 from recps.ps.table import Initializer
-from recps.run import run_training, seed_everything
-from recps.trainer import dense_parameters
+from recps.job.build import run_training, seed_everything
+from recps.job.loop import dense_parameters
 from tests.helpers.cli import CliRun, job_process, recps_train
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

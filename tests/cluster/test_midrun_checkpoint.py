@@ -22,10 +22,10 @@ import pytest
 import torch
 
 from recps import fs as rfs
-from recps.checkpoint import read_ps_checkpoint
+from recps.job.checkpoint import read_ps_checkpoint
 from recps.config import compose_config
 from recps.errors import ConfigError
-from recps.observer import TrainObserver
+from recps.job.observer import TrainObserver
 from recps.ps.fleet import Fleet
 from tests.helpers.cli import recps_train, run_module
 
@@ -196,7 +196,7 @@ def test_keep_last_removes_the_older_committed_step_checkpoints_only(tmp_path):
     """prune_step_checkpoints: the committed step-N/ folders but the newest keep_last go (by N, not by
     name order: step-9 is older than step-10); a folder without a manifest, the root's own checkpoint
     and other folders stay; keep_last < 1 is refused naming the key."""
-    from recps.checkpoint import prune_step_checkpoints
+    from recps.job.checkpoint import prune_step_checkpoints
 
     root = tmp_path / "checkpoint"
     for name in ("step-9", "step-10", "step-30", "step-100"):
@@ -217,7 +217,7 @@ def test_keep_last_removes_the_older_committed_step_checkpoints_only(tmp_path):
 def test_a_run_with_keep_last_keeps_its_newest_step_checkpoint_and_resumes_from_it(tmp_path, in_process_cluster):
     """checkpoint.keep_last=1 with checkpoints every 30 steps: after the run one step-N/ is left, the
     last one, beside the final checkpoint; a restart's resume point (the newest committed) is it."""
-    from recps.cluster.checkpoint import last_committed_checkpoint
+    from recps.cluster.driver import last_committed_checkpoint
 
     cfg = small(["ps=async", "trainer.threads=1", "ps.checkpoint_every_steps=30", "checkpoint.keep_last=1",
                  f"dataset.dir={tmp_path / 'data'}"])

@@ -41,13 +41,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from recps.checkpoint import read_ps_checkpoint
+from recps.job.checkpoint import read_ps_checkpoint
 from recps.cluster.driver import apply_checkpoint_every
 from recps.config import compose_config, ps_mode, validate_config
 from recps.errors import ConfigError
 from recps.cluster.launch import free_port
 from recps.ps.embedding import salted_keys
-from recps.run import prepare_dataset
+from recps.job.build import prepare_dataset
 from tests.helpers.cli import job_process
 from tests.helpers.counting import COUNTING_TASK
 
@@ -183,7 +183,7 @@ def test_a_restart_of_a_resumed_job_trains_what_is_left_of_it(tmp_path, monkeypa
     of it (RECPS_RESTART_COUNT=1) resumes its own last committed checkpoint, 30 steps into epoch 1, and
     trains what is left of those 2 epochs (170 steps), not 2 counted from epoch 0 (the rest of epoch 1):
     every row ends at 3 x its occurrences, as the job without a restart."""
-    from recps.cluster.checkpoint import resume_after_restart
+    from recps.cluster.driver import resume_after_restart
     from recps.ps.roles import UserDefinedRoleMaker
 
     base = [o for o in counting_overrides(tmp_path, "async") if not o.startswith(("dataset.generate.train_rows=",

@@ -218,7 +218,7 @@ def test_movielens_100k_files_read_by_configuration_as_the_csvs_do(tmp_path: Pat
     from hydra import compose, initialize_config_dir
 
     from recps.config import register_resolvers
-    from recps.run import prepare_dataset
+    from recps.job.build import prepare_dataset
 
     u_data, u_item = write_ml100k(tmp_path)
     RATINGS.to_csv(tmp_path / "ratings.csv", index=False)

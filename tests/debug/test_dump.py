@@ -20,8 +20,8 @@ from hydra import compose, initialize_config_dir
 from recps.config import PROJECT_ROOT, register_resolvers
 from recps.debug import build_dump, diff_runs, dump_files, read_index, read_record
 from recps.errors import ConfigError
-from recps.run import build_job, run_training
-from recps.trainer import TrainObserver
+from recps.job.build import build_job, run_training
+from recps.job.observer import TrainObserver
 from tests.helpers.cli import recps_train, run_module
 
 ROWS, BATCH = 3000, 256

@@ -18,8 +18,8 @@ from hydra import compose, initialize_config_dir
 from recps.config import PROJECT_ROOT, register_resolvers
 from recps.debug import DebugDump, build_dump, diff_runs, dump_files, read_index
 from recps.debug import dump as dump_module
-from recps.run import build_job
-from recps.trainer import dense_parameters
+from recps.job.build import build_job
+from recps.job.loop import dense_parameters
 from tests.helpers.cli import run_module
 
 ROWS, BATCH, THREADS = 4096, 256, 2

@@ -28,7 +28,8 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from recps.checkpoint import commit_ps_checkpoint, load_checkpoint, save_checkpoint, verify_ps_checkpoint
+from recps.job.checkpoint import commit_ps_checkpoint, load_checkpoint, save_checkpoint, verify_ps_checkpoint
+from recps.job.settings import CheckpointSettings, JobSettings, TrainerSettings
 from recps.config import PROJECT_ROOT, register_resolvers
 from recps.errors import ConfigError, PSError
 from recps.ps.node import PSClient
@@ -36,7 +37,7 @@ from recps.ps.node import PSClient
 pytestmark = pytest.mark.timeout(600)
 
 MiB = 1 << 20
-LOCAL_RECORD = "checkpoint.json"  # recps.checkpoint.LOCAL_RECORD, the file users see
+LOCAL_RECORD = "checkpoint.json"  # recps.job.checkpoint.LOCAL_RECORD, the file users see
 
 
 @contextlib.contextmanager
@@ -67,7 +68,7 @@ def temporaries(folder: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def local_run(tmp_path_factory):
     """A short real ps=local DeepFM run (10 steps) and its checkpoint folder (~7.5 MiB checkpoint.pt)."""
-    from recps.run import run_training
+    from recps.job.build import run_training
 
     register_resolvers()
     root = tmp_path_factory.mktemp("local-run")
@@ -83,7 +84,7 @@ def local_run(tmp_path_factory):
 
 
 def fresh_job(cfg):
-    from recps.run import build_job
+    from recps.job.build import build_job
 
     return build_job(cfg)
 
@@ -95,7 +96,7 @@ def copy_of(folder: Path, tmp_path: Path) -> Path:
 
 
 def test_the_record_holds_both_files_sha256_and_a_load_restores_the_run(local_run):
-    from recps.run import evaluate
+    from recps.job.run import evaluate
 
     cfg, metrics, folder = local_run
     record = json.loads((folder / LOCAL_RECORD).read_text())
@@ -270,7 +271,9 @@ def saved(tmp_path, ps_cluster):
         before = rows(client)
         client.save(str(folder))
     cfg = OmegaConf.create({"model": {"_target_": "models.CtrDnn"}})
-    commit_ps_checkpoint(str(folder), ["emb", "dense"], cfg, progress={"steps": 1, "workers": []})
+    settings = JobSettings(TrainerSettings(), CheckpointSettings(), model_target=str(cfg.model._target_), ps="async",
+                           config_yaml=OmegaConf.to_yaml(cfg, resolve=True))
+    commit_ps_checkpoint(str(folder), ["emb", "dense"], settings, progress={"steps": 1, "workers": []})
     return folder, before
 
 
@@ -343,7 +346,7 @@ def test_a_damaged_manifest_among_a_runs_checkpoints_is_named(saved, tmp_path):
     shutil.copytree(folder, run / "step-2")
     manifest = run / "step-2" / "manifest.json"
     manifest.write_bytes(b"\xff\xff" + manifest.read_bytes()[2:])  # a damaged header: not UTF-8
-    from recps.checkpoint import find_checkpoint
+    from recps.job.checkpoint import find_checkpoint
 
     with pytest.raises(ConfigError, match=rf"{manifest} is damaged \(UnicodeDecodeError: "):
         find_checkpoint(str(run))

@@ -15,9 +15,11 @@ from torch import nn
 
 from recps.config import compose_config
 from recps.errors import ConfigError
-from recps.observer import TrainObserver
-from recps.run import build_job, evaluate
-from recps.trainer import Precision, Trainer
+from recps.job.observer import TrainObserver
+from recps.job.build import build_job
+from recps.job.run import evaluate
+from recps.job.loop import Trainer
+from recps.job.precision import Precision
 from tests.helpers.cli import CliRun, recps_train
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

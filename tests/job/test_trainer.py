@@ -9,9 +9,9 @@ import pytest
 
 from recps.config import compose_config
 from recps.errors import ConfigError
-from recps.observer import TrainObserver
-from recps.run import build_job
-from recps.trainer import planned_steps
+from recps.job.observer import TrainObserver
+from recps.job.build import build_job
+from recps.job.loop import planned_steps
 from tests.helpers.cli import recps_train
 
 
@@ -83,7 +83,7 @@ def test_sync_max_steps_is_exact_or_refused(tmp_path, in_process_cluster):
 
 
 class EveryN:
-    """recps.trainer.Pauses every `n` steps (and one at `extra`, if given); records what it saw."""
+    """recps.job.loop.Pauses every `n` steps (and one at `extra`, if given); records what it saw."""
 
     def __init__(self, n: int, limit: int, fail_at: int | None = None) -> None:
         self.n, self.limit, self.fail_at = n, limit, fail_at
@@ -204,7 +204,7 @@ def test_fused_dense_steps_only_where_the_user_left_the_choice_open():
     import torch
     from torch import nn
 
-    from recps.trainer import LocalDenseUpdater, fused_dense_steps
+    from recps.job.loop import LocalDenseUpdater, fused_dense_steps
 
     class MyAdam(torch.optim.Adam):
         pass
@@ -230,7 +230,7 @@ def test_the_fused_dense_step_is_the_same_rule(name):
     import torch
     from torch import nn
 
-    from recps.trainer import LocalDenseUpdater, fused_dense_steps
+    from recps.job.loop import LocalDenseUpdater, fused_dense_steps
 
     g = torch.Generator().manual_seed(0)
     start = [torch.randn(64, 33, generator=g), torch.randn(64, generator=g)]

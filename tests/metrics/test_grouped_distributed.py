@@ -24,7 +24,7 @@ from recps.metrics import MetricCollection
 from recps.metrics.groups import batch_groups, evaluate_pointwise
 from recps.metrics.reporter import MetricsReporter, build_reporter
 from recps.tasks import BinaryTask
-from recps.trainer import LocalDenseUpdater, Trainer
+from recps.job.loop import LocalDenseUpdater, Trainer
 from tests.helpers.cluster import servers_and_workers
 from tests.helpers.cli import recps_train
 

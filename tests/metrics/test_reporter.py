@@ -30,7 +30,7 @@ from recps.errors import ConfigError, DataError
 from recps.metrics import MetricCollection
 from recps.metrics.reporter import GlooMerger, MetricsReporter, build_reporter, check_metrics_config
 from recps.tasks import BinaryTask
-from recps.trainer import LocalDenseUpdater, Trainer
+from recps.job.loop import LocalDenseUpdater, Trainer
 
 from tests.helpers.cluster import servers_and_workers
 NAMES = ["auc", "logloss", "accuracy", "actual_ctr", "predicted_ctr", "copc", "mae", "rmse"]

@@ -46,7 +46,7 @@ def first_losses(tiny_world_dir) -> Callable[..., list[float]]:
     A real local job (conf/ defaults, ps=local, FBGEMM tables, the model's dense
     optimizer) on the tiny world, one training thread, so the sequence is deterministic.
     """
-    from recps.run import build_job
+    from recps.job.build import build_job
 
     def run(model: str, *overrides: str) -> list[float]:
         cfg = compose_config([f"model={model}", "ps=local", "trainer.threads=1", "progress=false", *overrides],

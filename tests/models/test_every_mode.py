@@ -30,7 +30,7 @@ import pytest
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from recps.config import PROJECT_ROOT, compose_config
-from recps.trainer import TrainObserver
+from recps.job.observer import TrainObserver
 from tests.helpers.cli import recps_train
 
 pytestmark = pytest.mark.slow
@@ -148,8 +148,9 @@ class LossLog(TrainObserver):
 
 
 def train_local(cfg: DictConfig, data, out_dir: Path) -> list[float]:
-    """ps=local: recps.run's job and training observers, fitted as run_training fits them."""
-    from recps.run import build_job, training_observers
+    """ps=local: recps.job.build's job and training observers, fitted as run_training fits them."""
+    from recps.job.build import build_job
+    from recps.job.run import training_observers
 
     job = build_job(cfg, data)
     log = LossLog()
@@ -182,7 +183,7 @@ _DATA: dict[str, tuple[object, dict]] = {}  # model -> (PreparedData, dataset ov
 def prepared(model: str, cfg: DictConfig, folder: Path):
     """The model's small world (read on first use) and `cfg` pointed at it, with its passes."""
     if model not in _DATA:
-        from recps.run import prepare_dataset
+        from recps.job.build import prepare_dataset
 
         overrides = small_dataset(cfg.dataset, folder)
         _DATA[model] = (prepare_dataset(shrink(cfg, overrides).dataset, seed=int(cfg.seed)), overrides)

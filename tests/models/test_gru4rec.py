@@ -120,7 +120,8 @@ def planted_sessions(n: int, seed: int) -> list[list[int]]:
 @pytest.mark.parametrize("loss", ["cross_entropy", "bpr_max"])
 def test_local_job_learns_a_planted_walk(tmp_path, tiny_seq, loss):
     """The engine's own job (conf/ defaults, ps=local, session-parallel lanes, 2 Hogwild threads)."""
-    from recps.run import build_job, evaluate
+    from recps.job.build import build_job
+    from recps.job.run import evaluate
 
     cfg = tiny_seq.job_config(tmp_path, [
         "model=gru4rec", "ps=local", "progress=false", "trainer.batch_size=32", "model.embedding_dim=16",

@@ -39,7 +39,8 @@ def learning_world_dir(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("model", RANKING)
 def test_reaches_best_reachable_auc_minus_margin(model, learning_world_dir, world_config):
-    from recps.run import build_job, evaluate
+    from recps.job.build import build_job
+    from recps.job.run import evaluate
 
     epochs = EPOCHS_OF.get(model, EPOCHS)
     cfg = world_config([f"model={model}", "ps=local", "trainer.threads=2", f"trainer.epochs={epochs}",
@@ -64,7 +65,8 @@ def test_trains_and_evaluates_on_criteo_tiny(model):
     """Real Criteo rows (1,999; 80/20 split), one pass (more overfits 1,600 rows): held-out logloss below the first training loss, AUC above 0.5.
 
     400 test rows hold ~100 clicks, so the AUC is reported (models/README.md), not bounded."""
-    from recps.run import build_job, evaluate
+    from recps.job.build import build_job
+    from recps.job.run import evaluate
 
     cfg = compose_config([f"model={model}", "dataset=criteo_tiny", "ps=local", "trainer.threads=1",
                           "trainer.batch_size=64", "progress=false", "metrics.enabled=false"])

@@ -9,7 +9,7 @@
 - The Ali-CCP and AliExpress samples (../shared/data/multitask, read in place): every model
   trains (its loss over the train split falls) and evaluates on the test split.
 
-Each run goes through the real engine (`recps.run.build_job`, ps=local FBGEMM tables, the
+Each run goes through the real engine (`recps.job.build.build_job`, ps=local FBGEMM tables, the
 Hogwild trainer, the task's own evaluation), as `python -m recps.train` does. The figures
 print one line per run (`pytest -s`); models/README.md records them.
 """
@@ -26,7 +26,8 @@ from omegaconf import open_dict
 
 from recps.config import PROJECT_ROOT, register_resolvers
 from recps.data.dataset import prepare_data
-from recps.run import build_job, evaluate
+from recps.job.build import build_job
+from recps.job.run import evaluate
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,7 @@ each ranked against all 9,724 rated movies with the user's training items exclud
 must beat the most-popular ranking on recall@50 and NDCG@10 by a clear factor (`MARGIN`);
 the most-popular figures themselves are pinned (they only depend on the data and the protocol).
 
-Each run goes through the real engine (`recps.run.build_job`: ps=local FBGEMM tables, the
+Each run goes through the real engine (`recps.job.build.build_job`: ps=local FBGEMM tables, the
 Hogwild trainer with 2 threads, the retrieval task's softmax with the log-Q correction and
 its full-catalogue evaluation), as `python -m recps.train` does with the same overrides
 (`COMMANDS` below; models/README.md records the figures). `pytest -s` prints one line per run.
@@ -20,7 +20,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from recps.config import PROJECT_ROOT, register_resolvers
-from recps.run import build_job, evaluate
+from recps.job.build import build_job
+from recps.job.run import evaluate
 
 pytestmark = pytest.mark.slow
 
@@ -52,7 +53,7 @@ def movielens():
     """PreparedData of conf/dataset/movielens.yaml, built once for the three models."""
     if not MOVIELENS.is_dir():
         pytest.skip(f"{MOVIELENS} is absent (MovieLens is read in place from ../shared/data; see its README.md)")
-    from recps.run import prepare_dataset
+    from recps.job.build import prepare_dataset
 
     cfg = config("model=two_tower")
     return prepare_dataset(cfg.dataset, seed=int(cfg.seed))

@@ -78,7 +78,8 @@ def planted_sessions(n: int, seed: int) -> list[list[int]]:
 
 def test_local_job_learns_a_walk_that_needs_two_clicks(tmp_path, tiny_seq):
     """The engine's own job (conf/ defaults, ps=local, sequence rows windowed at max_len, 2 threads)."""
-    from recps.run import build_job, evaluate
+    from recps.job.build import build_job
+    from recps.job.run import evaluate
 
     cfg = tiny_seq.job_config(tmp_path, [
         "model=sasrec", "ps=local", "progress=false", "model.embedding_dim=32", "model.max_len=4",

@@ -169,7 +169,8 @@ def compose(overrides: list[str]):
 def test_local_job_learns_planted_topics(tmp_path):
     """conf/ defaults (model=word2vec: dataset word2vec_text, task skipgram), ps=local, 2 Hogwild
     threads, on the generated Zipf corpus the dataset falls back to."""
-    from recps.run import build_job, evaluate
+    from recps.job.build import build_job
+    from recps.job.run import evaluate
 
     cfg = compose(["model=word2vec", "ps=local", "progress=false", "model.embedding_dim=16", "trainer.batch_size=256",
                    f"dataset.train=[{tmp_path / 'absent.bz2'}]", f"dataset.fallback_dir={tmp_path / 'zipf'}",
@@ -194,7 +195,8 @@ def test_item2vec_config_trains_on_sessions(tmp_path):
     the session task, and evaluates next-click retrieval against most-popular."""
     from omegaconf import open_dict
 
-    from recps.run import build_job, evaluate
+    from recps.job.build import build_job
+    from recps.job.run import evaluate
 
     def write(path: Path, n: int, seed: int, first: int) -> Path:
         g = torch.Generator().manual_seed(seed)

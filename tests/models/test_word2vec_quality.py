@@ -29,7 +29,8 @@ COMMON_WORDS = ["war", "city", "music", "science", "king", "water"]
 def trained():
     if not (DATA / "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2").is_file():
         pytest.skip(f"{DATA} is absent: ../shared/data (next to the checkout) holds the Wikipedia excerpt")
-    from recps.run import build_job, evaluate
+    from recps.job.build import build_job
+    from recps.job.run import evaluate
 
     cfg = compose_config(["model=word2vec", "ps=local", "progress=false"])
     assert cfg.dataset.name == "word2vec_text" and cfg.trainer.epochs == 5 and cfg.trainer.threads == 2

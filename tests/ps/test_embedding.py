@@ -287,13 +287,13 @@ def test_prefetch_of_other_features_is_dropped_and_turned_off(cluster, caplog):
 
 
 def test_trainer_prefetches_each_next_batch(cluster):
-    """recps.trainer with prefetch=True: every batch is pulled exactly once, all but the first by a
+    """recps.job.loop with prefetch=True: every batch is pulled exactly once, all but the first by a
     prefetch issued during the previous step (before its backward), and nothing is left in flight."""
     from models import CTRDNN
     from recps.data.dataset import ExamplesSource
     from recps.data.reader import Examples
     from recps.tasks import BinaryTask
-    from recps.trainer import LocalDenseUpdater, Trainer
+    from recps.job.loop import LocalDenseUpdater, Trainer
 
     client, _ = cluster
     comm = CountingAsync(client, AsyncMode(max_pending=4))

@@ -26,9 +26,7 @@ from recps.ps.modes import AsyncMode, GeoMode, SyncMode
 from recps.ps.node import TableConfig
 from recps.ps.roles import UserDefinedRoleMaker
 from recps.tasks import BinaryTask
-from recps.trainer import Trainer, click_labels
-
-# x and y share the PS table of width 8 (salted apart), z has the table of width 4.
+from recps.job.loop import Trainer, click_labels
 CONFIGS = [EmbeddingBagConfig(name=f"t_{f}", embedding_dim=d, num_embeddings=50, feature_names=[f])
            for f, d in (("x", 8), ("y", 8), ("z", 4))]
 DIM_OF = {"x": 8, "y": 8, "z": 4}

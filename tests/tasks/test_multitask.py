@@ -235,7 +235,7 @@ def test_training_metrics_reporter_gets_esmm_columns_ctr_and_ctcvr():
     """The reporter reports <metric>/<task> per predict() column; for ESMM these are ctr and
     ctcvr, and they agree with the task's own evaluation on the same fixed scores."""
     from recps.metrics.reporter import MetricsReporter
-    from recps.trainer import LocalDenseUpdater, Trainer
+    from recps.job.loop import LocalDenseUpdater, Trainer
 
     logits, labels = random_rows(1024, seed=2)
     task = MultiTask(esmm=True, metrics=("auc", "logloss"))

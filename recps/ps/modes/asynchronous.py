@@ -80,7 +80,7 @@ class AsyncMode(Mode):
         dense_refresh_steps: the dense values are pulled in the background every this many steps
             (0: only the values returned by this worker's dense pushes).
         prefetch: each training thread sends its next batch's pulls between the current batch's
-            forward and backward (recps.trainer.Trainer with a PS collection's `prefetch`): faster
+            forward and backward (recps.job.loop.Trainer with a PS collection's `prefetch`): faster
             (async 1S+2Wx1T 26.2-26.8k -> 28.3-28.7k examples/s), but those rows may miss the current
             batch's push: AUC -0.001 after 200k examples, -0.01 after 60k (benchmarks/RESULTS.md, session 5).
     """

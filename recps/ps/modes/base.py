@@ -183,7 +183,7 @@ class Mode:
 
     def dense_updater(self, named: Mapping[str, torch.nn.Parameter], optimizer: torch.optim.Optimizer,
                       communicator, table: str):
-        """What a training step does with the dense gradients (recps.trainer.DenseUpdater); `named`:
+        """What a training step does with the dense gradients (recps.job.loop.DenseUpdater); `named`:
         the dense table's parameters by the names it was created with, in its order."""
         return PSDenseUpdater(list(named.values()), communicator, table)
 

@@ -1,7 +1,7 @@
 """Dense parameters through the parameter server: the flat vector, the servers' rule, the updater.
 
 Dense parameters live on the PS too (one dense table, the parameters concatenated in order).
-The trainer's threads share one copy of them (recps.trainer); what a step does with their
+The trainer's threads share one copy of them (recps.job.loop); what a step does with their
 gradients is the mode's:
 
     sync   PSDenseUpdater: push (N,) grads; step_end waits for the step's update on the servers,

@@ -46,7 +46,7 @@ __all__ = ["FORMAT_VERSION", "SPEC_FILE", "CheckpointError", "ShardWriter", "Sha
 
 FORMAT_VERSION = 1
 SPEC_FILE = "spec.json"  # a table's spec, next to its shard folders (written by the PS server 0)
-_COMMIT_RECORD = "manifest.json"  # a committed PS checkpoint's record (recps.checkpoint.MANIFEST): its "tables"
+_COMMIT_RECORD = "manifest.json"  # a committed PS checkpoint's record (recps.job.checkpoint.MANIFEST): its "tables"
 _SHARD_RE = re.compile(r"^shard-(\d{5})-of-(\d{5})$")
 _IO_CHUNK = 64 << 20
 
@@ -262,7 +262,7 @@ def saved_tables(path: str | os.PathLike) -> list[str]:
     restores them all; each has its spec.json and shard folders, or CheckpointError names the
     table and what it lacks (a table is never dropped in silence).
 
-    A committed checkpoint (recps.checkpoint: `path/manifest.json`) lists its tables; the
+    A committed checkpoint (recps.job.checkpoint: `path/manifest.json`) lists its tables; the
     folders are checked against that list. Without one, every sub-folder holding a spec.json
     or a shard folder is a table."""
     fs, root = rfs.resolve(path)

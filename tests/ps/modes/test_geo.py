@@ -19,7 +19,7 @@ from recps.errors import ConfigError, PSError, PSTimeoutError
 from recps.ps.embedding import PSEmbeddingBagCollection, salted_keys
 from recps.ps.modes import server_halves
 from recps.ps.modes.geo import GeoCommunicator, GeoDenseUpdater, GeoMode
-from recps.trainer import Trainer
+from recps.job.loop import Trainer
 from recps.data.dataset import ExamplesSource
 from recps.ps.node import PSClient, PSServer, TableConfig
 from recps.ps.table import Initializer
@@ -210,7 +210,7 @@ def test_geo_bad_settings_are_named():
 
 
 def test_geo_fused_training_threads_survive_syncs_and_new_rows(server):
-    """Two Hogwild threads (recps.trainer) train through the TBE while syncs and first-seen rows
+    """Two Hogwild threads (recps.job.loop) train through the TBE while syncs and first-seen rows
     rewrite the replica: no autograd version error, and after the final sync the servers hold
     exactly the replica's rows and dense values."""
     client, geo, ebc, model, named = geo_worker(server.endpoint, {"name": "sgd", "lr": 0.2}, k_steps=3)
@@ -247,7 +247,7 @@ def test_geo_deltas_are_averaged_over_workers(server):
 
 
 def _fit_and_flush(endpoint: str, background_sync: bool, threads: int = 1):
-    """CTR-DNN through recps.trainer on one worker (k = 3); after flush: the servers' rows (keys
+    """CTR-DNN through recps.job.loop on one worker (k = 3); after flush: the servers' rows (keys
     in sorted order) and dense values, and the communicator."""
     client, geo, ebc, model, named = geo_worker(endpoint, {"name": "sgd", "lr": 0.2}, k_steps=3,
                                                 background_sync=background_sync)

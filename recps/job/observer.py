@@ -1,7 +1,7 @@
 """The hooks the training loop calls around every step: `TrainObserver`.
 
-Its own module so that what observes training (recps.metrics.reporter, recps.debug.dump,
-benchmarks) does not import the loop it observes (recps.trainer, which re-exports it).
+What observes training (recps.metrics.reporter, recps.debug.dump, benchmarks) implements these
+hooks without importing the loop it observes (recps.job.loop).
 """
 
 from __future__ import annotations
@@ -49,4 +49,4 @@ class TrainObserver:
         """After every thread joined; `failed`: a thread raised (skip collectives then)."""
 
     def close(self) -> None:
-        """The run is over (recps.run.training_observers): release files and threads."""
+        """The run is over (recps.job.run.training_observers): release files and threads."""

@@ -1,4 +1,4 @@
-"""Checkpoints: of a local job (ps=local) and of a parameter-server job (ps=sync|async|geo).
+"""The checkpoint formats: of a local job (ps=local; save and load) and of a parameter-server job (ps=sync|async|geo; commit, verify, find).
 
 A local checkpoint is a folder with `checkpoint.pt` (tensors and plain containers only, loaded
 with `weights_only=True`), `config.yaml` (the composed config that produced it), so
@@ -38,21 +38,19 @@ import os
 import posixpath
 import time
 import uuid
-from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 import torch
-from omegaconf import OmegaConf
-
 from fsspec.implementations.local import LocalFileSystem
 
 from recps import fs as rfs
 from recps.errors import ConfigError
 
 if TYPE_CHECKING:
-    from recps.job import Job
+    from recps.job.parts import Job
+    from recps.job.settings import JobSettings
 
-__all__ = ["checkpoint_dir", "save_checkpoint", "load_checkpoint", "checkpoint_file", "find_checkpoint", "commit_ps_checkpoint",
+__all__ = ["save_checkpoint", "load_checkpoint", "checkpoint_file", "find_checkpoint", "commit_ps_checkpoint",
            "verify_ps_checkpoint", "read_recorded", "committed_checkpoints", "prune_step_checkpoints",
            "read_ps_checkpoint", "MANIFEST", "LOCAL_RECORD", "FORMAT_VERSION"]
 
@@ -63,11 +61,6 @@ MANIFEST = "manifest.json"  # a PS checkpoint's commit record
 LOCAL_RECORD = "checkpoint.json"  # a local checkpoint's record: sha256 of checkpoint.pt and config.yaml
 LOCAL_FILES = ("checkpoint.pt", "config.yaml")
 SPEC_FILE = "spec.json"  # recps.ps.node.server.SPEC_FILE
-
-
-def checkpoint_dir(cfg, out_dir: str | os.PathLike) -> str:
-    """Where the run's checkpoint goes: checkpoint.dir (a path or fsspec URL), else <run dir>/checkpoint."""
-    return str(cfg.checkpoint.get("dir") or Path(out_dir) / "checkpoint")
 
 
 def checkpoint_file(path: str | os.PathLike) -> str:
@@ -96,11 +89,11 @@ def save_checkpoint(job: "Job", folder: str | os.PathLike) -> str:
         "embedding_optimizer": job.collection.fused_optimizer.state_dict(),
         "epochs_done": job.epochs_done,
         "steps_done": job.steps_done,
-        "model_target": str(job.cfg.model._target_),
+        "model_target": job.settings.model_target,
     }
     buffer = io.BytesIO()
     torch.save(state, buffer)
-    payloads = {"checkpoint.pt": buffer.getbuffer(), "config.yaml": OmegaConf.to_yaml(job.cfg, resolve=True).encode()}
+    payloads = {"checkpoint.pt": buffer.getbuffer(), "config.yaml": job.settings.config_yaml.encode()}
     record = {"format_version": FORMAT_VERSION, "kind": "local", "model_target": state["model_target"],
               "steps_done": job.steps_done, "created_unix": time.time(),
               "files": {name: {"bytes": len(data), "sha256": _sha256(data)} for name, data in payloads.items()}}
@@ -156,8 +149,8 @@ def load_checkpoint(job: "Job", path: str | os.PathLike) -> None:
         version = state.get("format_version") if isinstance(state, dict) else type(state).__name__
         raise ConfigError(f"{file}: checkpoint format {version}, this recps reads "
                           f"{FORMAT_VERSION}; re-train or use the recps version that wrote it")
-    if state["model_target"] != str(job.cfg.model._target_):
-        raise ConfigError(f"{file} holds a {state['model_target']} but model={job.cfg.model._target_}; "
+    if state["model_target"] != job.settings.model_target:
+        raise ConfigError(f"{file} holds a {state['model_target']} but model={job.settings.model_target}; "
                           "resume with the same model config")
     try:
         job.model.load_state_dict(state["model"])
@@ -278,19 +271,19 @@ def _records(folder: str, tables: Sequence[str], extra: Sequence[str] = ()) -> d
     return records
 
 
-def commit_ps_checkpoint(folder: str, tables: Sequence[str], cfg, progress: dict, save=None) -> dict:
-    """Write config.yaml, then the manifest (last, atomically, never over a committed one) of the
-    tables the servers saved into `folder`. Returns the manifest. `save`: a call that has the
-    servers save the tables now; it runs while config.yaml is written (on HDFS each file's close
-    is a fixed wait, rfs.concurrently)."""
-    config = OmegaConf.to_yaml(cfg, resolve=True).encode()
+def commit_ps_checkpoint(folder: str, tables: Sequence[str], settings: JobSettings, progress: dict, save=None) -> dict:
+    """Write config.yaml (settings.config_yaml), then the manifest (last, atomically, never over a
+    committed one) of the tables the servers saved into `folder`, recording settings.model_target.
+    Returns the manifest. `save`: a call that has the servers save the tables now; it runs while
+    config.yaml is written (on HDFS each file's close is a fixed wait, rfs.concurrently)."""
+    config = settings.config_yaml.encode()
     write_config = lambda: rfs.write_atomic(rfs.join(folder, "config.yaml"), config, overwrite=True)  # noqa: E731
     rfs.concurrently([write_config] + ([save] if save is not None else []))
     state_files = [w["state_file"] for w in progress.get("workers", ()) if w.get("state_file")]
     records = _records(folder, tables, state_files)
     records["config.yaml"] = {"bytes": len(config), "sha256": _sha256(config)}
     manifest = {"format_version": FORMAT_VERSION, "kind": "ps", "tables": list(tables), "progress": progress,
-                "model_target": str(cfg.model._target_), "files": records, "created_unix": time.time()}
+                "model_target": settings.model_target, "files": records, "created_unix": time.time()}
     rfs.write_atomic(rfs.join(folder, MANIFEST), json.dumps(manifest, indent=1, sort_keys=True))
     return manifest
 

@@ -1,6 +1,14 @@
-"""One training job from a composed config: data, collection, model, trainer, metrics, checkpoint.
+"""The job builder: the composed config, once, into a `Job` of typed objects.
 
-Called by `recps.train` (Hydra) and by tests; no Hydra state is needed here.
+    build_job(cfg, data=None) -> Job     data, collection, model, task, optimizer, trainer (the loop),
+                                         observers, and `Job.settings` (JobSettings: the trainer's,
+                                         the checkpoint's and the observers' settings, the config's
+                                         YAML that checkpoints record)
+    run_training(cfg, out_dir)           a local run: build_job, then recps.job.run.run_local
+
+With recps.job.settings, the only module of recps.job that reads the composed config; the rest takes the Job. Called by the
+entry points (recps.train, recps.evaluate), the cluster's worker body (recps.cluster.work: its
+process re-enters through recps.train with recps-job.yaml) and the stream's, and by tests.
 """
 
 from __future__ import annotations
@@ -8,30 +16,34 @@ from __future__ import annotations
 import inspect
 import logging
 import random
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
 from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from recps.checkpoint import checkpoint_dir, load_checkpoint, save_checkpoint
 from recps.config import MODEL_ENGINE_KEYS, MODEL_INJECTED, TASK_ENGINE_KEYS, check_target_args
 from recps.data.dataset import PreparedData, prepare_data
-from recps.debug.dump import build_dump, check_debug_config
+from recps.debug.dump import check_debug_config
 from recps.device import check_device
-from recps.errors import ConfigError
-from recps.job import Job  # re-exported: recps.run.Job
-from recps.metrics.groups import check_evaluation_groups, evaluate_pointwise
-from recps.metrics.reporter import MetricsReporter, build_reporter, check_metrics_config
 from recps.embeddings import LocalEmbeddingBagCollection, LocalEmbeddingCollection
-from recps.trainer import LocalDenseUpdater, Trainer, check_precision, dense_parameters
+from recps.errors import ConfigError
+from recps.job.loop import LocalDenseUpdater, Trainer, dense_parameters
+from recps.job.parts import Job
+from recps.job.settings import CheckpointSettings, JobSettings, TrainerSettings, build_settings
+from recps.job.precision import check_precision
+from recps.job.run import run_local
+from recps.metrics.groups import check_evaluation_groups
+from recps.metrics.reporter import check_metrics_config
+from recps.ps.embedding import PSEmbeddingBagCollection, PSEmbeddingCollection
+from torchrec.modules.embedding_configs import EmbeddingConfig
 
-__all__ = ["Job", "MODEL_ENGINE_KEYS", "MODEL_INJECTED", "build_job", "checkpoint_dir", "build_observers", "prepare_dataset", "run_training", "evaluate", "training_observers"]
+__all__ = ["Job", "JobSettings", "TrainerSettings", "CheckpointSettings", "MODEL_ENGINE_KEYS", "MODEL_INJECTED",
+           "build_job", "build_settings", "build_observers", "prepare_dataset", "run_training", "seed_everything"]
 
-log = logging.getLogger("recps.run")
+log = logging.getLogger("recps.run")  # the name its log lines had (recps/run.py)
 
 # MODEL_ENGINE_KEYS, MODEL_INJECTED (recps.config, re-exported here): what the engine reads from and
 # injects into a model config; TASK_ENGINE_KEYS: what it reads from a task config (its `objective`).
@@ -52,9 +64,6 @@ def build_collection(cfg: DictConfig, feature_names: list[str], embedding_dim: i
     `num_embeddings`: rows per table when the data numbers its keys 0..n-1 (else ps.num_embeddings)."""
     ps = cfg.ps
     if ps.name in ("sync", "async", "geo"):
-        from recps.ps.embedding import PSEmbeddingBagCollection, PSEmbeddingCollection
-        from torchrec.modules.embedding_configs import EmbeddingConfig
-
         if sequence:
             return PSEmbeddingCollection([EmbeddingConfig(name=f"t_{f}", embedding_dim=embedding_dim,
                                                           num_embeddings=int(num_embeddings or 2**31 - 1),
@@ -78,7 +87,7 @@ def prepare_dataset(cfg: DictConfig, seed: int) -> PreparedData:
     if cfg.get("_target_"):
         check_target_args(cfg, "dataset", injected=("seed",))
         return instantiate(cfg, seed=seed, _convert_="all")
-    return prepare_data(cfg, seed=seed)
+    return prepare_data(OmegaConf.to_container(cfg, resolve=True), seed=seed)  # the readers take plain values
 
 
 def build_job(cfg: DictConfig, data: PreparedData | None = None) -> Job:
@@ -115,7 +124,7 @@ def build_job(cfg: DictConfig, data: PreparedData | None = None) -> Job:
     optimizer = instantiate(cfg.optimizer)(dense)
     trainer = Trainer(model, collection, task, LocalDenseUpdater(dense, optimizer),
                       threads=int(cfg.trainer.threads), precision=precision, device=str(cfg.device))
-    job = Job(cfg, data, collection, model, task, optimizer, trainer)
+    job = Job(build_settings(cfg), data, collection, model, task, optimizer, trainer)
     trainer.observers = build_observers(cfg.trainer.get("observers"), job)
     return job
 
@@ -131,67 +140,6 @@ def build_observers(specs, job: Job) -> list:
     return observers
 
 
-def evaluate(job: Job) -> dict[str, float]:
-    """The task's metrics on the held-out split (a task may evaluate itself: ranking, retrieval)."""
-    # gauc / pnr among task.metrics group by metrics.group_key (recps.metrics.groups)
-    group_key = (job.cfg.get("metrics") or {}).get("group_key")
-    if hasattr(job.task, "evaluate"):
-        grouping = {"group_key": group_key} if getattr(job.task, "evaluates_groups", False) else {}
-        return job.task.evaluate(job.model, job.data.test, int(job.cfg.trainer.eval_batch_size), **grouping)
-    probs, targets = job.trainer.predict(job.data.test, int(job.cfg.trainer.eval_batch_size))
-    return evaluate_pointwise(list(job.task.metrics), probs, targets, job.data.test, int(job.cfg.trainer.eval_batch_size),
-                              group_key=group_key)
-
-
-@contextmanager
-def training_observers(job: Job, out_dir: Path, *, client: Any = None, rank: int = 0) -> Iterator[MetricsReporter | None]:
-    """Attaches the training observers job.cfg asks for to job.trainer for the block: global
-    metrics every N steps and each pass (conf/metrics) and the debug dump (conf/debug, off by
-    default); closes and detaches them after it. Yields the reporter (None when metrics are off).
-
-    client: a PS worker's PSClient (metrics merge over the workers through the servers).
-    rank: the worker's index: its dump files carry it; only rank 0 writes metric files."""
-    cfg = job.cfg
-    reporter = build_reporter(cfg.get("metrics"), task=job.task, threads=int(cfg.trainer.threads),
-                              out_dir=out_dir if rank == 0 else None, client=client, step_base=job.steps_done,
-                              device=str(cfg.device), feature_names=getattr(getattr(job.data, "schema", None), "feature_names", None))
-    dump = build_dump(cfg.get("debug"), out_dir, task=job.task, collection=job.collection, rank=rank,
-                      step_base=job.steps_done)
-    extra = list(job.trainer.observers)  # trainer.observers (build_job)
-    job.trainer.observers = [*extra, *(o for o in (reporter, dump) if o is not None)]
-    try:
-        yield reporter
-    finally:
-        for observer in job.trainer.observers:
-            observer.close()
-        job.trainer.observers = []
-
-
 def run_training(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
-    """Trains per cfg, evaluates, saves `out_dir/checkpoint`; returns the metrics dict."""
-    job = build_job(cfg)
-    if cfg.trainer.resume:
-        load_checkpoint(job, cfg.trainer.resume)
-        log.info("resumed from %s at epoch %d, step %d", cfg.trainer.resume, job.epochs_done, job.steps_done)
-    with training_observers(job, out_dir) as reporter:
-        stats = job.trainer.fit(job.data.train, int(cfg.trainer.batch_size), epochs=int(cfg.trainer.epochs),
-                                max_steps=int(cfg.trainer.max_steps), progress=bool(cfg.progress),
-                                first_epoch=job.epochs_done)
-    job.epochs_done += int(cfg.trainer.epochs)
-    job.steps_done += stats.steps
-    metrics: dict[str, Any] = evaluate(job)
-    metrics.update(
-        examples_per_sec=stats.examples_per_sec, train_examples=stats.examples, train_steps=stats.steps,
-        train_seconds=stats.seconds, train_loss=stats.last_loss, first_losses=stats.first_losses,
-        model=str(cfg.model._target_), ps=str(cfg.ps.name), threads=int(cfg.trainer.threads),
-    )
-    if reporter is not None:
-        metrics["train_metrics"] = reporter.reports
-    if data_best := job.data.best_auc:
-        metrics["best_reachable_auc"] = data_best
-    if best_per_label := getattr(job.data, "best_aucs", None):  # multi-label generators: one per label
-        metrics["best_reachable_aucs"] = dict(best_per_label)
-    if cfg.checkpoint.save:
-        path = save_checkpoint(job, checkpoint_dir(cfg, out_dir))
-        metrics["checkpoint"] = str(path)
-    return metrics
+    """A local run (ps=local): trains per cfg, evaluates, saves `out_dir/checkpoint`; returns the metrics."""
+    return run_local(build_job(cfg), Path(out_dir))

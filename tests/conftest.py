@@ -36,9 +36,17 @@ _PROCESS_FIXTURES = {"hdfs", "private_hdfs", "launch_output"}
 _SAVED_STARTS = pytest.StashKey[list]()
 
 
+# Library probes that are not a test starting a process: ctypes.util.find_library runs
+# `/sbin/ldconfig -p` (when recps.ps.table._memory is first imported).
+_PROBES = {"ldconfig", "gcc", "cc", "ld", "objdump", "uname", "lscpu"}  # and what find_library or platform may run
+
+
 def _noting(what: str, start):
     def spawn(*args, **kwargs):
-        _SPAWNED.append(what)
+        argv = args[0] if args and isinstance(args[0], (list, tuple)) else ()
+        program = os.path.basename(os.fsdecode(argv[0])) if argv else ""
+        if program not in _PROBES:
+            _SPAWNED.append(what if not program else f"{what}: {program}")
         return start(*args, **kwargs)
     return spawn
 

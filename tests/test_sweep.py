@@ -83,7 +83,7 @@ def test_a_sweep_into_a_used_folder_summarises_its_own_jobs_only(tmp_path):
     recps_train("-m", "seed=1,2", *common, env={"HYDRA_FULL_ERROR": "0"}, timeout=500)
     with open(tmp_path / "m" / "summary.csv", newline="") as f:
         assert sorted(r["seed"] for r in csv.DictReader(f)) == ["1", "2"]
-    recps_train("-m", "seed=3", *common, env={"HYDRA_FULL_ERROR": "0"}, timeout=500)
+    second = recps_train("-m", "seed=3", *common, env={"HYDRA_FULL_ERROR": "0"}, timeout=500)
     assert (tmp_path / "m" / "1" / "sweep_job.json").is_file()  # the first sweep's, left in place
     with open(tmp_path / "m" / "summary.csv", newline="") as f:
         rows = list(csv.DictReader(f))

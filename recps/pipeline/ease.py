@@ -196,3 +196,4 @@ def choose_l2(train: Any, validation: Any, n_items: int, grid: Sequence[float], 
         results[l2] = ndcg_at_k(lists, positives, k, int(n_items))
     best = max(results, key=lambda v: (results[v], -v))
     return best, results
+

@@ -28,18 +28,19 @@ import numpy as np
 import torch
 from hydra.utils import get_object, instantiate
 from omegaconf import OmegaConf
+from torchrec.modules.embedding_configs import EmbeddingConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from recps import fs as rfs
 from recps.config import MODEL_ENGINE_KEYS
 from recps.errors import DataError, PSError
 from recps.pipeline.stages import StageSpec
-from recps.pipeline.data import Csr, FunnelData, pair_examples
-from recps.ps.embedding import PSEmbeddingBagCollection
+from recps.pipeline.data import HISTORY_FEATURES, Csr, FunnelData, pair_examples
+from recps.ps.embedding import PSEmbeddingBagCollection, PSEmbeddingCollection
 from recps.ps.fleet import ReadsServers
 
 __all__ = ["Snapshot", "SharedBagCollection", "StageModel", "Funnel", "FunnelResult", "build_stage_model", "export_stage", "load_stage",
-           "stage_collection", "pair_keys", "score_inputs"]
+           "stage_collection", "sequence_collection", "history_target", "pair_keys", "pair_times", "candidate_times", "score_inputs"]
 
 log = logging.getLogger("recps.pipeline")
 
@@ -50,10 +51,37 @@ EXPORT_ROWS = 65536  # keys per feature pulled at a time by an export
 
 def stage_collection(spec: StageSpec):
     """The stage's PS-backed bag collection: one table per input feature, namespaced by the stage's name
-    (`<stage>_d<D>`); a feature in `inputs.share` is the owner stage's table instead (SharedBagCollection)."""
+    (`<stage>_d<D>`); a feature in `inputs.share` is the owner stage's table instead (SharedBagCollection).
+    A stage whose model reads behaviour history (it takes an `embedding_collection`: models.DIN, models.BST)
+    gets an unpooled PSEmbeddingCollection (`sequence_collection`)."""
+    if spec.sequence:
+        return sequence_collection(spec)
     if spec.share:
         return SharedBagCollection(spec)
     return PSEmbeddingBagCollection.from_features(spec.features, int(spec.model.embedding_dim), prefix=spec.name)
+
+
+def history_target(feature: str) -> str | None:
+    """The target feature a history feature's keys are keys of (history_item_id -> item_id,
+    history_category -> category); None for the flags (history_click, history_long_view: keys 0 / 1)."""
+    target = feature[len("history_"):] if feature.startswith("history_") else None
+    return target if target in ("item_id", "category") else None
+
+
+def sequence_collection(spec: StageSpec) -> PSEmbeddingCollection:
+    """The unpooled PS-backed collection of a history-reading stage (tables `<stage>_d<D>`): one torchrec
+    table per feature, except that a history feature and its target share one (`t_item_id` serves item_id
+    and history_item_id: one row per item, whether it is the candidate or in the history, the DIN paper's
+    setting; models/_behaviour.py)."""
+    dim = int(spec.model.embedding_dim)
+    groups: dict[str, list[str]] = {}
+    for f in spec.features:
+        target = history_target(f)
+        owner = target if target is not None and target in spec.features else f
+        groups.setdefault(owner, []).append(f)
+    configs = [EmbeddingConfig(name=f"t_{owner}", embedding_dim=dim, num_embeddings=2**31 - 1, feature_names=names)
+               for owner, names in groups.items()]
+    return PSEmbeddingCollection(configs, prefix=spec.name)
 
 
 class SharedBagCollection(torch.nn.Module):
@@ -161,7 +189,7 @@ def build_stage_model(spec: StageSpec, collection, num_dense: int) -> torch.nn.M
     node = OmegaConf.to_container(spec.model, resolve=True)
     for key in MODEL_ENGINE_KEYS:
         node.pop(key, None)
-    injected: dict[str, Any] = {"embedding_bag_collection": collection}
+    injected: dict[str, Any] = {"embedding_collection" if spec.sequence else "embedding_bag_collection": collection}
     if "dense_in_features" in inspect.signature(get_object(node["_target_"])).parameters:
         injected["dense_in_features"] = num_dense
     return instantiate(node, **injected, _convert_="all")
@@ -214,9 +242,17 @@ class _Recorder:
         return out
 
 
+def _key_table(data: FunnelData, f: str) -> torch.Tensor:
+    """(K,) every key feature f takes: its user or item table; a history feature its target's (a flag: 0, 1)."""
+    if f in HISTORY_FEATURES:
+        target = history_target(f)
+        return data.item_features[target] if target is not None else torch.tensor([0, 1])
+    return data.user_features[f] if f in data.user_features else data.item_features[f]
+
+
 def _all_keys(data: FunnelData, features: Sequence[str], start: int, stop: int):
     """A KJT of rows start..stop-1 of every feature's key table (feature f's rows past its end: empty)."""
-    tables = [data.user_features[f] if f in data.user_features else data.item_features[f] for f in features]
+    tables = [_key_table(data, f) for f in features]
     width = stop - start
     rows = torch.arange(start, stop)
     lengths = torch.cat([(rows < t.numel()).to(torch.int64) for t in tables])  # (F * width,)
@@ -225,7 +261,7 @@ def _all_keys(data: FunnelData, features: Sequence[str], start: int, stop: int):
 
 
 def _key_rows(data: FunnelData, features: Sequence[str]) -> int:
-    return max(int((data.user_features.get(f, data.item_features.get(f))).numel()) for f in features)
+    return max(int(_key_table(data, f).numel()) for f in features)
 
 
 def export_stage(spec: StageSpec, model: torch.nn.Module, collection, data: FunnelData, num_dense: int) -> bytes:
@@ -264,10 +300,35 @@ def load_stage(spec: StageSpec, blob: bytes | str) -> "StageModel":
     return StageModel(spec, model)
 
 
+def pair_times(spec: StageSpec, data: FunnelData, users: torch.Tensor, times: torch.Tensor | None) -> torch.Tensor | None:
+    """The times (N,) a stage's history features are taken as of: `times`, else (serving, evaluation) the
+    held-out request's (`data.request_times`: the whole training history); None for a stage without them."""
+    if not any(f in HISTORY_FEATURES for f in spec.features):
+        return None
+    return times if times is not None else data.request_times(users)
+
+
+def candidate_times(data: FunnelData, users: torch.Tensor, seed: int) -> torch.Tensor | None:
+    """(N,) a time for each unexposed candidate row of `users` (N,) a ranker trains on as a negative: the time
+    of one of the user's training exposures drawn at random (seeded), so the candidates' histories are
+    distributed as the exposures' are (the held-out request's whole history would tell them apart); None
+    when the data has no times."""
+    if data.train_time is None or users.numel() == 0:
+        return None
+    order = torch.argsort(data.train_user, stable=True)  # (E,) exposures grouped by user
+    counts = torch.bincount(data.train_user, minlength=data.num_users)  # (U,)
+    starts = torch.cumsum(counts, 0) - counts
+    draw = torch.rand(users.numel(), generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    pick = starts[users] + (draw * counts[users].clamp(min=1)).floor().to(torch.int64)  # (N,)
+    return data.train_time[order[pick.clamp(max=max(0, order.numel() - 1))]]
+
+
 def pair_keys(spec: StageSpec, data: FunnelData, users: torch.Tensor, items: torch.Tensor,
-              dense: torch.Tensor | None = None):
-    """The Batch of (user, item) pairs (N,) for the stage's model."""
-    return pair_examples(data, spec.features, users, items, dense=dense).to_batch()
+              dense: torch.Tensor | None = None, times: torch.Tensor | None = None):
+    """The Batch of (user, item) pairs (N,) for the stage's model; history features as of `times` (N,)
+    (default: the held-out request's time, `pair_times`)."""
+    return pair_examples(data, spec.features, users, items, dense=dense,
+                         times=pair_times(spec, data, users, times)).to_batch()
 
 
 TOWER_ROWS = 65536  # users or items per tower call when a two-tower stage encodes the whole data
@@ -300,15 +361,16 @@ class StageModel:
 
     @torch.no_grad()
     def outputs(self, data: FunnelData, users: torch.Tensor, items: torch.Tensor,
-                dense: torch.Tensor | None = None) -> torch.Tensor:
-        """(N, T) probabilities of pairs (users (N,), items (N,))."""
+                dense: torch.Tensor | None = None, times: torch.Tensor | None = None) -> torch.Tensor:
+        """(N, T) probabilities of pairs (users (N,), items (N,)); `times` (N,): as of when (history
+        features; None: the held-out request's time)."""
         if users.numel() == 0:
             return torch.zeros(0, outputs_of(self.spec))
         if self.is_two_tower:
             queries, candidates = self.towers(data)
             logits = self.model.score_pairs(queries[users], candidates[items])  # (N,)
             return torch.sigmoid(logits.float()).unsqueeze(1)  # (N, 1)
-        batch = pair_keys(self.spec, data, users, items, dense)
+        batch = pair_keys(self.spec, data, users, items, dense, times)
         logits = self.model(batch.dense, batch.sparse)  # (N,) or (N, T)
         return torch.sigmoid(logits.reshape(users.numel(), -1).float())  # (N, T)
 
@@ -360,19 +422,24 @@ class Funnel:
         return Seen(part.offsets.numpy(), part.items.numpy())
 
     def score_pairs(self, spec: StageSpec, users: torch.Tensor, items: torch.Tensor,
-                    dense: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    dense: torch.Tensor | None = None, times: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(probs (N, T), rank scores (N,)) of the stage for pairs; a stage with `scores` gets the upstream
-        stages' probabilities of the same pairs as its dense inputs (`dense` (N, I) when the caller has them)."""
+        stages' probabilities of the same pairs as its dense inputs (`dense` (N, I) when the caller has them).
+        `times` (N,): the pairs' times, as of which history features are read (training rows: their
+        exposure's time, never later; None: the held-out request's, the whole training history)."""
         if users.numel() > PAIRS_PER_CALL:  # bounded memory: the pairs in chunks
+            cut = lambda x, i: None if x is None else x[i:i + PAIRS_PER_CALL]  # noqa: E731
             parts = [self.score_pairs(spec, users[i:i + PAIRS_PER_CALL], items[i:i + PAIRS_PER_CALL],
-                                      None if dense is None else dense[i:i + PAIRS_PER_CALL])
+                                      cut(dense, i), cut(times, i))
                      for i in range(0, users.numel(), PAIRS_PER_CALL)]
             return torch.cat([p for p, _ in parts]), torch.cat([r for _, r in parts])
         if spec.scores and dense is None:  # each `scores` stage's probabilities (its own `scores` too, in turn)
             by_name = {x.name: x for x in self.specs}
-            dense = score_inputs(torch.cat([self.score_pairs(by_name[s], users, items)[0] for s in spec.scores], 1))
+            dense = score_inputs(torch.cat([self.score_pairs(by_name[s], users, items, times=times)[0]
+                                            for s in spec.scores], 1))
         stage = self.stages[spec.name]
-        probs = stage.outputs(self.data, users, items, dense)
+        probs = stage.outputs(self.data, users, items, dense, times)
         return probs, stage.rank_score(probs)
 
     def rank(self, spec: StageSpec, users: torch.Tensor, candidates: torch.Tensor, keep: int | None = None,

@@ -17,8 +17,19 @@ ranker on what it receives), and we report:
                  (k: the stage after coarse's keep); logged_ndcg@N, logged_hr@N, logged_recall@N when
                  the held-out positives are not the logged ones (below)
     baselines    most_popular (training clicks, seen items excluded), recall_alone (its top N),
-                 recall_without_<coarse> (the funnel with coarse skipped); on a generated world,
-                 ideal (the world's own best list); the same list metrics
+                 recall_without_<coarse> (the funnel with coarse skipped); ease (Steck, WWW 2019:
+                 recps.pipeline.ease, fitted on the training interactions, its L2 weight chosen on a
+                 validation split of the training data: each user's latest `validation_fraction` of
+                 training rows, never the held-out requests; `pipeline.baselines.ease`); on a generated
+                 world, ideal (the world's own best list); the same list metrics
+    verdicts     one line per baseline, "funnel beats ease: no (0.0710 vs 0.1010)" (ndcg@N)
+
+EASE is fitted once per run, by worker 0, which scores every held-out request with it (the other workers
+add nothing to its sums, so the merged metric is the one-worker metric); `metrics["ease"]` holds the λ
+chosen, the validation NDCG@N of every λ of the grid and the fit's seconds: a Cholesky fit per λ of the
+grid, then one on all training interactions, in float32, over the `max_items` most interacted items (the
+cost grows with their cube: on this 2-core machine under load one fit took 7 s at 4,000 items, ~80 s at
+9,000; a grid evaluated from one eigendecomposition was slower, eigh 134 s at 4,000 items).
 
 Which held-out positives: `FunnelData.test_positives`. On the generated world with a random bucket
 (`random_items_per_user` > 0, datasets/video_world.md) they are the clicks of each user's random-bucket
@@ -37,22 +48,28 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from omegaconf import DictConfig
 
 from recps.metrics import funnel as fm
 from recps.metrics.collection import MetricCollection
 from recps.metrics.grouped import GroupedAUC
-from recps.pipeline.data import Csr
+from recps.pipeline.data import Csr, FunnelData, csr_from_pairs
+from recps.pipeline.ease import EASE, choose_l2, holdout_latest
 from recps.pipeline.funnel import Funnel
+from recps.pipeline.stages import ease_settings
 
-__all__ = ["evaluate_funnel", "hits", "most_popular", "LISTS"]
+__all__ = ["evaluate_funnel", "hits", "most_popular", "LISTS", "EaseBaseline", "fit_ease", "verdicts"]
 
 log = logging.getLogger("recps.pipeline")
 
-LISTS = ("final", "most_popular", "recall_alone", "without", "ideal")  # the lists every request's metrics cover
+LISTS = ("final", "most_popular", "recall_alone", "without", "ideal", "ease")  # the lists every request's metrics cover
+
+
 
 
 def hits(lists: torch.Tensor, positives: Csr, num_items: int) -> torch.Tensor:
@@ -103,6 +120,86 @@ def _list_pairs(name: str, lists: torch.Tensor, n: int, positives: Csr, logged: 
     return out
 
 
+@dataclass
+class EaseBaseline:
+    """EASE fitted on a funnel's training interactions (`fit_ease`) over the items they touch (at most
+    max_items, the most interacted), numbered 0..T-1 (`items`: their funnel item ids (T,)); `history`
+    holds each user's interactions in those numbers (its query row)."""
+
+    model: EASE
+    items: torch.Tensor  # (T,) funnel item id of each modelled item
+    history: Csr  # over users: the modelled items each user interacted with (0..T-1)
+    l2: float
+    validation: dict[float, float]
+    seconds: float
+
+    def lists(self, data: FunnelData, users: torch.Tensor, n: int) -> torch.Tensor:
+        """(B, n) each user's top n by EASE (funnel item ids), training-seen items excluded (-1 pads)."""
+        rows = self.history.rows(users)
+        x = torch.zeros(users.numel(), self.model.n_items, dtype=self.model.weights.dtype)  # (B, T)
+        x[rows.row_ids(), rows.items] = 1.0
+        seen = data.seen.rows(users)
+        local = torch.full((data.num_items,), -1, dtype=torch.int64)
+        local[self.items] = torch.arange(self.items.numel())
+        seen_local = local[seen.items]  # (V,) -1: an item EASE does not model (never listed anyway)
+        modelled = seen_local >= 0
+        top = self.model.recommend(x, n, exclude=(seen.row_ids()[modelled], seen_local[modelled]))  # (B, n)
+        out = torch.where(top >= 0, self.items[top.clamp(min=0)], torch.full_like(top, -1))
+        if out.shape[1] < n:
+            out = torch.cat([out, torch.full((out.shape[0], n - out.shape[1]), -1, dtype=out.dtype)], 1)
+        return out
+
+
+def fit_ease(data: FunnelData, settings: dict[str, Any], k: int) -> EaseBaseline:
+    """EASE on data's training interactions: λ chosen on each user's latest validation_fraction of them
+    (rows in each user's time order: train_time when the data has it, else the data's row order), then
+    fitted on all of them. The held-out requests are never read."""
+    start = time.perf_counter()
+    dtype = getattr(torch, settings["dtype"])
+    users, items = data.train_user, data.train_item
+    keep = data.train_labels[:, 0] > 0  # the validation positives: clicks (MovieLens: rating >= click_rating)
+    times = getattr(data, "train_time", None)
+    if settings["interactions"] == "clicks":
+        users, items, times = users[keep], items[keep], (times[keep] if times is not None else None)
+        keep = keep[keep]
+    counts = torch.bincount(items, minlength=data.num_items)  # (I,)
+    modelled = torch.argsort(counts, descending=True, stable=True)[: min(int(settings["max_items"]),
+                                                                          int((counts > 0).sum()))]
+    modelled = torch.sort(modelled).values  # (T,) funnel ids of the modelled items
+    local = torch.full((data.num_items,), -1, dtype=torch.int64)
+    local[modelled] = torch.arange(modelled.numel())
+    inside = local[items] >= 0
+    users, items, keep = users[inside], local[items[inside]], keep[inside]
+    times = times[inside] if times is not None else None
+    if times is not None:  # each user's rows in time order (ties: the data's order)
+        order = torch.from_numpy(np.lexsort((np.arange(users.numel()), times.numpy(), users.numpy())))
+    else:
+        order = torch.argsort(users, stable=True)
+    users, items, keep = users[order], items[order], keep[order]
+    t = int(modelled.numel())
+    train, validation = holdout_latest(users, items, float(settings["validation_fraction"]), keep=keep)
+    l2, grid = choose_l2(train, validation, t, settings["grid"], k=k, dtype=dtype)
+    model = EASE.fit((users, items), t, l2, dtype=dtype)
+    history = csr_from_pairs(users, items, data.num_users)
+    seconds = time.perf_counter() - start
+    log.info("EASE baseline: l2 %g chosen on the training data's validation split (ndcg@%d %s), %d items, %.1f s",
+             l2, k, {v: round(x, 4) for v, x in grid.items()}, t, seconds)
+    return EaseBaseline(model, modelled, history, l2, grid, seconds)
+
+
+def verdicts(funnel_metrics: dict[str, float], baselines: dict[str, dict[str, float]], n: int) -> list[str]:
+    """One line per baseline: whether the funnel's ndcg@n beat it."""
+    key = f"ndcg@{n}"
+    mine = funnel_metrics.get(key)
+    out = []
+    for name, row in baselines.items():
+        theirs = row.get(key)
+        if mine is None or theirs is None:
+            continue
+        out.append(f"funnel beats {name}: {'yes' if mine > theirs else 'no'} ({mine:.4f} vs {theirs:.4f} {key})")
+    return out
+
+
 def evaluate_funnel(funnel: Funnel, cfg: DictConfig, merger: Any = None, worker: int = 0,
                     workers: int = 1) -> dict[str, Any]:
     """The metrics of the module docstring on the held-out requests of funnel.data: this worker's share
@@ -124,7 +221,9 @@ def evaluate_funnel(funnel: Funnel, cfg: DictConfig, merger: Any = None, worker:
     after_skip = specs[2].name if skip else None
     has_utility = data.utility_ndcg is not None
     logged_csr = data.logged_positives
-    lists = [name for name in LISTS if (name != "without" or skip) and (name != "ideal" or data.ideal is not None)]
+    settings = ease_settings(cfg)
+    lists = [name for name in LISTS if (name != "without" or skip) and (name != "ideal" or data.ideal is not None)
+             and (name != "ease" or settings is not None)]
     names = ["positives", *(f"{s.name}.pass_through" for s in specs),
              f"{first.name}.recall@{first.keep}", f"{first.name}.ndcg@{first.keep}", f"{first.name}.hr@{first.keep}",
              *(f"{s.name}.{m}" for s in specs[1:] for m in ("gauc", "pnr")),
@@ -179,6 +278,20 @@ def evaluate_funnel(funnel: Funnel, cfg: DictConfig, merger: Any = None, worker:
         for name, lst in shown_lists.items():
             utility = data.utility_ndcg(users, lst[:, :n]) if has_utility else None
             tally.add(_list_pairs(name, lst, n, positives, logged, utility))
+    ease_info = None
+    if settings is not None and worker == 0:  # fitted once per run: worker 0 scores every request with it
+        ease = fit_ease(data, settings, n)
+        ease_info = {"l2": ease.l2, "validation_ndcg@" + str(n): {str(k): v for k, v in ease.validation.items()},
+                     "items": int(ease.items.numel()), "fit_seconds": ease.seconds, "interactions": settings["interactions"],
+                     "validation_fraction": settings["validation_fraction"]}
+        everyone = torch.arange(total_requests)
+        for part in everyone.split(batch):
+            users = data.test_users[part]
+            positives = data.test_positives.rows(part)
+            logged = logged_csr.rows(part) if logged_csr is not None else None
+            lst = ease.lists(data, users, n)
+            utility = data.utility_ndcg(users, lst[:, :n]) if has_utility else None
+            tally.add(_list_pairs("ease", lst, n, positives, logged, utility))
     wall = time.perf_counter() - start
     if merger is not None:
         tally = fm.merge_tally(tally, merger)
@@ -210,7 +323,9 @@ def evaluate_funnel(funnel: Funnel, cfg: DictConfig, merger: Any = None, worker:
     users_n = int(round(float(state["positives"][1])))
     seconds = {s.name: num(f"seconds.{s.name}") for s in specs}
     latency = {s.name: 1000.0 * v[f"seconds.{s.name}"] for s in specs}
-    return {"stages": stages, "funnel": funnel_metrics, "baselines": baselines, "requests": users_n,
+    out_ease = {"ease": ease_info} if ease_info is not None else {}
+    return {"stages": stages, "funnel": funnel_metrics, "baselines": baselines, "requests": users_n, **out_ease,
+            "verdicts": verdicts(funnel_metrics, baselines, n),
             "requests_asked": total_requests, "positives": num("positives"), "eval_seconds": wall,
             "evaluated_on": data.evaluated_on, "latency_ms_per_user": latency,
             "users_per_sec": users_n / max(1e-9, sum(seconds.values())),

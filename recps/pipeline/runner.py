@@ -42,8 +42,8 @@ from recps import fs as rfs
 from recps.errors import ConfigError
 from recps.pipeline.stages import StageSpec, check_data, pipeline_specs, schedule
 from recps.pipeline.data import FunnelData, load_world, pair_examples
-from recps.pipeline.funnel import (EXPORT_DIR, Funnel, build_index, build_stage_model, dense_width, export_stage,
-                                   load_stage, outputs_of, score_inputs, stage_collection)
+from recps.pipeline.funnel import (EXPORT_DIR, Funnel, build_index, build_stage_model, candidate_times, dense_width,
+                                   export_stage, load_stage, outputs_of, pair_times, score_inputs, stage_collection)
 
 __all__ = ["run_pipeline", "funnel_work", "load_world", "training_examples", "summary_lines"]
 
@@ -91,8 +91,9 @@ def training_examples(spec: StageSpec, specs, data: FunnelData, funnel: Funnel |
         log_q = torch.log((counts + 1.0) / (counts.sum() + data.num_items)).to(torch.float32)  # (I,)
         labels = torch.stack([torch.ones(users.numel()), log_q[items]], 1)  # (N, 2): label, log Q(item)
         return pair_examples(data, spec.features, users, items, labels=labels)
-    users, items, labels = [], [], []
+    users, items, labels, times = [], [], [], []  # times: as of when history features are read (funnel.pair_times)
     if "exposures" in spec.train_on:
+        times.append(data.train_time)
         users.append(data.train_user)
         items.append(data.train_item)
         labels.append(data.train_labels)
@@ -113,12 +114,15 @@ def training_examples(spec: StageSpec, specs, data: FunnelData, funnel: Funnel |
         users.append(owner[valid])
         items.append(cand[valid])
         labels.append(torch.zeros(int(valid.sum()), data.train_labels.shape[1]))
+        times.append(candidate_times(data, owner[valid], seed))
     users, items, labels = torch.cat(users), torch.cat(items), torch.cat(labels)
+    times = None if any(t is None for t in times) else torch.cat(times)
     dense = None
     if spec.scores:
         by_name = {x.name: x for x in specs}
-        dense = score_inputs(torch.cat([funnel.score_pairs(by_name[s], users, items)[0] for s in spec.scores], 1))
-    return pair_examples(data, spec.features, users, items, labels=labels, dense=dense)
+        dense = score_inputs(torch.cat([funnel.score_pairs(by_name[s], users, items, times=times)[0] for s in spec.scores], 1))
+    return pair_examples(data, spec.features, users, items, labels=labels, dense=dense,
+                         times=pair_times(spec, data, users, times))
 
 
 def _train_stage(fleet, spec: StageSpec, model, collection, examples, role, timeout_s: float) -> dict[str, Any]:
@@ -321,4 +325,4 @@ def summary_lines(metrics: dict[str, Any]) -> list[str]:
                  + " ".join(f"{k}={_fmt(v)}" for k, v in funnel.items()))
     for name, values in (metrics.get("baselines") or {}).items():
         lines.append(f"baseline {name}: " + " ".join(f"{k}={_fmt(v)}" for k, v in values.items()))
-    return lines
+    return lines + list(metrics.get("verdicts") or ())  # "funnel beats ease: no (...)" (recps.pipeline.held_out)

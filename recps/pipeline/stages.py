@@ -21,16 +21,28 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from recps.config import MODEL_ENGINE_KEYS, MODEL_INJECTED, PS_MODES, TASK_ENGINE_KEYS, check_target_args
 from recps.errors import ConfigError
 
-__all__ = ["StageSpec", "enabled", "pipeline_specs", "schedule", "check_data", "STAGE_KEYS", "INPUT_KEYS"]
+__all__ = ["StageSpec", "enabled", "pipeline_specs", "schedule", "check_data", "ease_settings", "STAGE_KEYS", "INPUT_KEYS",
+           "EASE_DEFAULTS"]
 
 STAGE_KEYS = ("model", "task", "optimizer", "trainer", "ps", "keep", "inputs", "score_weights")
 INPUT_KEYS = ("features", "upstream", "train_on", "candidates_per_user", "candidate_users", "scores", "share")
 TRAINER_KEYS = ("epochs", "batch_size", "threads", "max_steps")
 PIPELINE_KEYS = ("name", "world", "top_n", "eval_users", "eval_batch_users", "index", "stages", "objective",
-                 "schedule")
+                 "schedule", "baselines")
 TRAIN_ON = ("positives", "exposures", "candidates")
 # The features a model reads, by constructor argument (zoo models name them so).
 _FEATURE_ARGS = ("query_features", "candidate_features", "user_features", "item_features", "features")
+# ... and by a behaviour-history model (models/_behaviour.py), defaults included: a DIN without
+# history_item_id among its stage's inputs.features fails here, naming the stage and the key.
+_SEQUENCE_ARGS = ("target_features", "history_features", "history_flags", "other_features")
+# pipeline.baselines.ease (every key optional): enabled; grid, the L2 weights tried on the validation split;
+# validation_fraction, each user's latest share of training rows held out for that choice; interactions,
+# "exposures" (every training row, e.g. every MovieLens rating) or "clicks" (label 0 > 0); max_items, the
+# most interacted items it models (the Gram matrix is max_items² floats); dtype; in_stream, whether the
+# streaming funnel refits it at every pass's evaluation (off: a fit per pass is minutes).
+EASE_DEFAULTS: dict[str, Any] = {"enabled": True, "grid": [100.0, 300.0, 1000.0], "validation_fraction": 0.2,
+                                 "interactions": "exposures", "max_items": 4000, "dtype": "float32",
+                                 "in_stream": False}
 
 
 @dataclass
@@ -65,6 +77,14 @@ class StageSpec:
     @property
     def is_retrieval(self) -> bool:
         return self.upstream is None
+
+    @property
+    def sequence(self) -> bool:
+        """Whether the stage's model reads unpooled rows (it takes an `embedding_collection`: models.DIN,
+        models.BST, which read behaviour history); else a pooled bag collection."""
+        from hydra.utils import get_object
+
+        return "embedding_collection" in inspect.signature(get_object(str(self.model._target_))).parameters
 
 
 def enabled(cfg: DictConfig) -> bool:
@@ -159,6 +179,12 @@ def pipeline_specs(cfg: DictConfig) -> list[StageSpec]:
     if p.get("world") is None or not p.world.get("_target_"):
         raise ConfigError("pipeline.world has no _target_; give the data builder, e.g. recps.pipeline.data.movielens")
     top_n = _int(p, "top_n", "pipeline", 1)
+    length = p.world.get("history_length")
+    if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
+        readers = [str(n) for n, node in (p.get("stages") or {}).items()
+                   if any(str(f).startswith("history_") for f in ((node.get("inputs") or {}).get("features") or ()))]
+        raise ConfigError(f"pipeline.world.history_length={length!r}; use an integer >= 1 (the interactions a history "
+                          f"feature holds{'; read by stages ' + ', '.join(readers) if readers else ''})")
     specs: list[StageSpec] = []
     for index, (name, node) in enumerate(stages.items()):
         name = str(name)
@@ -213,12 +239,20 @@ def pipeline_specs(cfg: DictConfig) -> list[StageSpec]:
         if scores and "dense_in_features" not in takes:
             raise ConfigError(f"{where}.inputs.scores={scores}: {node.model._target_} takes no dense inputs; "
                               "use a model with dense_in_features (models.CTRDNN, models.DeepFM) or drop scores")
-        if "embedding_bag_collection" not in takes:
-            raise ConfigError(f"{where}.model._target_={node.model._target_} does not take an embedding_bag_collection; "
-                              "a funnel stage builds its model over a PS-backed bag collection: use a pooled zoo "
-                              "model (two_tower, youtube_dnn, deepfm, dcn_v2, mmoe, ctr_dnn)")
-        for arg in _FEATURE_ARGS:
+        sequence = "embedding_collection" in takes
+        if "embedding_bag_collection" not in takes and not sequence:
+            raise ConfigError(f"{where}.model._target_={node.model._target_} takes neither an embedding_bag_collection "
+                              "nor an embedding_collection; a funnel stage builds its model over a PS-backed "
+                              "collection: use a pooled zoo model (two_tower, youtube_dnn, deepfm, dcn_v2, mmoe, "
+                              "ctr_dnn) or a behaviour-history one (din, bst)")
+        if sequence and inputs.get("share"):
+            raise ConfigError(f"{where}.inputs.share: {node.model._target_} reads unpooled rows of its own tables; "
+                              "sharing another stage's table is for pooled models: drop inputs.share")
+        for arg in (*_FEATURE_ARGS, *(_SEQUENCE_ARGS if sequence else ())):
             wanted = node.model.get(arg)
+            if wanted is None and arg in _SEQUENCE_ARGS and arg in takes:  # the model's default names count too
+                default = takes[arg].default
+                wanted = None if default is inspect.Parameter.empty else default
             if wanted is not None:
                 lacking = [str(f) for f in wanted if str(f) not in features]
                 if lacking:
@@ -276,6 +310,7 @@ def pipeline_specs(cfg: DictConfig) -> list[StageSpec]:
                           f"({', '.join(f'{s.name}={s.threads}' for s in specs)}): one worker's threads train every "
                           "stage in turn; give every stage the same threads")
     schedule(cfg, specs)  # pipeline.schedule checked too, before any process starts
+    ease_settings(cfg)  # pipeline.baselines.ease too
     return specs
 
 
@@ -318,6 +353,37 @@ def schedule(cfg: DictConfig, specs: list[StageSpec]) -> list[list[StageSpec]]:
                     raise ConfigError(f"pipeline.schedule: stages {s.name} and {other} are in one group "
                                       f"{[g.name for g in group]}, but {s.name} reads {other}'s {what}; they "
                                       f"cannot train concurrently: put {s.name} in a group after {other}'s")
+    return out
+
+
+def ease_settings(cfg: DictConfig) -> dict[str, Any] | None:
+    """pipeline.baselines.ease over EASE_DEFAULTS, checked (ConfigError naming the key); None: not computed
+    (enabled false, or a streaming run without in_stream)."""
+    node = ((cfg.pipeline.get("baselines") or {}) or {}).get("ease")
+    given = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
+    unknown = [k for k in given if k not in EASE_DEFAULTS]
+    if unknown:
+        raise ConfigError(f"pipeline.baselines.ease.{unknown[0]} is read by nothing; its keys are "
+                          f"{', '.join(EASE_DEFAULTS)}")
+    out = {**EASE_DEFAULTS, **given}
+    if not out["enabled"]:
+        return None
+    streaming = bool(((cfg.get("stream") or {}) or {}).get("enabled", False))
+    if streaming and not out["in_stream"]:
+        return None
+    grid = [float(v) for v in (out["grid"] or ())]
+    if not grid or any(not v > 0 for v in grid):
+        raise ConfigError(f"pipeline.baselines.ease.grid={out['grid']}; give L2 weights > 0, e.g. [100, 300, 1000]")
+    if not 0.0 < float(out["validation_fraction"]) < 1.0:
+        raise ConfigError(f"pipeline.baselines.ease.validation_fraction={out['validation_fraction']}; use a value in "
+                          "(0, 1): each user's latest share of TRAINING rows the L2 weight is chosen on")
+    if out["interactions"] not in ("exposures", "clicks"):
+        raise ConfigError(f"pipeline.baselines.ease.interactions={out['interactions']!r}; use exposures or clicks")
+    if int(out["max_items"]) < 1:
+        raise ConfigError(f"pipeline.baselines.ease.max_items={out['max_items']}; use an integer >= 1")
+    if out["dtype"] not in ("float32", "float64"):
+        raise ConfigError(f"pipeline.baselines.ease.dtype={out['dtype']!r}; use float32 or float64")
+    out["grid"] = grid
     return out
 
 

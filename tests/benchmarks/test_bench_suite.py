@@ -51,8 +51,8 @@ def test_smoke_preset_end_to_end(tmp_path):
     markdown = tmp_path / "RESULTS.md"
     markdown.write_text("# results\n\n## A hand-written section\n\nkept as it is\n")
     out = tmp_path / "out"
-    proc = run_module("benchmarks.run", "--preset", "smoke", "--out", str(out), "--markdown", str(markdown),
-                      "--data-dir", str(tmp_path / "data"), timeout=280)
+    run_module("benchmarks.run", "--preset", "smoke", "--out", str(out), "--markdown", str(markdown),
+               "--data-dir", str(tmp_path / "data"), timeout=280)
     # Nothing of this run in the checkout (other engineers may edit RESULTS.md meanwhile: no digest).
     assert report.begin_marker("smoke") not in results_md.read_text()
     assert not [p for p in _listing(results_dir) if "smoke" in p]

@@ -82,9 +82,9 @@ def test_tiny_run_end_to_end(tmp_path):
     benchmarks/results is not written."""
     out, mine = tmp_path / "compute.json", PROJECT_ROOT / "benchmarks" / "results" / "compute_bench.json"
     before = mine.stat().st_mtime_ns if mine.exists() else None
-    run_module("benchmarks.compute_bench", "--rows", "2000", "--vocab", "100", "--rounds", "1", "--probe-size", "256",
-               "--probe-reps", "3", "--probe-trials", "2", "--data-dir", str(tmp_path / "data"), "--out", str(out),
-               timeout=580)
+    proc = run_module("benchmarks.compute_bench", "--rows", "2000", "--vocab", "100", "--rounds", "1", "--probe-size", "256",
+                      "--probe-reps", "3", "--probe-trials", "2", "--data-dir", str(tmp_path / "data"), "--out",
+                      str(out), timeout=580)
     result = json.loads(out.read_text())
     assert result["cpu"]["cores"] >= 1 and result["cpu"]["model"] and isinstance(result["cpu"]["bf16_units"], bool)
     assert set(result["cpu"]["flags"]) >= {"avx512_bf16", "amx_bf16"}

@@ -27,7 +27,7 @@ from recps.config import compose_config
 from recps.errors import ConfigError
 from recps.job.observer import TrainObserver
 from recps.ps.fleet import Fleet
-from tests.helpers.cli import recps_train
+from tests.helpers.cli import recps_train, run_module
 
 pytestmark = pytest.mark.slow
 
@@ -130,7 +130,7 @@ def test_async_checkpoints_on_hdfs_evaluate_and_resume(hdfs, tmp_path_factory):
     # keep_last=2: step-100 went from HDFS once step-300 was committed
     assert not rfs.exists(f"{ckpt}/step-100") and rfs.exists(f"{ckpt}/step-300/manifest.json")
     step = f"{ckpt}/step-200"
-    evaluated = json.loads(recps("recps.evaluate", step).stdout)  # the model as it was at step 200
+    evaluated = json.loads(run_module("recps.evaluate", step, timeout=TIMEOUT_S).stdout)  # the model as it was at step 200
     assert 0.5 < evaluated["auc"] < straight["auc"] + 0.02
     resumed = cli_auc(tmp_path_factory.mktemp("resumed"), *common, f"trainer.resume={step}")
     # Async runs differ by their threads' interleaving: six straight runs of this config on one quiet

@@ -181,8 +181,6 @@ def test_launched_run_fails_naming_the_stalled_server0_soon_after_the_stall(tmp_
     """`python -m recps.train` (its recps.launch cluster), cluster.restarts left at none: server0 (the
     coordinator) SIGSTOPped for 2 x dead_after_s; the run fails within dead_after_s + 5 s of the
     stall's end, its error naming server0."""
-    from recps.config import PROJECT_ROOT
-
     cmd = [sys.executable, "-m", "recps.train", "model=ctr_dnn", "model.hidden=[16,8]", "ps=async", "cluster.workers=2",
            "trainer.epochs=100000", "trainer.batch_size=16", f"cluster.dead_after_s={DEAD_AFTER_S}",
            f"dataset.dir={tmp_path / 'data'}", "dataset.generate.train_rows=2000", "dataset.generate.test_rows=500",

@@ -26,7 +26,10 @@ _MIN_HUGE_BYTES = 8 << 20  # below this, alignment padding is not worth it
 _libc = None
 if sys.platform.startswith("linux"):
     try:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        try:  # glibc's soname first: find_library runs `ldconfig -p` in a subprocess at import
+            _libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        except OSError:  # another libc (musl ...): ask the loader's cache
+            _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
         _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
         _libc.madvise.restype = ctypes.c_int
     except OSError:  # pragma: no cover - exotic libc

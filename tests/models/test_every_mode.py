@@ -35,7 +35,12 @@ from tests.helpers.cli import recps_train
 
 pytestmark = pytest.mark.slow
 
-MODELS = sorted(p.stem for p in (PROJECT_ROOT / "conf" / "model").glob("*.yaml"))
+# Rankers over the behaviour history (DIN, BST) need a data set whose rows carry history features; none of
+# conf/dataset does yet (issue 29 point 1: history through the readers), so a plain `model=din` run stops
+# when the job is built, naming the features (test_history_rankers_name_what_the_data_lacks). They train
+# as funnel stages (tests/pipeline/test_funnel_history.py).
+NEEDS_HISTORY_DATA = ("bst", "din")
+MODELS = sorted(p.stem for p in (PROJECT_ROOT / "conf" / "model").glob("*.yaml") if p.stem not in NEEDS_HISTORY_DATA)
 MODES = ("local", "sync", "async", "geo")
 
 STEPS = 96           # about this many steps per run (over both threads), in whole passes
@@ -217,6 +222,16 @@ def test_model_trains_in_mode(model, mode, data_folder, tmp_path, in_process_clu
         evaluated = [k for k, v in metrics.items() if isinstance(v, float) and k not in TRAINING_KEYS]
         assert evaluated and all(math.isfinite(metrics[k]) for k in evaluated), metrics
     assert_loss_falls(losses, f"{model} ps={mode}")
+
+
+@pytest.mark.parametrize("model", NEEDS_HISTORY_DATA)
+def test_history_rankers_name_what_the_data_lacks(model, data_folder, tmp_path):
+    """Until a data set serves behaviour history, `model=din|bst` fails as the job is built, naming the
+    features the data lacks and the fix, before any step."""
+    cfg = model_config(model, "local")
+    data, cfg = prepared(model, cfg, data_folder)
+    with pytest.raises(Exception, match=r"history_item_id.*not served by the injected collection.*fix"):
+        train_local(cfg, data, tmp_path)
 
 
 # ------------------------------------------------------------------ real multi-process clusters

@@ -50,7 +50,7 @@ from recps.errors import ConfigError, DataError
 from recps.targets import check_target_args
 
 __all__ = ["FunnelData", "Csr", "History", "HISTORY_FEATURES", "HELD_OUT", "movielens", "video_world", "pair_examples",
-           "csr_from_pairs", "exposure_bucket", "load_world"]
+           "csr_from_pairs", "exposure_bucket", "load_world", "ValidationPeriod", "validation_period"]
 
 HISTORY_FEATURES = ("history_item_id", "history_category", "history_click", "history_long_view")
 HELD_OUT = torch.iinfo(torch.int64).max  # the time of a held-out request: after every training exposure
@@ -257,6 +257,64 @@ class FunnelData:
                               f"name some of those")
 
 
+@dataclass(frozen=True)
+class ValidationPeriod:
+    """The training data split in time for what is tuned on it (issue 29.5): `fit` holds each user's earlier
+    training exposures as its training rows (seen items, history and the `exposures` bucket recomputed from
+    them) and, as its requests, the users with a click in their latest `fraction` of training exposures
+    (`fit.test_users`; their clicks `fit.test_positives`): the stages that train on `validation` learn to
+    rank what the funnel trained on `fit` retrieves for them, the way the held-out requests are served.
+    `labels[j]` (a Csr over those requests): the period's items whose label column j is set."""
+
+    fit: FunnelData
+    labels: tuple[Csr, ...]
+    fraction: float
+
+
+def validation_period(data: FunnelData, fraction: float) -> ValidationPeriod:
+    """Each user's latest `fraction` of training exposures (at least one, never all of them; in time order,
+    ties in the data's row order) becomes the validation period; the held-out requests are never read."""
+    if not 0.0 < float(fraction) < 1.0:
+        raise ConfigError(f"pipeline.validation_fraction={fraction}; use a value in (0, 1): each user's latest "
+                          "share of training exposures the validation stages train on")
+    n = int(data.train_user.numel())
+    times = data.train_time if data.train_time is not None else torch.arange(n)
+    order = torch.from_numpy(np.lexsort((np.arange(n), times.numpy(), data.train_user.numpy())))  # (N,)
+    users = data.train_user[order]
+    counts = torch.bincount(users, minlength=data.num_users)  # (U,)
+    starts = torch.cumsum(counts, 0) - counts
+    position = torch.arange(n) - starts[users]  # (N,) rank in the user's time order
+    held = torch.minimum((counts.to(torch.float64) * float(fraction)).floor().to(torch.int64).clamp(min=1),
+                         (counts - 1).clamp(min=0))  # (U,)
+    latest = torch.zeros(n, dtype=torch.bool)
+    latest[order] = position >= (counts - held)[users]  # (N,) in the data's row order
+    fit_rows, period_rows = (~latest).nonzero().squeeze(1), latest.nonzero().squeeze(1)
+    p_user, p_item, p_labels = data.train_user[period_rows], data.train_item[period_rows], data.train_labels[period_rows]
+    requests = torch.unique(p_user[p_labels[:, 0] > 0])  # (R,) users with a click in the period
+    slot = torch.searchsorted(requests, p_user)  # (P,)
+    asked = (slot < requests.numel()) & (requests[slot.clamp(max=max(0, requests.numel() - 1))] == p_user)
+
+    def period_csr(mask: torch.Tensor) -> Csr:
+        return csr_from_pairs(slot[asked & mask], p_item[asked & mask], int(requests.numel()))
+
+    item_features = dict(data.item_features)
+    f_user, f_item = data.train_user[fit_rows], data.train_item[fit_rows]
+    if "exposures" in item_features:
+        item_features["exposures"] = exposure_bucket(f_item, data.num_items)
+    fit = FunnelData(
+        name=f"{data.name} (validation fit)", user_features=data.user_features, item_features=item_features,
+        train_user=f_user, train_item=f_item, train_labels=data.train_labels[fit_rows],
+        seen=csr_from_pairs(f_user, f_item, data.num_users), test_users=requests,
+        test_positives=period_csr(p_labels[:, 0] > 0), label_names=data.label_names,
+        test_shown=period_csr(torch.ones_like(p_user, dtype=torch.bool)),
+        train_time=None if data.train_time is None else data.train_time[fit_rows], history_length=data.history_length)
+    labels = tuple(period_csr(p_labels[:, j] > 0) for j in range(p_labels.shape[1]))
+    log.info("validation period: each user's latest %.0f%% of training exposures, %d rows, %d requests (%d clicks); "
+             "%d exposures before it", 100 * float(fraction), int(period_rows.numel()), int(requests.numel()),
+             int(labels[0].items.numel()), int(fit_rows.numel()))
+    return ValidationPeriod(fit, labels, float(fraction))
+
+
 def pair_examples(data: FunnelData, features: Sequence[str], users: torch.Tensor, items: torch.Tensor,
                   labels: torch.Tensor | None = None, dense: torch.Tensor | None = None,
                   times: torch.Tensor | None = None) -> Examples:
@@ -293,11 +351,14 @@ def exposure_bucket(items: torch.Tensor, num_items: int) -> torch.Tensor:
 
 
 def movielens(ratings: str, movies: str, test_fraction: float = 0.2, click_rating: float = 4.0,
-              long_view_rating: float = 4.5, max_users: int = 0, seed: int = 0, history_length: int = 50) -> FunnelData:
+              long_view_rating: float = 4.5, max_users: int = 0, seed: int = 0, history_length: int = 50,
+              tune: bool = False) -> FunnelData:
     """MovieLens latest-small (or any ratings/movies pair in its layout) as funnel data; see the module doc.
     The items are every movie of `movies` (recall retrieves over all of them). `max_users` > 0 keeps the
     first that many users (tests). A rating's history: the user's training ratings with an earlier timestamp
-    (the same second: neither, whatever the file's row order), the last `history_length`."""
+    (the same second: neither, whatever the file's row order), the last `history_length`.
+    `tune`: for choosing settings without the test split, the held-out ratings are dropped and the split is
+    made again inside the training ratings (each user's last test_fraction of them held out)."""
     if not 0.0 < float(test_fraction) < 1.0:
         raise ConfigError(f"pipeline.world.test_fraction={test_fraction}; use a value in (0, 1)")
     frame = read_ratings(ratings)
@@ -323,6 +384,13 @@ def movielens(ratings: str, movies: str, test_fraction: float = 0.2, click_ratin
     position = np.arange(user.size) - starts[user]  # (N,) rank in the user's time order
     held = np.maximum(1, np.floor(counts * float(test_fraction)).astype(np.int64))  # (U,)
     is_test = position >= (counts - held)[user]
+    if tune:  # the test ratings go; the training ratings are split again the same way
+        user, item, rating, stamp = user[~is_test], item[~is_test], rating[~is_test], stamp[~is_test]
+        counts = np.bincount(user, minlength=user_ids.size)
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        position = np.arange(user.size) - starts[user]
+        held = np.maximum(1, np.floor(counts * float(test_fraction)).astype(np.int64))
+        is_test = position >= (counts - held)[user]
     # Category: the first genre (in name order) of each item; items without one: category 0.
     first = genres.sort_values(["movieId", "genre"]).drop_duplicates("movieId")
     names, genre_index = np.unique(first["genre"].to_numpy(str), return_inverse=True)
@@ -339,10 +407,11 @@ def movielens(ratings: str, movies: str, test_fraction: float = 0.2, click_ratin
     test_users = np.unique(user[liked])
     request = np.searchsorted(test_users, user[liked])
     positives = csr_from_pairs(t(request), t(item[liked]), int(test_users.size))
-    log.info("funnel data movielens: %d users, %d items, %d exposures, %d held-out requests (%d positives)",
+    log.info("funnel data movielens%s: %d users, %d items, %d exposures, %d held-out requests (%d positives)",
+             " (tune: held out inside the training ratings, the test ratings dropped)" if tune else "",
              num_users, item_ids.size, int(train.sum()), test_users.size, int(liked.sum()))
     return FunnelData(
-        name="movielens",
+        name="movielens (tune)" if tune else "movielens",
         user_features={"user_id": torch.arange(num_users)},
         item_features={"item_id": torch.arange(item_ids.size), "category": t(cat),
                        "exposures": exposure_bucket(t(item[train]), int(item_ids.size))},

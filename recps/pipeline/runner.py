@@ -12,13 +12,17 @@ starts, then starts `cluster.servers` servers and `cluster.workers` workers; eac
     each on its own thread of every worker with its own communicator in its own mode), for each stage:
         its training data: recall, the clicked exposures; a ranker, the exposures with their labels plus
             `candidates_per_user` unexposed candidates of its upstream (label 0), as production funnels
-            train; `scores` stages' probabilities of each pair as dense inputs
+            train, and/or (`validation`) what its upstream keeps for the validation period's requests,
+            labelled by that period; `scores` stages' probabilities of each pair as dense inputs
         its dense table `<stage>_dense` (created by every worker, the first one's values win), a trainer
             whose updater is the stage mode's; this worker's shard of the data; sync: equal steps
-        close the stage's communicator (geo: the last deltas), barrier
+        flush the stage's communicator (geo: the last deltas), barrier
         export what the servers hold for it (read-only view): worker 0 writes <run dir>/funnel/<stage>.pt;
             every worker loads the same export (the next stage's candidates come from it)
         recall: item vectors -> the item index (worker 0 writes <run dir>/funnel/items.ann)
+    with a validation stage (pipeline.validation_fraction), every stage trains on the exposures before each
+    user's validation period (recps.pipeline.data.validation_period); then the stages of `pipeline.refresh`
+    train again on all training exposures and are exported (and indexed) again
     every worker evaluates the funnel on its share of the held-out requests (recps.pipeline.held_out); the
     metrics merge through the servers (recps.metrics.ps_merger); worker 0 writes <run dir>/metrics.json and
     <run dir>/funnel/final_lists.json (its requests' lists); the launcher prints each stage's metrics and
@@ -27,6 +31,7 @@ starts, then starts `cluster.servers` servers and `cluster.workers` workers; eac
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -40,8 +45,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from recps import fs as rfs
 from recps.errors import ConfigError
-from recps.pipeline.stages import StageSpec, check_data, pipeline_specs, schedule
-from recps.pipeline.data import FunnelData, load_world, pair_examples
+from recps.pipeline.stages import (StageSpec, check_data, pipeline_specs, refresh_epochs, schedule,
+                                  validation_fraction)
+from recps.pipeline.data import FunnelData, ValidationPeriod, load_world, pair_examples, validation_period
+from recps.pipeline.held_out import evaluate_funnel, hits
 from recps.pipeline.funnel import (EXPORT_DIR, Funnel, build_index, build_stage_model, candidate_times, dense_width,
                                    export_stage, load_stage, outputs_of, pair_times, score_inputs, stage_collection)
 
@@ -82,15 +89,19 @@ def run_pipeline(cfg: DictConfig, out_dir: Path) -> float:
 # ------------------------------------------------------------------------------------- the worker
 
 
-def training_examples(spec: StageSpec, specs, data: FunnelData, funnel: Funnel | None, seed: int):
-    """The stage's training Examples (see the module docstring)."""
+def training_examples(spec: StageSpec, specs, data: FunnelData, funnel: Funnel | None, seed: int,
+                      period: ValidationPeriod | None = None):
+    """The stage's training Examples (see the module docstring); `data` is what the stages train on
+    (`period.fit` when a stage trains on the validation period)."""
     if spec.is_retrieval:
         clicked = data.train_labels[:, 0] > 0
         users, items = data.train_user[clicked], data.train_item[clicked]
         counts = torch.bincount(items, minlength=data.num_items).to(torch.float64)  # (I,)
         log_q = torch.log((counts + 1.0) / (counts.sum() + data.num_items)).to(torch.float32)  # (I,)
         labels = torch.stack([torch.ones(users.numel()), log_q[items]], 1)  # (N, 2): label, log Q(item)
-        return pair_examples(data, spec.features, users, items, labels=labels)
+        times = data.train_time[clicked] if data.train_time is not None else None  # a history: before the click
+        return pair_examples(data, spec.features, users, items, labels=labels,
+                             times=pair_times(spec, data, users, times))
     users, items, labels, times = [], [], [], []  # times: as of when history features are read (funnel.pair_times)
     if "exposures" in spec.train_on:
         times.append(data.train_time)
@@ -115,6 +126,15 @@ def training_examples(spec: StageSpec, specs, data: FunnelData, funnel: Funnel |
         items.append(cand[valid])
         labels.append(torch.zeros(int(valid.sum()), data.train_labels.shape[1]))
         times.append(candidate_times(data, owner[valid], seed))
+    if "validation" in spec.train_on:  # what the funnel so far keeps for the period's requests, labelled
+        requests = period.fit.test_users  # (R,)
+        kept = torch.cat([funnel.run(part, until=spec.upstream).kept[spec.upstream] for part in requests.split(64)])
+        valid = kept >= 0  # (R, K)
+        owner = requests.unsqueeze(1).expand_as(kept)
+        users.append(owner[valid])
+        items.append(kept[valid])
+        labels.append(torch.stack([hits(kept, csr, data.num_items)[valid] for csr in period.labels], 1).float())
+        times.append(data.request_times(owner[valid]))
     users, items, labels = torch.cat(users), torch.cat(items), torch.cat(labels)
     times = None if any(t is None for t in times) else torch.cat(times)
     dense = None
@@ -125,7 +145,8 @@ def training_examples(spec: StageSpec, specs, data: FunnelData, funnel: Funnel |
                          times=pair_times(spec, data, users, times))
 
 
-def _train_stage(fleet, spec: StageSpec, model, collection, examples, role, timeout_s: float) -> dict[str, Any]:
+def _train_stage(fleet, spec: StageSpec, model, collection, examples, role, timeout_s: float,
+                 phase: str = "") -> dict[str, Any]:
     from hydra.utils import instantiate
 
     from recps.data.dataset import ExamplesSource
@@ -142,7 +163,7 @@ def _train_stage(fleet, spec: StageSpec, model, collection, examples, role, time
     mode = spec.mode
     fleet.create_dense_table(table, {n: p.detach() for n, p in named.items()},
                              optimizer=mode.dense_rule(optimizer), mode=mode.name)
-    fleet.wait_for_workers(f"pipeline.{spec.name}.tables", timeout=timeout_s)
+    fleet.wait_for_workers(f"pipeline.{spec.name}{phase}.tables", timeout=timeout_s)
     fleet.pull_dense_into(table, dense, timeout_s)  # every worker starts equal
     communicator = collection.communicator
     updater = mode.dense_updater(named, optimizer, communicator, table)
@@ -154,8 +175,8 @@ def _train_stage(fleet, spec: StageSpec, model, collection, examples, role, time
     start = time.perf_counter()
     stats = trainer.fit(source, spec.batch_size, epochs=spec.epochs, max_steps=spec.max_steps, progress=False,
                         thread_steps_per_epoch=per_thread)
-    communicator.close()  # what is queued goes out (geo: the last deltas); the stage trains no more
-    fleet.wait_for_workers(f"pipeline.{spec.name}.trained", timeout=timeout_s)
+    communicator.flush()  # what is queued goes out (geo: the last deltas); a refresh may train it again
+    fleet.wait_for_workers(f"pipeline.{spec.name}{phase}.trained", timeout=timeout_s)
     fleet.pull_dense_into(table, dense, timeout_s)  # the servers' values
     seconds = time.perf_counter() - start
     log.info("%s: stage %s trained in %s mode: %d steps, %d examples, %.0f examples/s, loss %.4f", role.name,
@@ -239,6 +260,10 @@ def funnel_work(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -
 
     specs = pipeline_specs(cfg)
     world = data if isinstance(data, FunnelData) else load_world(cfg)
+    fraction = validation_fraction(cfg, specs)
+    refresh = refresh_epochs(cfg, specs)
+    period = validation_period(world, fraction) if fraction is not None else None
+    train_world = period.fit if period is not None else world  # every stage trains on the period's past
     seed = int(cfg.seed)
     seed_everything(seed)
     if on_this_machine(role):  # the workers and the servers share the cores: one share is a worker's
@@ -255,13 +280,13 @@ def funnel_work(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -
             fleet.add_collection(collections[s.name], mode=s.mode)
         fleet.init_worker(DistributedStrategy(mode=specs[0].mode, threads=threads))
         stages: dict = {}
-        index = None
+        index = train_index = None
         for group in schedule(cfg, specs):  # one stage after another, or a group's stages at the same time
-            funnel = Funnel(specs, stages, index, world) if stages else None
+            funnel = Funnel(specs, stages, train_index, train_world) if stages else None
             examples = {}
             for s in group:  # the group's stages read only earlier groups' exports (config.schedule checked it)
                 t = time.perf_counter()
-                examples[s.name] = training_examples(s, specs, world, funnel, seed + s.index)
+                examples[s.name] = training_examples(s, specs, train_world, funnel, seed + s.index, period)
                 trained[s.name] = {"prepare_seconds": time.perf_counter() - t}
             jobs = {s.name: (lambda s=s: _train_stage(fleet, s, models[s.name], collections[s.name], examples[s.name],
                                                       role, timeout_s)) for s in group}
@@ -270,11 +295,23 @@ def funnel_work(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -
             for s in group:
                 _export(s, specs, fleet, models, collections, world, role, export_dir, stages)
                 if s.is_retrieval:
-                    index = _index(cfg, s, stages, world, role, export_dir, trained)
+                    index = train_index = _index(cfg, s, stages, world, role, export_dir, trained)
+                    if period is not None:  # the training funnel retrieves over the period's item features
+                        vectors = stages[s.name].vectors(train_world, items=torch.arange(train_world.num_items))
+                        train_index = build_index(vectors, OmegaConf.to_container(cfg.pipeline.index, resolve=True))
+        for s in (x for x in specs if x.name in refresh):  # trained on the period's past: now on all of it
+            t = time.perf_counter()
+            again = dataclasses.replace(s, epochs=refresh[s.name])
+            rows = training_examples(again, specs, world, Funnel(specs, stages, index, world), seed + s.index)
+            result = _train_stage(fleet, again, models[s.name], collections[s.name], rows, role, timeout_s, ".refresh")
+            trained[s.name]["refresh"] = {**result, "prepare_seconds": time.perf_counter() - t - result["seconds"]}
+            _export(s, specs, fleet, models, collections, world, role, export_dir, stages)
+            if s.is_retrieval:
+                index = _index(cfg, s, stages, world, role, export_dir, trained)
+        fleet.close_communicators()  # every stage trained: what is queued goes out, the threads stop
         tables = {s.name: {t: fleet.table_mode(t) for t in [*collections[s.name].table_dims(),
                                                                           f"{s.name}_dense"]} for s in specs}
         from recps.metrics.ps_merger import PSMerger
-        from recps.pipeline.held_out import evaluate_funnel
 
         # every worker evaluates its share of the held-out requests; the tallies merge through the servers
         merger = PSMerger(fleet.channel(), prefix="pipeline.eval", timeout_s=max(timeout_s, _EVAL_TIMEOUT_S))
@@ -293,6 +330,11 @@ def funnel_work(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -
             metrics["pipeline"] = str(cfg.pipeline.name)
             metrics["stage_order"] = [s.name for s in specs]
             metrics["workers"], metrics["servers"] = role.num_workers, role.num_servers
+            if period is not None:
+                metrics["validation_period"] = {
+                    "fraction": period.fraction, "requests": int(period.fit.test_users.numel()),
+                    "clicks": int(period.labels[0].items.numel()),
+                    "earlier_exposures": int(period.fit.train_user.numel())}
             metrics.update(metrics["funnel"])  # flat too: a sweep's table reads `objective=ndcg@10` from the top level
             rfs.write_atomic(str(Path(out_dir) / "metrics.json"),
                              json.dumps(metrics, indent=2, sort_keys=True, default=str) + "\n", overwrite=True)

@@ -21,15 +21,18 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from recps.config import MODEL_ENGINE_KEYS, MODEL_INJECTED, PS_MODES, TASK_ENGINE_KEYS, check_target_args
 from recps.errors import ConfigError
 
-__all__ = ["StageSpec", "enabled", "pipeline_specs", "schedule", "check_data", "ease_settings", "STAGE_KEYS", "INPUT_KEYS",
-           "EASE_DEFAULTS"]
+__all__ = ["StageSpec", "enabled", "pipeline_specs", "schedule", "check_data", "ease_settings", "validation_fraction",
+           "refresh_epochs", "STAGE_KEYS", "INPUT_KEYS", "EASE_DEFAULTS"]
 
 STAGE_KEYS = ("model", "task", "optimizer", "trainer", "ps", "keep", "inputs", "score_weights")
 INPUT_KEYS = ("features", "upstream", "train_on", "candidates_per_user", "candidate_users", "scores", "share")
 TRAINER_KEYS = ("epochs", "batch_size", "threads", "max_steps")
 PIPELINE_KEYS = ("name", "world", "top_n", "eval_users", "eval_batch_users", "index", "stages", "objective",
-                 "schedule", "baselines")
-TRAIN_ON = ("positives", "exposures", "candidates")
+                 "schedule", "baselines", "validation_fraction", "refresh")
+# What a stage trains on: positives (recall: the clicked exposures); exposures (labelled) and candidates
+# (unexposed upstream candidates, label 0); validation: the upstream's candidates of the validation period's
+# requests, labelled by what the user did in that period (recps.pipeline.data.validation_period).
+TRAIN_ON = ("positives", "exposures", "candidates", "validation")
 # The features a model reads, by constructor argument (zoo models name them so).
 _FEATURE_ARGS = ("query_features", "candidate_features", "user_features", "item_features", "features")
 # ... and by a behaviour-history model (models/_behaviour.py), defaults included: a DIN without
@@ -260,6 +263,11 @@ def pipeline_specs(cfg: DictConfig) -> list[StageSpec]:
                                       f"{features}; add them there or drop them from the model")
         share = _share(name, where, node, inputs.get("share"), features, specs, [str(n) for n in stages.keys()])
         train_on = [str(t) for t in (inputs.get("train_on") or ())]
+        tuned_on_test = [t for t in train_on if t in ("test", "held_out", "held-out", "test_positives")]
+        if tuned_on_test:
+            raise ConfigError(f"{where}.inputs.train_on={train_on}: {tuned_on_test[0]!r} is the held-out requests the "
+                              "funnel is evaluated on; a stage never trains or tunes on them: use validation (each "
+                              "user's latest pipeline.validation_fraction of the TRAINING exposures)")
         if not train_on or any(t not in TRAIN_ON for t in train_on):
             raise ConfigError(f"{where}.inputs.train_on={train_on}: give some of {list(TRAIN_ON)}")
         if index == 0 and train_on != ["positives"]:
@@ -311,7 +319,60 @@ def pipeline_specs(cfg: DictConfig) -> list[StageSpec]:
                           "stage in turn; give every stage the same threads")
     schedule(cfg, specs)  # pipeline.schedule checked too, before any process starts
     ease_settings(cfg)  # pipeline.baselines.ease too
+    validation_fraction(cfg, specs)  # and pipeline.validation_fraction
     return specs
+
+
+def validation_fraction(cfg: DictConfig, specs: list[StageSpec]) -> float | None:
+    """pipeline.validation_fraction when a stage trains on `validation` (then required, in (0, 1)), else None.
+    With a validation stage every stage trains on the earlier part of the training data (the period is what
+    the funnel trained on the rest retrieves and ranks); the held-out requests are never read for it.
+    `pipeline.refresh` ({stage: epochs}) is checked too (`refresh_epochs`)."""
+    users = [s.name for s in specs if "validation" in s.train_on]
+    value = cfg.pipeline.get("validation_fraction")
+    refresh_epochs(cfg, specs, users)
+    if not users:
+        return None
+    if bool(((cfg.get("stream") or {}) or {}).get("enabled", False)):
+        raise ConfigError(f"pipeline.stages.{users[0]}.inputs.train_on names validation, which a streaming funnel "
+                          "does not have (each pass trains on what arrived); use [exposures, candidates] there")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < float(value) < 1.0:
+        raise ConfigError(f"pipeline.validation_fraction={value!r} but stage(s) {users} train on validation; set it in "
+                          "(0, 1), e.g. +pipeline.validation_fraction=0.2 (each user's latest share of training "
+                          "exposures)")
+    return float(value)
+
+
+def refresh_epochs(cfg: DictConfig, specs: list[StageSpec], validation_stages: list[str] | None = None
+                   ) -> dict[str, int]:
+    """pipeline.refresh: {stage: epochs}, the stages trained again on ALL training data for that many epochs
+    once every stage is trained (a funnel with a validation stage trains the others on the period's past
+    first: refreshed, their users' latest exposures count too). Only stages that do not train on
+    `validation`, and only when one does. {} when unset."""
+    node = cfg.pipeline.get("refresh")
+    plain = _plain(node) if node is not None else {}
+    if validation_stages is None:
+        validation_stages = [s.name for s in specs if "validation" in s.train_on]
+    if not plain:
+        return {}
+    names = {s.name: s for s in specs}
+    if not isinstance(plain, dict):
+        raise ConfigError(f"pipeline.refresh={plain!r}; give {{stage: epochs}}, e.g. {{recall: 3}}")
+    if not validation_stages:
+        raise ConfigError(f"pipeline.refresh={plain} but no stage trains on validation: every stage already trains "
+                          "on all training data; drop pipeline.refresh")
+    out = {}
+    for name, epochs in plain.items():
+        if name not in names:
+            raise ConfigError(f"pipeline.refresh.{name}: no such stage; the stages are {list(names)}")
+        if name in validation_stages:
+            raise ConfigError(f"pipeline.refresh.{name}: stage {name} trains on the validation period; refresh only "
+                              "the stages trained on the period's past")
+        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+            raise ConfigError(f"pipeline.refresh.{name}={epochs!r}; give the epochs on all training data, an "
+                              "integer >= 1")
+        out[str(name)] = int(epochs)
+    return out
 
 
 def _reads(spec: StageSpec) -> list[tuple[str, str]]:

@@ -5,6 +5,7 @@ future makes "target in history" an AUC ~ 1 score) must score at the no-leak lev
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ from recps.config import PROJECT_ROOT
 from recps.data.generators.ctr import _exact_auc
 from recps.errors import ConfigError
 from recps.pipeline.data import (HELD_OUT, HISTORY_FEATURES, Csr, FunnelData, History, csr_from_pairs, movielens,
-                                 pair_examples, video_world)
+                                 pair_examples, validation_period, video_world)
 
 ML = next((p for p in (PROJECT_ROOT.parent / "shared" / "data" / "movielens_latest_small",
                        PROJECT_ROOT / "datasets" / "movielens_latest_small") if (p / "ratings.csv").exists()), None)
@@ -158,3 +159,39 @@ def test_movielens_history_uses_timestamps_and_never_a_same_second_row():
     held = data.history_at(data.test_users, data.request_times(data.test_users), ["history_click"])["history_click"]
     per_user = torch.bincount(data.train_user, minlength=data.num_users)[data.test_users]
     assert torch.equal(held[0], per_user.clamp(max=30))
+
+
+def test_the_validation_period_is_each_users_latest_exposures_and_the_fit_view_never_sees_it():
+    data = _leak_world(users=50, requests=10, size=5, length=50)  # 50 rows a user, times 100·r + user
+    period = validation_period(data, 0.2)
+    fit = period.fit
+    per_user = torch.bincount(fit.train_user, minlength=data.num_users)
+    assert (per_user == 40).all()  # floor(50 · 0.2) = 10 of each user's rows are the period's
+    # the period is each user's latest: every fit row is at or before the user's earliest period row
+    u, tm = data.train_user.numpy(), data.train_time.numpy()
+    fit_key = set(zip(fit.train_user.tolist(), fit.train_item.tolist(), fit.train_time.tolist()))
+    is_period = np.array([(a, b, c) not in fit_key for a, b, c in zip(u, data.train_item.tolist(), tm)])
+    for user in range(data.num_users):
+        mine = u == user
+        assert tm[mine & ~is_period].max() <= tm[mine & is_period].min()
+    # its requests: the users with a click in it; positives and labels[0]: those clicks, nothing else
+    clicks = {(a, b) for a, b, p, c in zip(u, data.train_item.tolist(), is_period, data.train_labels[:, 0].tolist())
+              if p and c > 0}
+    assert fit.test_users.tolist() == sorted({a for a, _ in clicks})
+    got = {(int(fit.test_users[r]), int(i)) for r, i in zip(period.labels[0].row_ids(), period.labels[0].items)}
+    assert got == clicks and torch.equal(fit.test_positives.items, period.labels[0].items)
+    # the fit view: seen items, exposure buckets and every history (a request's too) hold no period row
+    assert len({(int(a), int(b)) for a, b in zip(fit.seen.row_ids(), fit.seen.items)}) == len(
+        set(zip(fit.train_user.tolist(), fit.train_item.tolist())))
+    held = fit.history_at(fit.test_users, fit.request_times(fit.test_users), ["history_item_id"])["history_item_id"]
+    assert (held[0] == torch.bincount(fit.train_user, minlength=data.num_users)[fit.test_users].clamp(max=50)).all()
+    assert int(fit.history.time.max()) <= int(data.train_time.max())
+    assert fit.history.item.numel() == fit.train_user.numel()
+    # the held-out requests are never read: other test positives, the same period
+    other = dataclasses.replace(data, test_positives=csr_from_pairs(torch.arange(5), torch.arange(5), data.num_users),
+                                history=None)
+    again = validation_period(other, 0.2)
+    assert torch.equal(again.fit.train_item, fit.train_item) and torch.equal(again.labels[0].items, period.labels[0].items)
+    for bad in (0.0, 1.0, -0.5):
+        with pytest.raises(ConfigError, match=rf"^pipeline.validation_fraction={bad}; use a value in \(0, 1\)"):
+            validation_period(data, bad)

@@ -45,6 +45,15 @@ def _cfg(*extra: str):
     (["pipeline.baselines.ease.grid=[0.0]"], "pipeline.baselines.ease.grid", "L2 weights > 0"),
     (["pipeline.baselines.ease.validation_fraction=1.0"], "pipeline.baselines.ease.validation_fraction",
      "TRAINING rows"),
+    # training on the validation period (fine and fusion do by default): its fraction, the refresh, never the test
+    (["pipeline.validation_fraction=null"], "pipeline.validation_fraction=None", "e.g. +pipeline.validation_fraction"),
+    (["pipeline.validation_fraction=1.0"], "pipeline.validation_fraction=1.0", "set it in (0, 1)"),
+    (["pipeline.stages.fusion.inputs.train_on=[test]"], "pipeline.stages.fusion.inputs.train_on", "use validation"),
+    (["+pipeline.refresh.fine=2"], "pipeline.refresh.fine", "refresh only the stages trained on the period's past"),
+    (["pipeline.refresh={recall:0}"], "pipeline.refresh.recall=0", "an integer >= 1"),
+    (["+pipeline.refresh.ranker=1"], "pipeline.refresh.ranker", "the stages are"),
+    (["pipeline.stages.fine.inputs.train_on=[exposures,candidates]",
+      "pipeline.stages.fusion.inputs.train_on=[exposures,candidates]"], "pipeline.refresh=", "drop pipeline.refresh"),
 ])
 def test_bad_history_stage_config_fails_before_any_process_starts(tmp_path, override, stage_key, fix):
     from recps.pipeline import run_pipeline
@@ -124,6 +133,7 @@ def test_din_stage_trains_and_serves_the_evaluations_lists_and_ease_is_a_baselin
     every stage trains; recommend, from the run folder with no cluster, returns the evaluation's final
     lists and the fine stage's scores equal a fresh load_stage's; EASE is in metrics.json with its lambda
     chosen on validation, and a verdict line per baseline is printed."""
+    from recps.pipeline.data import load_world, validation_period
     from recps.pipeline.funnel import load_stage
     from recps.pipeline.recommend import load_funnel, recommend
 
@@ -131,6 +141,17 @@ def test_din_stage_trains_and_serves_the_evaluations_lists_and_ease_is_a_baselin
     proc = recps_train(*SMALL, f"hydra.run.dir={run}", timeout=900)
     metrics = proc.metrics()
     assert metrics["stages_trained"]["fine"]["steps"] > 0
+    # fine and fusion trained on the validation period (each user's latest 20% of training ratings), recall and
+    # coarse on the ratings before it, then again on all of them (pipeline.refresh)
+    period, trained = metrics["validation_period"], metrics["stages_trained"]
+    expected = validation_period(load_world(_cfg()), 0.2)
+    assert period == {"fraction": 0.2, "requests": int(expected.fit.test_users.numel()),
+                      "clicks": int(expected.labels[0].items.numel()),
+                      "earlier_exposures": int(expected.fit.train_user.numel())}, period
+    assert 0 < period["requests"] <= USERS
+    for stage, mode in (("recall", "geo"), ("coarse", "async")):
+        assert trained[stage]["refresh"]["steps"] > 0 and trained[stage]["refresh"]["mode"] == mode
+    assert "refresh" not in trained["fine"] and "refresh" not in trained["fusion"]
     assert 0.5 < metrics["stages"]["fine"]["auc"] <= 1.0
     ease = metrics["baselines"]["ease"]
     assert 0.0 < ease["ndcg@10"] <= 1.0 and 0.0 < ease["hr@10"] <= 1.0

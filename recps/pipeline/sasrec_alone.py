@@ -258,7 +258,7 @@ def _train(seq: Csr, num_items: int, s: Mapping[str, Any], epochs: int,
             model.eval()
             with torch.no_grad():
                 scores[epoch] = validate(model)
-            log.info("SASRec alone: epoch %d, last loss %.4f, validation ndcg %.4f", epoch, float(loss), scores[epoch])
+            log.info("SASRec alone: epoch %d, last loss %.4f, validation ndcg %.4f", epoch, float(loss.detach()), scores[epoch])
             best = max(scores, key=lambda e: (scores[e], -e))
             if epoch - best >= s["patience"]:
                 break

@@ -21,7 +21,7 @@ TINY = {"max_len": 8, "embedding_dim": 16, "num_blocks": 1, "num_heads": 2, "dro
         "batch_size": 16, "max_epochs": 15, "patience": 3, "seed": 0}
 
 
-def chain_world(users: int = 48, items: int = 40, length: int = 15, test: int = 3, seed: int = 0) -> FunnelData:
+def chain_world(users: int = 96, items: int = 100, length: int = 15, test: int = 3, seed: int = 0) -> FunnelData:
     """User u rates items s_u, s_u + 1, ... (mod items) at times 0, 1, ...; all clicks. The last `test` of
     each user are its held-out positives, the rest its training rows (listed in a shuffled row order:
     only train_time says which comes first). Popularity says nothing of the next item."""
@@ -32,7 +32,7 @@ def chain_world(users: int = 48, items: int = 40, length: int = 15, test: int = 
     train = length - test
     user = torch.arange(users).unsqueeze(1).expand(users, train).reshape(-1)  # (N,)
     rows = torch.randperm(user.numel(), generator=g)
-    train_item, train_time = item[:, :train].reshape(-1)[rows], step.expand(users, train).reshape(-1)[rows]
+    train_item, train_time = item[:, :train].reshape(-1)[rows], step[:, :train].expand(users, train).reshape(-1)[rows]
     user = user[rows]
     positives = csr_from_pairs(torch.arange(users).repeat_interleave(test), item[:, train:].reshape(-1), users)
     return FunnelData(name="chain", user_features={"user_id": torch.arange(users)},
@@ -57,14 +57,14 @@ def fitted(world):
 
 
 def test_sasrec_alone_beats_most_popular_where_the_next_item_follows_the_last(world, fitted):
-    """The next items are s+12, s+13, s+14 after ..., s+11: SASRec lists them first (NDCG@10 > 0.9); most-popular
-    cannot know them (< 0.3): a margin of 0.6."""
+    """The next items are s+12, s+13, s+14 after ..., s+11: SASRec lists them near the top (NDCG@10 > 0.7; 0.76 to
+    0.86 over 3 worlds x 2 seeds); most-popular cannot know them (< 0.2; 0.07 to 0.13): a margin of 0.5."""
     users = world.test_users
     mine = ndcg(fitted.lists(world, users, 10), world.test_positives)
     popular = ndcg(most_popular(types.SimpleNamespace(data=world), users, 10), world.test_positives)
-    assert mine > 0.9 and popular < 0.3 and mine - popular > 0.6, (mine, popular)
+    assert mine > 0.7 and popular < 0.2 and mine - popular > 0.5, (mine, popular)
     assert fitted.epochs == max(fitted.validation, key=lambda e: (fitted.validation[e], -e))
-    assert fitted.validation[fitted.epochs] > 0.8  # the validation rows follow the chain too
+    assert fitted.validation[fitted.epochs] > 0.9  # the validation rows follow the chain too
 
 
 def test_the_held_out_requests_are_never_read_by_the_fit(world, fitted):
@@ -95,8 +95,8 @@ def test_lists_exclude_seen_items_and_pad_users_without_history(world, fitted):
     seen = world.seen.rows(users)
     assert not bool(fm.hits(lists, seen.offsets, seen.items).any())
     assert all(len(set(row.tolist())) == 10 for row in lists)
-    whole = fitted.lists(world, users, world.num_items)  # 40 asked, 28 unseen items each
-    assert bool((whole[:, 28:] == -1).all()) and bool((whole[:, :28] >= 0).all())
+    whole = fitted.lists(world, users, world.num_items)  # 100 asked, 88 unseen items each
+    assert bool((whole[:, 88:] == -1).all()) and bool((whole[:, :88] >= 0).all())
     nothing = Csr(torch.zeros(world.num_users + 1, dtype=torch.int64), torch.zeros(0, dtype=torch.int64))
     no_history = dataclasses.replace(fitted, history=nothing)
     assert bool((no_history.lists(dataclasses.replace(world, seen=nothing), users, 5) == -1).all())

@@ -138,6 +138,20 @@ def fit_sasrec(data: FunnelData, settings: Mapping[str, Any] | None, k: int) -> 
     never read."""
     start = time.perf_counter()
     s = sasrec_settings(settings)
+    validation = _validation(data, s, k)
+    best = max(validation, key=lambda e: (validation[e], -e))
+    users, items, _ = _interactions(data, s["interactions"])
+    everything = _sequences(users, items, data.num_users)
+    model = _train(everything, data.num_items, s, best, None)
+    seconds = time.perf_counter() - start
+    log.info("SASRec alone: %d epochs chosen on the training data's validation split (ndcg@%d %s), %d items, "
+             "%.1f s", best, k, {e: round(v, 4) for e, v in validation.items()}, data.num_items, seconds)
+    return SasrecBaseline(model, everything, best, validation, seconds, s)
+
+
+def _validation(data: FunnelData, s: Mapping[str, Any], k: int) -> dict[int, float]:
+    """{epoch: NDCG@k} of a model trained on each user's earlier training rows, on its latest validation_fraction
+    (the clicked ones), the earlier items excluded from its list; epochs until `patience` after the best."""
     users, items, clicked = _interactions(data, s["interactions"])
     (early_users, early_items), (val_users, val_items) = holdout_latest(users, items, s["validation_fraction"],
                                                                         keep=clicked)
@@ -145,7 +159,6 @@ def fit_sasrec(data: FunnelData, settings: Mapping[str, Any] | None, k: int) -> 
         raise DataError(f"SASRec alone: no user of {data.name!r} has a clicked row among its latest "
                         f"{s['validation_fraction']} of training rows; nothing to choose the epochs on (raise "
                         f"{WHERE}.validation_fraction, or use interactions=clicks)")
-    c = data.num_items
     early = _sequences(early_users, early_items, data.num_users)
     asked = torch.unique(val_users)  # (R,) the users with a validation positive
     remap = torch.full((data.num_users,), -1, dtype=torch.int64)
@@ -156,18 +169,11 @@ def fit_sasrec(data: FunnelData, settings: Mapping[str, Any] | None, k: int) -> 
     exclude = csr_from_pairs(remap[early_users[mine]], early_items[mine], int(asked.numel()))
 
     def validate(model: nn.Module) -> float:
-        lists = _top(model, early_asked, exclude, k, c, s["max_len"])  # (R, k)
+        lists = _top(model, early_asked, exclude, k, data.num_items, s["max_len"])  # (R, k)
         pair = fm.ndcg_at_k(lists, positives.offsets, positives.items, k, "ndcg")["ndcg"]
         return float(pair[0] / pair[1])
 
-    validation = _train(early, c, s, s["max_epochs"], validate)
-    best = max(validation, key=lambda e: (validation[e], -e))
-    everything = _sequences(users, items, data.num_users)
-    model = _train(everything, c, s, best, None)
-    seconds = time.perf_counter() - start
-    log.info("SASRec alone: %d epochs chosen on the training data's validation split (ndcg@%d %s), %d items, "
-             "%.1f s", best, k, {e: round(v, 4) for e, v in validation.items()}, c, seconds)
-    return SasrecBaseline(model, everything, best, validation, seconds, s)
+    return _train(early, data.num_items, s, s["max_epochs"], validate)
 
 
 def _interactions(data: FunnelData, which: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -20,7 +20,9 @@ ranker on what it receives), and we report:
                  recall_without_<coarse> (the funnel with coarse skipped); ease (Steck, WWW 2019:
                  recps.pipeline.ease, fitted on the training interactions, its L2 weight chosen on a
                  validation split of the training data: each user's latest `validation_fraction` of
-                 training rows, never the held-out requests; `pipeline.baselines.ease`); on a generated
+                 training rows, never the held-out requests; `pipeline.baselines.ease`); sasrec (SASRec
+                 alone over the whole catalogue, recps.pipeline.sasrec_alone, its epochs chosen the same
+                 way; `pipeline.baselines.sasrec`, when the config has it); on a generated
                  world, ideal (the world's own best list); the same list metrics
     verdicts     one line per baseline, "funnel beats ease: no (0.0710 vs 0.1010)" (ndcg@N)
 
@@ -61,13 +63,14 @@ from recps.metrics.grouped import GroupedAUC
 from recps.pipeline.data import Csr, FunnelData, csr_from_pairs
 from recps.pipeline.ease import EASE, choose_l2, holdout_latest
 from recps.pipeline.funnel import Funnel
-from recps.pipeline.stages import ease_settings
+from recps.pipeline.sasrec_alone import fit_sasrec
+from recps.pipeline.stages import ease_settings, sasrec_baseline
 
 __all__ = ["evaluate_funnel", "hits", "most_popular", "LISTS", "EaseBaseline", "fit_ease", "verdicts"]
 
 log = logging.getLogger("recps.pipeline")
 
-LISTS = ("final", "most_popular", "recall_alone", "without", "ideal", "ease")  # the lists every request's metrics cover
+LISTS = ("final", "most_popular", "recall_alone", "without", "ideal", "ease", "sasrec")  # the lists every request's metrics cover
 
 
 
@@ -222,8 +225,9 @@ def evaluate_funnel(funnel: Funnel, cfg: DictConfig, merger: Any = None, worker:
     has_utility = data.utility_ndcg is not None
     logged_csr = data.logged_positives
     settings = ease_settings(cfg)
+    sasrec = sasrec_baseline(cfg)
     lists = [name for name in LISTS if (name != "without" or skip) and (name != "ideal" or data.ideal is not None)
-             and (name != "ease" or settings is not None)]
+             and (name != "ease" or settings is not None) and (name != "sasrec" or sasrec is not None)]
     names = ["positives", *(f"{s.name}.pass_through" for s in specs),
              f"{first.name}.recall@{first.keep}", f"{first.name}.ndcg@{first.keep}", f"{first.name}.hr@{first.keep}",
              *(f"{s.name}.{m}" for s in specs[1:] for m in ("gauc", "pnr")),
@@ -278,20 +282,27 @@ def evaluate_funnel(funnel: Funnel, cfg: DictConfig, merger: Any = None, worker:
         for name, lst in shown_lists.items():
             utility = data.utility_ndcg(users, lst[:, :n]) if has_utility else None
             tally.add(_list_pairs(name, lst, n, positives, logged, utility))
-    ease_info = None
-    if settings is not None and worker == 0:  # fitted once per run: worker 0 scores every request with it
-        ease = fit_ease(data, settings, n)
-        ease_info = {"l2": ease.l2, "validation_ndcg@" + str(n): {str(k): v for k, v in ease.validation.items()},
-                     "items": int(ease.items.numel()), "fit_seconds": ease.seconds, "interactions": settings["interactions"],
-                     "validation_fraction": settings["validation_fraction"]}
-        everyone = torch.arange(total_requests)
-        for part in everyone.split(batch):
+    fitted: dict[str, Any] = {}  # the full-catalogue baselines, fitted once per run: worker 0 scores every request
+    info: dict[str, dict[str, Any]] = {}
+    if settings is not None and worker == 0:
+        ease = fitted["ease"] = fit_ease(data, settings, n)
+        info["ease"] = {"l2": ease.l2, "validation_ndcg@" + str(n): {str(k): v for k, v in ease.validation.items()},
+                        "items": int(ease.items.numel()), "fit_seconds": ease.seconds,
+                        "interactions": settings["interactions"], "validation_fraction": settings["validation_fraction"]}
+    if sasrec is not None and worker == 0:
+        model = fitted["sasrec"] = fit_sasrec(data, sasrec, n)
+        info["sasrec"] = {"epochs": model.epochs, "validation_ndcg@" + str(n): {str(k): v for k, v in
+                                                                                 model.validation.items()},
+                          "fit_seconds": model.seconds, "interactions": sasrec["interactions"],
+                          "validation_fraction": sasrec["validation_fraction"]}
+    for name, model in fitted.items():
+        for part in torch.arange(total_requests).split(batch):
             users = data.test_users[part]
             positives = data.test_positives.rows(part)
             logged = logged_csr.rows(part) if logged_csr is not None else None
-            lst = ease.lists(data, users, n)
+            lst = model.lists(data, users, n)
             utility = data.utility_ndcg(users, lst[:, :n]) if has_utility else None
-            tally.add(_list_pairs("ease", lst, n, positives, logged, utility))
+            tally.add(_list_pairs(name, lst, n, positives, logged, utility))
     wall = time.perf_counter() - start
     if merger is not None:
         tally = fm.merge_tally(tally, merger)
@@ -323,8 +334,7 @@ def evaluate_funnel(funnel: Funnel, cfg: DictConfig, merger: Any = None, worker:
     users_n = int(round(float(state["positives"][1])))
     seconds = {s.name: num(f"seconds.{s.name}") for s in specs}
     latency = {s.name: 1000.0 * v[f"seconds.{s.name}"] for s in specs}
-    out_ease = {"ease": ease_info} if ease_info is not None else {}
-    return {"stages": stages, "funnel": funnel_metrics, "baselines": baselines, "requests": users_n, **out_ease,
+    return {"stages": stages, "funnel": funnel_metrics, "baselines": baselines, "requests": users_n, **info,
             "verdicts": verdicts(funnel_metrics, baselines, n),
             "requests_asked": total_requests, "positives": num("positives"), "eval_seconds": wall,
             "evaluated_on": data.evaluated_on, "latency_ms_per_user": latency,

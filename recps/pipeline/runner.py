@@ -47,7 +47,8 @@ from recps import fs as rfs
 from recps.errors import ConfigError
 from recps.pipeline.stages import (StageSpec, check_data, pipeline_specs, refresh_epochs, schedule,
                                   validation_fraction)
-from recps.pipeline.data import FunnelData, ValidationPeriod, load_world, pair_examples, validation_period
+from recps.pipeline.data import (HISTORY_FEATURES, FunnelData, ValidationPeriod, load_world, pair_examples,
+                                 validation_period)
 from recps.pipeline.held_out import evaluate_funnel, hits
 from recps.pipeline.funnel import (EXPORT_DIR, Funnel, build_index, build_stage_model, candidate_times, dense_width,
                                    export_stage, load_stage, outputs_of, pair_times, score_inputs, stage_collection)
@@ -99,9 +100,10 @@ def training_examples(spec: StageSpec, specs, data: FunnelData, funnel: Funnel |
         counts = torch.bincount(items, minlength=data.num_items).to(torch.float64)  # (I,)
         log_q = torch.log((counts + 1.0) / (counts.sum() + data.num_items)).to(torch.float32)  # (I,)
         labels = torch.stack([torch.ones(users.numel()), log_q[items]], 1)  # (N, 2): label, log Q(item)
-        times = data.train_time[clicked] if data.train_time is not None else None  # a history: before the click
-        return pair_examples(data, spec.features, users, items, labels=labels,
-                             times=pair_times(spec, data, users, times))
+        times = None  # a query tower that reads history: as of each click (strictly before it)
+        if any(f in HISTORY_FEATURES for f in spec.features):
+            times = pair_times(spec, data, users, data.train_time[clicked])
+        return pair_examples(data, spec.features, users, items, labels=labels, times=times)
     users, items, labels, times = [], [], [], []  # times: as of when history features are read (funnel.pair_times)
     if "exposures" in spec.train_on:
         times.append(data.train_time)

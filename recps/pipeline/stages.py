@@ -20,9 +20,10 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from recps.config import MODEL_ENGINE_KEYS, MODEL_INJECTED, PS_MODES, TASK_ENGINE_KEYS, check_target_args
 from recps.errors import ConfigError
+from recps.pipeline.sasrec_alone import sasrec_settings
 
 __all__ = ["StageSpec", "enabled", "pipeline_specs", "schedule", "check_data", "ease_settings", "validation_fraction",
-           "refresh_epochs", "STAGE_KEYS", "INPUT_KEYS", "EASE_DEFAULTS"]
+           "refresh_epochs", "sasrec_baseline", "STAGE_KEYS", "INPUT_KEYS", "EASE_DEFAULTS"]
 
 STAGE_KEYS = ("model", "task", "optimizer", "trainer", "ps", "keep", "inputs", "score_weights")
 INPUT_KEYS = ("features", "upstream", "train_on", "candidates_per_user", "candidate_users", "scores", "share")
@@ -319,6 +320,7 @@ def pipeline_specs(cfg: DictConfig) -> list[StageSpec]:
                           "stage in turn; give every stage the same threads")
     schedule(cfg, specs)  # pipeline.schedule checked too, before any process starts
     ease_settings(cfg)  # pipeline.baselines.ease too
+    sasrec_baseline(cfg)  # and pipeline.baselines.sasrec
     validation_fraction(cfg, specs)  # and pipeline.validation_fraction
     return specs
 
@@ -446,6 +448,18 @@ def ease_settings(cfg: DictConfig) -> dict[str, Any] | None:
         raise ConfigError(f"pipeline.baselines.ease.dtype={out['dtype']!r}; use float32 or float64")
     out["grid"] = grid
     return out
+
+
+def sasrec_baseline(cfg: DictConfig) -> dict[str, Any] | None:
+    """pipeline.baselines.sasrec over SASREC_DEFAULTS (recps.pipeline.sasrec_alone), checked (ConfigError
+    naming the key); None: not computed (no such node, enabled false, or a streaming run)."""
+    node = ((cfg.pipeline.get("baselines") or {}) or {}).get("sasrec")
+    if node is None:
+        return None
+    given = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
+    out = sasrec_settings(given)
+    streaming = bool(((cfg.get("stream") or {}) or {}).get("enabled", False))
+    return out if out["enabled"] and not streaming else None
 
 
 def check_data(specs: list[StageSpec], data) -> None:

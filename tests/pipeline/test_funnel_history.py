@@ -52,6 +52,8 @@ def _cfg(*extra: str):
     (["+pipeline.refresh.fine=2"], "pipeline.refresh.fine", "refresh only the stages trained on the period's past"),
     (["pipeline.refresh={recall:0}"], "pipeline.refresh.recall=0", "an integer >= 1"),
     (["+pipeline.refresh.ranker=1"], "pipeline.refresh.ranker", "the stages are"),
+    (["+pipeline.baselines.sasrec.max_len=0"], "pipeline.baselines.sasrec.max_len=0", "an integer >= 1"),
+    (["+pipeline.baselines.sasrec.epochs=3"], "pipeline.baselines.sasrec.epochs=3", "is read by nothing"),
     (["pipeline.stages.fine.inputs.train_on=[exposures,candidates]",
       "pipeline.stages.fusion.inputs.train_on=[exposures,candidates]"], "pipeline.refresh=", "drop pipeline.refresh"),
 ])
@@ -156,7 +158,10 @@ def test_din_stage_trains_and_serves_the_evaluations_lists_and_ease_is_a_baselin
     ease = metrics["baselines"]["ease"]
     assert 0.0 < ease["ndcg@10"] <= 1.0 and 0.0 < ease["hr@10"] <= 1.0
     assert metrics["ease"]["l2"] in (100.0, 300.0, 1000.0) and len(metrics["ease"]["validation_ndcg@10"]) == 3
-    for name in ("ease", "most_popular", "recall_alone"):
+    sasrec = metrics["baselines"]["sasrec"]  # SASRec alone, its epochs chosen on the training rows' latest
+    assert 0.0 <= sasrec["ndcg@10"] <= 1.0 and metrics["sasrec"]["epochs"] in map(int, metrics["sasrec"][
+        "validation_ndcg@10"])
+    for name in ("ease", "sasrec", "most_popular", "recall_alone"):
         assert f"funnel beats {name}: " in proc.stdout, proc.stdout
     assert any(v.startswith("funnel beats ease: ") for v in metrics["verdicts"])
 

@@ -35,11 +35,7 @@ embedding_dim, num_blocks, num_heads, dropout (models.SASRec's); lr (Adam), batc
 step), max_epochs, patience; validation_fraction; seed (initialisation, dropout and window order;
 the global torch RNG is restored afterwards).
 
-On MovieLens latest-small (the funnel's split: 610 users, 9,742 items, 80,896 training ratings; one torch
-thread on this 2-core machine, `python -m benchmarks.sasrec_alone_bench`) the defaults fit in 63 to 137 s
-(seeds 0, 1, 2: 1, 3 and 1 epochs chosen) and SASRec alone does not beat most-popular on the held-out
-requests: NDCG@10 0.061, 0.057, 0.069 against 0.078 (EASE 0.102); on the validation split too it at best
-matches most-popular (0.076 against 0.077) under every setting tried (SASREC_DEFAULTS' comment).
+How the defaults were chosen and what they measured: benchmarks/RESULTS.md, "SASRec alone".
 """
 
 from __future__ import annotations
@@ -73,11 +69,8 @@ FEATURE = "item"
 WHERE = "pipeline.baselines.sasrec"
 
 # pipeline.baselines.sasrec: module docstring. Chosen on the validation split of MovieLens latest-small's training
-# rows (never on its held-out requests) within a fit budget of 3 minutes on one core: 11 settings (batch_size 16 or
-# 64, lr 5e-4 to 5e-3, dropout 0.2 or 0.5, max_len 50 or 200, embedding_dim 32 or 64, 1 or 2 blocks) all reached a
-# validation NDCG@10 of 0.074 to 0.077 (most-popular: 0.077 there; EASE: 0.118), interactions=clicks 0.066.
-# batch_size 16 reached 0.0764 at epoch 1 and then overfits (0.064 at epoch 4); its epoch is the cheapest (~12 s
-# against ~15 s at 64). max_epochs 6 bounds the fit to ~2.7 minutes there (6 + 6 epochs and 6 validations).
+# rows (never on its held-out requests) within a fit budget of 3 minutes on one core (benchmarks/RESULTS.md,
+# "SASRec alone": 11 settings tried; batch_size 16 best and cheapest; more epochs overfit).
 SASREC_DEFAULTS: dict[str, Any] = {"enabled": True, "interactions": "exposures", "max_len": 50, "embedding_dim": 64,
                                    "num_blocks": 2, "num_heads": 1, "dropout": 0.2, "lr": 0.001, "batch_size": 16,
                                    "max_epochs": 6, "patience": 3, "validation_fraction": 0.2, "seed": 0}

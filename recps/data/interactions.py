@@ -194,24 +194,25 @@ class InteractionLog:
 
 
 def _layout(given: Mapping[str, Any] | None, defaults: Mapping[str, Any], key: str, path: str) -> dict[str, Any]:
-    """`defaults` updated with `given` (dataset.<key>), its values checked; ConfigError names the key and file."""
+    """`defaults` updated with `given` (`key`, e.g. dataset.ratings_layout), its values checked; ConfigError names
+    the key and file."""
     layout = dict(defaults)
     given = dict(given or {})
     unknown = sorted(set(given) - set(defaults))
     if unknown:
-        raise ConfigError(f"dataset.{key} has unknown keys {unknown} (file {path}); its keys are {sorted(defaults)}")
+        raise ConfigError(f"{key} has unknown keys {unknown} (file {path}); its keys are {sorted(defaults)}")
     layout.update(given)
     sep = layout["separator"]
     if not isinstance(sep, str) or len(sep) != 1:
-        raise ConfigError(f"dataset.{key}.separator={sep!r} (file {path}); use one character, e.g. ',' or '\\t'")
+        raise ConfigError(f"{key}.separator={sep!r} (file {path}); use one character, e.g. ',' or '\\t'")
     if not isinstance(layout["header"], bool):
-        raise ConfigError(f"dataset.{key}.header={layout['header']!r} (file {path}); use true (the first line names "
-                          f"the columns) or false (then dataset.{key}.columns names them)")
+        raise ConfigError(f"{key}.header={layout['header']!r} (file {path}); use true (the first line names "
+                          f"the columns) or false (then {key}.columns names them)")
     columns = layout["columns"]
     if columns is not None and (isinstance(columns, str) or not all(isinstance(c, str) for c in columns)):
-        raise ConfigError(f"dataset.{key}.columns={columns!r} (file {path}); give every column's name in file order")
+        raise ConfigError(f"{key}.columns={columns!r} (file {path}); give every column's name in file order")
     if columns is None and not layout["header"]:
-        raise ConfigError(f"dataset.{key}.header=false needs dataset.{key}.columns: every column of {path} in file "
+        raise ConfigError(f"{key}.header=false needs {key}.columns: every column of {path} in file "
                           "order (MovieLens-100K's u.data: [userId, movieId, rating, timestamp])")
     return layout
 
@@ -222,12 +223,12 @@ def _read_columns(path: str | os.PathLike, layout: Mapping[str, Any], wanted: Ma
     path = str(path)
     if not os.path.isfile(path):
         raise DataError(f"{path}: no such file; MovieLens is read in place from ../shared/data next to "
-                        f"the checkout (set dataset.ratings / dataset.movies to where it is)")
+                        f"the checkout (set {key.rsplit('.', 1)[0]}.ratings / .movies to where it is)")
     columns = None if layout["columns"] is None else [str(c) for c in layout["columns"]]
     if columns is not None:
         for name, column in wanted.items():
             if column not in columns:
-                raise ConfigError(f"dataset.{key}.{name}={column!r} is not among dataset.{key}.columns {columns} "
+                raise ConfigError(f"{key}.{name}={column!r} is not among {key}.columns {columns} "
                                   f"(file {path}); set it to one of them")
     options = dict(
         read_options=pcsv.ReadOptions(column_names=columns, skip_rows=1 if columns and layout["header"] else 0,
@@ -242,12 +243,12 @@ def _read_columns(path: str | os.PathLike, layout: Mapping[str, Any], wanted: Ma
     except KeyError:  # pyarrow's ArrowKeyError: a wanted column is not in the header
         with open(path, encoding=str(layout["encoding"]), errors="replace") as f:
             header = f.readline().rstrip("\r\n").split(layout["separator"])
-        missing = [f"{column!r} (dataset.{key}.{name})" for name, column in wanted.items() if column not in header]
+        missing = [f"{column!r} ({key}.{name})" for name, column in wanted.items() if column not in header]
         raise DataError(f"{path}: no column {', '.join(missing)} in its header {header} ({how}); set those keys, "
-                        f"dataset.{key}.separator, or dataset.{key}.header=false with .columns") from None
+                        f"{key}.separator, or {key}.header=false with .columns") from None
     except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
-        raise DataError(f"{path}: cannot parse it as dataset.{key} says ({how}): {' '.join(str(exc).split())}; "
-                        f"fix dataset.{key} (columns lists every column in file order) or the file") from None
+        raise DataError(f"{path}: cannot parse it as {key} says ({how}): {' '.join(str(exc).split())}; "
+                        f"fix {key} (columns lists every column in file order) or the file") from None
     frame = table.to_pandas()
     return frame.rename(columns={column: name for name, column in wanted.items()})
 
@@ -261,61 +262,70 @@ def _integers(frame: pd.DataFrame, name: str, column: str, key: str, path: str) 
     bad = numbers.isna().to_numpy() | (numbers.to_numpy(np.float64, na_value=np.nan) % 1 != 0)
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
-        raise DataError(f"{path}: column {column!r} (dataset.{key}.{name}) holds {values.iloc[row]!r} in data row "
-                        f"{row + 1}; it needs integers: check dataset.{key}.columns / separator")
+        raise DataError(f"{path}: column {column!r} ({key}.{name}) holds {values.iloc[row]!r} in data row "
+                        f"{row + 1}; it needs integers: check {key}.columns / separator")
     return numbers.to_numpy(np.int64)
 
 
-def read_ratings(path: str | os.PathLike, layout: Mapping[str, Any] | None = None) -> pd.DataFrame:
-    """A ratings file laid out as `layout` says (dataset.ratings_layout; None: ratings.csv's) as a
-    frame of userId, movieId, timestamp (int64) and rating (float64; absent when rating_key is null)."""
-    layout = _layout(layout, RATINGS_LAYOUT, "ratings_layout", str(path))
+def read_ratings(path: str | os.PathLike, layout: Mapping[str, Any] | None = None,
+                 where: str = "dataset") -> pd.DataFrame:
+    """A ratings file laid out as `layout` says (<where>.ratings_layout; None: ratings.csv's) as a
+    frame of userId, movieId, timestamp (int64) and rating (float64; absent when rating_key is null).
+    `where`: the config node the layout comes from, named in errors (the funnel's: pipeline.world)."""
+    key = f"{where}.ratings_layout"
+    layout = _layout(layout, RATINGS_LAYOUT, key, str(path))
     wanted = {name: str(layout[name]) for name in ("user_key", "item_key", "time_key", "rating_key")
               if layout[name] is not None}
     for name in ("user_key", "item_key", "time_key"):
         if name not in wanted:
-            raise ConfigError(f"dataset.ratings_layout.{name} is null (file {path}); name the file's column")
-    frame = _read_columns(path, layout, wanted, "ratings_layout")
+            raise ConfigError(f"{key}.{name} is null (file {path}); name the file's column")
+    frame = _read_columns(path, layout, wanted, key)
     out = pd.DataFrame({
-        "userId": _integers(frame, "user_key", wanted["user_key"], "ratings_layout", str(path)),
-        "movieId": _integers(frame, "item_key", wanted["item_key"], "ratings_layout", str(path)),
-        "timestamp": _integers(frame, "time_key", wanted["time_key"], "ratings_layout", str(path)),
+        "userId": _integers(frame, "user_key", wanted["user_key"], key, str(path)),
+        "movieId": _integers(frame, "item_key", wanted["item_key"], key, str(path)),
+        "timestamp": _integers(frame, "time_key", wanted["time_key"], key, str(path)),
     })
     if "rating_key" in wanted:
         rating = pd.to_numeric(frame["rating_key"], errors="coerce")
         if rating.isna().any():
             row = int(np.flatnonzero(rating.isna().to_numpy())[0])
-            raise DataError(f"{path}: column {wanted['rating_key']!r} (dataset.ratings_layout.rating_key) holds "
+            raise DataError(f"{path}: column {wanted['rating_key']!r} ({key}.rating_key) holds "
                             f"{frame['rating_key'].iloc[row]!r} in data row {row + 1}; it needs numbers")
         out["rating"] = rating.to_numpy(np.float64)
     return out
 
 
-def read_movies(path: str | os.PathLike, layout: Mapping[str, Any] | None = None) -> pd.DataFrame:
-    """An item-features file laid out as `layout` says (dataset.movies_layout; None: movies.csv's)
-    as one row per (item, genre): columns movieId (int64) and genre (str)."""
-    layout = _layout(layout, MOVIES_LAYOUT, "movies_layout", str(path))
+def read_movies(path: str | os.PathLike, layout: Mapping[str, Any] | None = None, where: str = "dataset",
+                ids_only: bool = False) -> pd.DataFrame:
+    """An item-features file laid out as `layout` says (<where>.movies_layout; None: movies.csv's)
+    as one row per (item, genre): columns movieId (int64) and genre (str); or every item id of the
+    file instead (`ids_only`: one column movieId, genre or not). `where`: as read_ratings'."""
+    key = f"{where}.movies_layout"
+    layout = _layout(layout, MOVIES_LAYOUT, key, str(path))
     flags, joined = layout["genre_columns"], layout["genres_key"]
     if (flags is None) == (joined is None):
-        raise ConfigError(f"dataset.movies_layout (file {path}): set one of genres_key (one column of genre names "
+        raise ConfigError(f"{key} (file {path}): set one of genres_key (one column of genre names "
                           f"joined by genre_separator; is {joined!r}) and genre_columns (one 0/1 column per genre; "
                           f"is {flags!r}), the other null")
     if layout["item_key"] is None:
-        raise ConfigError(f"dataset.movies_layout.item_key is null (file {path}); name the file's item id column")
+        raise ConfigError(f"{key}.item_key is null (file {path}); name the file's item id column")
     wanted = {"item_key": str(layout["item_key"])}
     if flags is not None:
         if isinstance(flags, str) or not flags or not all(isinstance(c, str) for c in flags):
-            raise ConfigError(f"dataset.movies_layout.genre_columns={flags!r} (file {path}); list the genre flag "
+            raise ConfigError(f"{key}.genre_columns={flags!r} (file {path}); list the genre flag "
                               "columns' names (each names its genre)")
         wanted.update({f"genre_columns[{i}]": str(c) for i, c in enumerate(flags)})
     else:
         wanted["genres_key"] = str(joined)
-    frame = _read_columns(path, layout, wanted, "movies_layout")
-    items = _integers(frame, "item_key", wanted["item_key"], "movies_layout", str(path))
+    if ids_only:
+        frame = _read_columns(path, layout, {"item_key": wanted["item_key"]}, key)
+        return pd.DataFrame({"movieId": _integers(frame, "item_key", wanted["item_key"], key, str(path))})
+    frame = _read_columns(path, layout, wanted, key)
+    items = _integers(frame, "item_key", wanted["item_key"], key, str(path))
     if flags is None:
         sep = layout["genre_separator"]
         if not isinstance(sep, str) or not sep:
-            raise ConfigError(f"dataset.movies_layout.genre_separator={sep!r} (file {path}); use a string, e.g. '|'")
+            raise ConfigError(f"{key}.genre_separator={sep!r} (file {path}); use a string, e.g. '|'")
         names = frame["genres_key"].fillna("").astype(str).str.split(sep, regex=False)
         pairs = pd.DataFrame({"movieId": items, "genre": names}).explode("genre")
         pairs = pairs[(pairs["genre"].str.len() > 0) & (pairs["genre"] != _NO_GENRE)]
@@ -326,9 +336,9 @@ def read_movies(path: str | os.PathLike, layout: Mapping[str, Any] | None = None
     bad = ~np.isin(marks, (0.0, 1.0))
     if bad.any():
         row, col = (int(x[0]) for x in np.nonzero(bad))
-        raise DataError(f"{path}: genre flag column {flags[col]!r} (dataset.movies_layout.genre_columns) holds "
+        raise DataError(f"{path}: genre flag column {flags[col]!r} ({key}.genre_columns) holds "
                         f"{frame[names[col]].iloc[row]!r} in data row {row + 1}; flags are 0 or 1: check "
-                        "dataset.movies_layout.columns / separator")
+                        "{key}.columns / separator")
     row, col = np.nonzero(marks == 1.0)  # (P,) each: an item row and one of its genres
     return pd.DataFrame({"movieId": items[row], "genre": np.asarray(flags, dtype=str)[col]})
 

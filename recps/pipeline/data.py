@@ -31,7 +31,6 @@ L = `history_length` (pipeline.world.history_length, >= 1).
 
 from __future__ import annotations
 
-import io
 import logging
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
@@ -42,7 +41,6 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from recps import fs as rfs
 from recps.data.generators.video_world import VideoWorldConfig, ensure_world, load
 from recps.data.interactions import read_movies, read_ratings
 from recps.data.reader import Examples
@@ -352,17 +350,21 @@ def exposure_bucket(items: torch.Tensor, num_items: int) -> torch.Tensor:
 
 def movielens(ratings: str, movies: str, test_fraction: float = 0.2, click_rating: float = 4.0,
               long_view_rating: float = 4.5, max_users: int = 0, seed: int = 0, history_length: int = 50,
-              tune: bool = False) -> FunnelData:
+              tune: bool = False, ratings_layout: Mapping | None = None, movies_layout: Mapping | None = None
+              ) -> FunnelData:
     """MovieLens latest-small (or any ratings/movies pair in its layout) as funnel data; see the module doc.
     The items are every movie of `movies` (recall retrieves over all of them). `max_users` > 0 keeps the
     first that many users (tests). A rating's history: the user's training ratings with an earlier timestamp
     (the same second: neither, whatever the file's row order), the last `history_length`.
     `tune`: for choosing settings without the test split, the held-out ratings are dropped and the split is
-    made again inside the training ratings (each user's last test_fraction of them held out)."""
+    made again inside the training ratings (each user's last test_fraction of them held out).
+    `ratings_layout`, `movies_layout`: how the files are laid out (separator, header, column names, genre
+    flags: recps.data.interactions.RATINGS_LAYOUT / MOVIES_LAYOUT; None: MovieLens latest's CSVs), so any
+    MovieLens-style file is read as it ships (conf/dataset/movielens_100k.yaml shows MovieLens-100K's)."""
     if not 0.0 < float(test_fraction) < 1.0:
         raise ConfigError(f"pipeline.world.test_fraction={test_fraction}; use a value in (0, 1)")
-    frame = read_ratings(ratings)
-    genres = read_movies(movies)
+    frame = read_ratings(ratings, ratings_layout, where="pipeline.world")
+    genres = read_movies(movies, movies_layout, where="pipeline.world")
     raw_user = frame["userId"].to_numpy(np.int64)
     if max_users:
         keep = raw_user <= np.unique(raw_user)[: int(max_users)].max()
@@ -371,7 +373,7 @@ def movielens(ratings: str, movies: str, test_fraction: float = 0.2, click_ratin
     user_ids, user = np.unique(raw_user, return_inverse=True)
     # The catalogue: every movie of the movies file (rated or not, with genres or "(no genres listed)"), so
     # recall retrieves over all of them; a rating of a movie the movies file lacks adds it.
-    listed = pd.read_csv(io.BytesIO(rfs.read_bytes(str(movies))), usecols=["movieId"])["movieId"].to_numpy(np.int64)
+    listed = read_movies(movies, movies_layout, where="pipeline.world", ids_only=True)["movieId"].to_numpy(np.int64)
     rated = frame["movieId"].to_numpy(np.int64)
     item_ids = np.union1d(listed, rated)
     item = np.searchsorted(item_ids, rated)

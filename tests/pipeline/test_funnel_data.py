@@ -14,7 +14,7 @@ import torch
 
 from recps.config import PROJECT_ROOT
 from recps.data.generators.ctr import _exact_auc
-from recps.errors import ConfigError
+from recps.errors import ConfigError, DataError
 from recps.pipeline.data import (HELD_OUT, HISTORY_FEATURES, Csr, FunnelData, History, csr_from_pairs, movielens,
                                  pair_examples, validation_period, video_world)
 
@@ -195,3 +195,33 @@ def test_the_validation_period_is_each_users_latest_exposures_and_the_fit_view_n
     for bad in (0.0, 1.0, -0.5):
         with pytest.raises(ConfigError, match=rf"^pipeline.validation_fraction={bad}; use a value in \(0, 1\)"):
             validation_period(data, bad)
+
+
+@pytest.mark.skipif(ML is None, reason="MovieLens latest-small is not here (datasets/movielens_latest_small)")
+def test_movielens_files_in_another_layout_give_the_same_funnel_data(tmp_path):
+    """Issue 29.7: the ratings as a TAB-separated file without a header and the movies as '|'-separated genre
+    flags (MovieLens-100K's layout) read through pipeline.world.*_layout equal the CSVs' data; the default
+    layout on them fails naming pipeline.world.ratings_layout, the key the funnel reads."""
+    import pandas as pd
+
+    ratings = pd.read_csv(ML / "ratings.csv")
+    movies = pd.read_csv(ML / "movies.csv")
+    ratings.to_csv(tmp_path / "u.data", sep="\t", header=False, index=False)
+    genres = sorted({g for row in movies["genres"] for g in row.split("|") if g != "(no genres listed)"})
+    flags = pd.DataFrame({g: movies["genres"].str.split("|").apply(lambda gs, g=g: int(g in gs)) for g in genres})
+    pd.concat([movies[["movieId", "title"]].assign(title="t"), flags], axis=1).to_csv(
+        tmp_path / "u.item", sep="|", header=False, index=False)
+    ratings_layout = {"separator": "\t", "header": False, "columns": ["userId", "movieId", "rating", "timestamp"]}
+    movies_layout = {"separator": "|", "header": False, "columns": ["movieId", "title", *genres], "genres_key": None,
+                     "genre_columns": genres}
+    want = movielens(str(ML / "ratings.csv"), str(ML / "movies.csv"), max_users=80)
+    got = movielens(str(tmp_path / "u.data"), str(tmp_path / "u.item"), max_users=80, ratings_layout=ratings_layout,
+                    movies_layout=movies_layout)
+    for name in ("train_user", "train_item", "train_labels", "train_time", "test_users"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    assert torch.equal(got.test_positives.items, want.test_positives.items)
+    assert got.num_items == want.num_items == 9742
+    for f in ("category", "exposures"):
+        assert torch.equal(got.item_features[f], want.item_features[f]), f
+    with pytest.raises(DataError, match=r"pipeline\.world\.ratings_layout"):
+        movielens(str(tmp_path / "u.data"), str(tmp_path / "u.item"), max_users=80, movies_layout=movies_layout)

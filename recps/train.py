@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 import recps.cluster.launch as _launch
 from recps.config import composition_error_message, override_source, register_resolvers, validate_config
@@ -99,9 +99,7 @@ def _run(cfg: DictConfig) -> float:
 
         return run_pipeline(cfg, out_dir)  # checks its stages first; prints and writes metrics.json itself
     if stream:
-        from recps.stream import run_stream
-
-        metrics = run_stream(cfg, out_dir)
+        metrics = _run_stream(cfg, out_dir)
         if metrics is None:
             return float("nan")
     elif cfg.ps.name == "local":
@@ -127,6 +125,43 @@ def _run(cfg: DictConfig) -> float:
                     cfg.objective, ", ".join(sorted(k for k, v in metrics.items() if isinstance(v, float))))
         return float("nan")
     return float(metrics[cfg.objective])
+
+
+def _run_stream(cfg: DictConfig, out_dir: Path) -> dict[str, Any] | None:
+    """stream.enabled: launch the stream job's cluster, or be one of its processes (recps.stream.pass_loop,
+    given the typed values `_stream_worker` builds)."""
+    from recps.cluster.driver import run_distributed  # deferred: the cluster's driver, only for a PS job
+    from recps.errors import ConfigError
+    from recps.stream import StreamConfig, check_stream_out  # deferred: only for a stream job
+
+    if cfg.ps.name not in ("sync", "async", "geo"):
+        raise ConfigError(f"stream=hourly trains on the parameter server; ps={cfg.ps.name!r}: use ps=sync, async or geo")
+    # A bad stream key fails here, in the launcher, before any process starts.
+    config = StreamConfig.from_config(OmegaConf.to_container(cfg.stream, resolve=True))
+
+    def before_launch(c: DictConfig, mode, d: Path) -> None:
+        if c.ps.table.get("accessor") is None:
+            raise ConfigError("stream=hourly needs the tables' CTR accessor (shows, clicks, scores: what deltas, bases "
+                              "and shrink select by); ps.table.accessor is null: drop that override (stream=hourly "
+                              "sets it) or give ps.table.accessor={...}")
+        check_stream_out(config)
+
+    return run_distributed(cfg, out_dir, work=_stream_worker, before_launch=before_launch)
+
+
+def _stream_worker(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -> dict[str, Any] | None:
+    """A stream job's worker (recps.cluster.driver.run_role's `work`): recps.stream.stream_work with the
+    typed values of the composed config; `data`: an in-process cluster's rows (None: the schema's, no rows)."""
+    from recps.config import ps_mode
+    from recps.job.build import build_job, schema_data  # deferred: torch, torchrec; a worker's only
+    from recps.job.settings import node_settings
+    from recps.stream import StreamConfig, StreamWork, stream_work  # deferred: only for a stream job
+
+    ds = cfg.dataset
+    work = StreamWork(StreamConfig.from_config(OmegaConf.to_container(cfg.stream, resolve=True)), ps_mode(cfg),
+                      node_settings(cfg), build_job=lambda: build_job(cfg, data or schema_data(cfg)),
+                      shuffle=bool(ds.get("shuffle", True)), error_budget=float(ds.get("error_budget", 0.01)))
+    return stream_work(work, role, Path(out_dir), observers=observers)
 
 
 def _check_resume(cfg: DictConfig, overrides: list[str]) -> None:

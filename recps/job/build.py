@@ -26,7 +26,9 @@ from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from recps.config import MODEL_ENGINE_KEYS, MODEL_INJECTED, TASK_ENGINE_KEYS, check_target_args
-from recps.data.dataset import PreparedData, prepare_data, worker_parses_its_shards
+from recps.data.dataset import ExamplesSource, PreparedData, prepare_data, worker_parses_its_shards
+from recps.data.reader import empty_examples
+from recps.data.schema import Schema
 from recps.debug.dump import check_debug_config
 from recps.device import check_device
 from recps.embeddings import LocalEmbeddingBagCollection, LocalEmbeddingCollection
@@ -43,7 +45,7 @@ from torchrec.modules.embedding_configs import EmbeddingConfig
 
 __all__ = ["Job", "JobSettings", "TrainerSettings", "CheckpointSettings", "MODEL_ENGINE_KEYS", "MODEL_INJECTED",
            "build_job", "build_settings", "build_observers", "prepare_dataset", "run_training", "seed_everything",
-           "worker_data"]
+           "schema_data", "worker_data"]
 
 log = logging.getLogger("recps.run")  # the name its log lines had (recps/run.py)
 
@@ -103,6 +105,13 @@ def worker_data(cfg: DictConfig, role) -> PreparedData | None:
     threads = int(cfg.trainer.threads)
     return prepare_data(ds, seed=int(cfg.seed), worker=(role.index, role.num_workers, threads),
                         test=role.index == 0 or bool(cfg.trainer.get("observers")))
+
+
+def schema_data(cfg: DictConfig) -> PreparedData:
+    """The data set's schema with no rows: a stream job's data (each pass brings its rows)."""
+    schema = Schema.from_config(cfg.dataset.schema)
+    empty = ExamplesSource(empty_examples(schema), False, int(cfg.seed))
+    return PreparedData(schema, empty, empty)
 
 
 def build_job(cfg: DictConfig, data: PreparedData | None = None) -> Job:

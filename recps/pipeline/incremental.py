@@ -42,24 +42,41 @@ import hashlib
 import io
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
+import pandas as pd
 import torch
+from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from recps import fs as rfs
+from recps.cluster.checkpoint import merge_worker_states
+from recps.cluster.process import fleet_for, on_this_machine
+from recps.config import compose_config
+from recps.data.dataset import ExamplesSource
+from recps.data.generators.video_world import load
+from recps.data.partitions import split_path
+from recps.data.sharding import WorkerShards
 from recps.errors import ConfigError, DataError
+from recps.job.build import seed_everything
+from recps.job.checkpoint import read_recorded, verify_ps_checkpoint
+from recps.job.loop import Trainer, dense_parameters
 from recps.job.settings import JobSettings, NodeSettings
+from recps.metrics.ps_merger import PSMerger
 from recps.pipeline.stages import StageSpec
 from recps.pipeline.data import FunnelData, csr_from_pairs, exposure_bucket
 from recps.pipeline.funnel import (EXPORT_DIR, Funnel, build_index, build_stage_model, dense_width, export_stage,
                                    load_stage, stage_collection)
 from recps.pipeline.runner import load_world, training_examples
+from recps.ps.fleet import DistributedStrategy
 from recps.stream import PassLoop, StreamConfig, resume_point
+from recps.stream.plan import StreamPlan, next_day, parse_day
+from recps.stream.source import pass_files, wait_for_splits
 
 __all__ = ["Impressions", "FunnelLoop", "FunnelStreamWork", "write_world_passes", "read_pass", "funnel_view",
            "funnel_stream_work", "flat_metrics", "summary_lines", "main"]
@@ -102,10 +119,6 @@ def write_world_passes(world_dir: str, root: str, start_day: str, days: int, hou
     30 days compressed into the stream's splits, in time order). Each split folder gets PASS_FILE (parquet,
     COLUMNS) and then its `donefile`, both written atomically. Raises FileExistsError before writing
     anything when a split is complete already (unless `overwrite`). Returns {"splits": [...], "rows": [...]}."""
-    from recps.data.partitions import split_path
-    from recps.data.generators.video_world import load
-    from recps.stream.plan import next_day, parse_day
-
     day = parse_day(start_day, "start_day")
     if days < 1 or not 1 <= hours <= 24 or split_interval < 1 or (60 * hours) % split_interval:
         raise ConfigError(f"write_world_passes: days={days}, hours={hours}, split_interval={split_interval}; give "
@@ -141,8 +154,6 @@ def write_world_passes(world_dir: str, root: str, start_day: str, days: int, hou
 def read_pass(files: Sequence[str], num_users: int, num_items: int) -> Impressions:
     """The impressions of a pass's files (parquet with COLUMNS); ids outside the world are a DataError
     naming the file."""
-    import pandas as pd
-
     parts = []
     for f in files:
         try:
@@ -224,10 +235,6 @@ class _StageTrainer:
     """One stage's model, dense table `<stage>_dense` and trainer, kept for the whole stream."""
 
     def __init__(self, fleet, spec: StageSpec, specs: Sequence[StageSpec], role, timeout_s: float) -> None:
-        from hydra.utils import instantiate
-
-        from recps.job.loop import dense_parameters
-
         self.fleet, self.spec, self.role, self.timeout_s = fleet, spec, role, timeout_s
         self.collection = stage_collection(spec)
         self.num_dense = dense_width(spec, specs)
@@ -250,8 +257,6 @@ class _StageTrainer:
     def start(self) -> None:
         """After the tables exist (and a resumed checkpoint was loaded): the servers' dense values, the
         stage mode's updater, the trainer."""
-        from recps.job.loop import Trainer
-
         mode = self.spec.mode
         self.fleet.pull_dense_into(self.table, self.dense, self.timeout_s)  # every worker starts equal
         self.updater = mode.dense_updater(self.named, self.optimizer, self.collection.communicator, self.table)
@@ -289,9 +294,6 @@ class _StageTrainer:
 
     def fit(self, examples, seed: int, pass_name: str) -> dict[str, Any]:
         """One pass of the stage on `examples` (this worker's shard), every push applied, all workers met."""
-        from recps.data.dataset import ExamplesSource
-        from recps.data.sharding import WorkerShards
-
         s, mode = self.spec, self.spec.mode
         if mode.name != "geo":  # sync / async: the servers hold the dense values (geo: the local replica trains on)
             self.fleet.pull_dense_into(self.table, self.dense, self.timeout_s)
@@ -357,8 +359,6 @@ class _FunnelFleet:
 
 def _read_worker_states(folder: str, manifest: dict, files: Sequence[str]) -> list[dict]:
     """The worker state files `files` of the checkpoint `folder`, each checked against its manifest."""
-    from recps.job.checkpoint import read_recorded
-
     return [torch.load(io.BytesIO(read_recorded(folder, manifest, rel)), map_location="cpu", weights_only=True)
             for rel in files]
 
@@ -373,8 +373,6 @@ def _load_stage_states(trainers: dict[str, "_StageTrainer"], states: list[dict],
     them (or while no stage kept local state): each GEO stage's optimizer restarts from fresh state, with
     a warning naming it. One that holds the entry but not a GEO stage's state is refused (ConfigError
     naming the stage, the file and the fix): the stage trained in another mode when it was written."""
-    from recps.cluster.checkpoint import merge_worker_states
-
     stateful = [t for t in trainers.values() if t.has_local_state]
     if not stateful:
         return []
@@ -464,16 +462,12 @@ class FunnelLoop(PassLoop):
         self.export_root = rfs.join(str(Path(out_dir).resolve()), EXPORT_DIR)
         self.funnel_merger = None  # one worker: nothing to merge
         if role.num_workers > 1:
-            from recps.metrics.ps_merger import PSMerger
-
             self.funnel_merger = PSMerger(fleet.channel(), prefix="pipeline.stream.eval",
                                           timeout_s=max(self.timeout_s, _EVAL_TIMEOUT_S))
 
     # -- the three steps ----------------------------------------------------------------------------
 
     def _share(self, p):
-        from recps.stream.source import pass_files, wait_for_splits
-
         c = self.config
         folders = self.plan.split_folders(p)
         waited = wait_for_splits(folders, c.data_donefile, sleep_s=c.data_sleep_second, timeout_s=c.wait_timeout_s)
@@ -575,8 +569,6 @@ def _stage_tables(specs: Sequence[StageSpec]) -> dict[str, list[str]]:
 
 def _passes_before(config, stop) -> list:
     """The stream's passes from its first one up to `stop` (excluded; None: all, up to stream.end_day)."""
-    from recps.stream.plan import StreamPlan
-
     plan, out = StreamPlan(config), []
     for day in plan.days(config.start_day):
         for p in plan.passes_of_day(day):
@@ -589,16 +581,6 @@ def _passes_before(config, stop) -> list:
 def funnel_stream_work(work: FunnelStreamWork, role, out_dir: Path) -> dict[str, Any] | None:
     """A worker of the streaming funnel (recps.pipeline binds it to the composed config for
     recps.cluster.driver.run_role); worker 0 returns the metrics."""
-    import os
-
-    from recps.job.checkpoint import verify_ps_checkpoint
-    from recps.cluster.checkpoint import merge_worker_states
-    from recps.cluster.process import fleet_for, on_this_machine
-    from recps.ps.fleet import DistributedStrategy
-    from recps.job.build import seed_everything
-    from recps.stream.plan import StreamPlan
-    from recps.stream.source import pass_files
-
     config, specs = work.config, work.specs
     resume = resume_point(config)  # before init_worker's barrier: worker 0 appends records only after it
     world = work.load_world()
@@ -699,8 +681,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     The world of the training command's own overrides (pipeline=video_funnel pipeline.world.users=...:
     generated under pipeline.world.dir if it is not there yet) written as the stream's passes."""
-    from recps.config import compose_config
-
     p = argparse.ArgumentParser(prog="python -m recps.pipeline.incremental",
                                 description="Write a generated video world's train impressions as hourly passes.")
     p.add_argument("--root", required=True, help="the stream's root (stream.root), any recps.fs URL")

@@ -28,6 +28,7 @@ published, so training it again publishes it once. A checkpoint committed withou
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
@@ -36,10 +37,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+import torch
+
 from recps import fs as rfs
+from recps.cluster.checkpoint import load_worker_state, read_progress, write_progress
+from recps.cluster.process import fleet_for, on_this_machine
+from recps.data.sharding import WorkerShards
 from recps.errors import ConfigError
-from recps.stream.donefile import BASE_DONEFILE, DAY_MODEL_PASS, PATCH_DONEFILE, Donefiles, ModelRecord
+from recps.job.checkpoint import commit_ps_checkpoint, is_committed, verify_ps_checkpoint
 from recps.job.settings import JobSettings, NodeSettings
+from recps.metrics import MetricCollection
+from recps.metrics.collection import build_metric
+from recps.metrics.groups import update_collection
+from recps.metrics.ps_merger import PSMerger
+from recps.metrics.reporter import ExampleCount, LocalMerger
+from recps.ps.fleet import DENSE_TABLE, DistributedStrategy
+from recps.stream.donefile import BASE_DONEFILE, DAY_MODEL_PASS, PATCH_DONEFILE, Donefiles, ModelRecord
 from recps.stream.plan import Pass, StreamConfig, StreamPlan, next_day
 
 if TYPE_CHECKING:
@@ -133,8 +146,6 @@ def resume_point(config: StreamConfig) -> Resume:
     """The Resume of `config.out`'s records (see the module docstring); raises ConfigError for a
     history that goes back in time or does not match the stream's passes. Records win over
     stream.start_day: a stream begun earlier goes on after its last record."""
-    from recps.job.checkpoint import is_committed
-
     plan = StreamPlan(config)
     done = Donefiles(config.out)
     records = done.models()
@@ -194,10 +205,6 @@ def resume_point(config: StreamConfig) -> Resume:
 
 def _eval_collection(metrics: dict | None):
     """The pass's evaluation metrics: conf `metrics:`'s (resolved, JobSettings.metrics), else _EVAL_DEFAULT."""
-    from recps.metrics import MetricCollection
-    from recps.metrics.collection import build_metric
-    from recps.metrics.reporter import ExampleCount
-
     specs: Any = metrics.get("metrics") if metrics is not None and bool(metrics.get("enabled", True)) else None
     specs = specs if specs is not None else list(_EVAL_DEFAULT)
     pairs = [(str(k), dict(v or {})) for k, v in specs.items()] if isinstance(specs, dict) else [(str(m), {}) for m in specs]
@@ -213,9 +220,6 @@ class _Loop:
 
     def __init__(self, settings: JobSettings, role, out_dir: Path, job, fleet, strategy, config: StreamConfig,
                  resume: Resume, tables: Sequence[str], *, shuffle: bool = True, error_budget: float = 0.01) -> None:
-        from recps.metrics.reporter import LocalMerger
-        from recps.metrics.ps_merger import PSMerger
-
         self.role, self.out_dir, self.job, self.fleet = role, out_dir, job, fleet
         self.settings = settings
         self.shuffle, self.error_budget = shuffle, error_budget
@@ -233,7 +237,7 @@ class _Loop:
         self.records: list[dict] = []
         self.tb = None
         if role.index == 0 and settings.metrics is not None and bool(settings.metrics.get("tensorboard", False)):
-            from torch.utils.tensorboard import SummaryWriter
+            from torch.utils.tensorboard import SummaryWriter  # deferred: tensorboard is optional, asked for
 
             self.tb = SummaryWriter(log_dir=str(out_dir / "tensorboard"))
 
@@ -262,8 +266,6 @@ class _Loop:
 
     def _export(self, folder: str, mode: str, p: Pass, extra: dict | None = None) -> tuple[int, float]:
         """Servers save `mode` into `folder`, committed by its manifest; (rows, seconds)."""
-        from recps.job.checkpoint import commit_ps_checkpoint
-
         t = time.perf_counter()
         state = {"day": p.day, "pass": p.index, "mode": mode, "base_key": self.base_key, **(extra or {})}
 
@@ -284,9 +286,6 @@ class _Loop:
         return time.perf_counter() - t
 
     def _checkpoint(self, p: Pass, delta: str | None) -> float:
-        from recps.job.checkpoint import commit_ps_checkpoint
-        from recps.cluster.checkpoint import read_progress
-
         folder = _pass_folder(self.config, p)
         t = time.perf_counter()
         progress = {"steps": self.job.steps_done, "workers": read_progress(folder, self.role.num_workers),
@@ -327,8 +326,8 @@ class _Loop:
     # -- every worker ------------------------------------------------------------------------------
 
     def _share(self, p: Pass):
+        # deferred: pandas, pyarrow (the readers); the stream's launcher imports this module and never reads rows
         from recps.data.dataset import ExamplesSource
-        from recps.data.sharding import WorkerShards
         from recps.stream.source import load_share, pass_files, wait_for_splits, worker_files
 
         c = self.config
@@ -343,14 +342,11 @@ class _Loop:
 
     def _evaluate(self, source) -> dict[str, float]:
         """Global metrics of the current model (the servers' values) on the pass, before training."""
-        from recps.data.dataset import ExamplesSource
-        from recps.metrics.groups import update_collection
+        from recps.data.dataset import ExamplesSource  # deferred: pandas, pyarrow (as _share's)
 
         collection = _eval_collection(self.settings.metrics)
         mine = source.source.examples
         if source.num_workers > 1:  # sync: this worker's rows of the whole pass
-            import torch
-
             mine = mine.select(torch.arange(source.worker_index, len(mine), source.num_workers))
         if len(mine):
             with self.fleet.reading_servers():
@@ -361,7 +357,7 @@ class _Loop:
         return {name: float(v) for name, v in merged.compute().items()}
 
     def _train(self, source) -> Any:
-        from recps.job.loop import TrainStats
+        from recps.job.loop import TrainStats  # deferred: the readers (pandas, pyarrow), as _share's
 
         per_thread = -1
         if self.strategy.mode.name == "sync":
@@ -375,8 +371,6 @@ class _Loop:
                                     thread_steps_per_epoch=per_thread, first_epoch=self.passes_done)
 
     def run(self) -> list[dict]:
-        from recps.cluster.checkpoint import write_progress
-
         r, zero = self.resume, self.role.index == 0
         if zero:
             self._clear_leftovers()
@@ -469,8 +463,6 @@ def _release_freed_memory() -> None:
     the 12th), 12 MiB with this (at most 34 above the first pass's). It takes 3-8 ms."""
     global _malloc_trim
     if _malloc_trim is None:
-        import ctypes
-
         try:
             _malloc_trim = ctypes.CDLL(None).malloc_trim
             _malloc_trim.argtypes, _malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
@@ -495,12 +487,8 @@ def _rss_mib() -> float | None:
 def stream_work(work: StreamWork, role, out_dir: Path, observers: Sequence = ()) -> dict[str, Any] | None:
     """A stream job's worker (recps.train binds it to the composed config for recps.cluster.driver.run_role);
     worker 0 returns and writes metrics.json."""
-    import torch
-
-    from recps.cluster.checkpoint import load_worker_state
-    from recps.cluster.process import fleet_for, on_this_machine
+    # deferred: the batch worker's body and the job's runner import the readers (pandas, pyarrow)
     from recps.cluster.work import STATS_TABLE, ProgressLog
-    from recps.ps.fleet import DENSE_TABLE, DistributedStrategy
     from recps.job.run import training_observers
 
     config = work.config
@@ -513,8 +501,6 @@ def stream_work(work: StreamWork, role, out_dir: Path, observers: Sequence = ())
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // role.num_workers))
     manifest = None
     if resume.folder:
-        from recps.job.checkpoint import verify_ps_checkpoint
-
         manifest = verify_ps_checkpoint(resume.folder, needed=[*job.collection.table_dims(), DENSE_TABLE],
                                         worker_states=False)
         job.steps_done = resume.steps

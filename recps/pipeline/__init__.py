@@ -13,12 +13,15 @@ composed config into the typed values of recps.pipeline.incremental (FunnelStrea
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
+from recps.config import cluster_checkpoint_every
 from recps.errors import ConfigError
+from recps.job.settings import build_settings, node_settings
 
 __all__ = ["enabled", "run_pipeline"]
 
@@ -45,11 +48,12 @@ def run_pipeline(cfg: DictConfig, out_dir: Path) -> float:
 def _run_funnel_stream(cfg: DictConfig, out_dir: Path) -> float:
     """Check, launch (or be one of the cluster's processes), print each pass's funnel metrics; returns
     pipeline.objective of the last evaluated pass."""
-    from recps.cluster.driver import run_distributed  # deferred: the cluster's driver, only for a pipeline run
-    from recps.pipeline.incremental import summary_lines  # deferred: torch, torchrec only for a pipeline run
-    from recps.pipeline.runner import load_world  # deferred: torch, torchrec only for a pipeline run
-    from recps.pipeline.stages import check_data, pipeline_specs, schedule  # deferred: as `enabled`
-    from recps.stream import StreamConfig, check_stream_out  # deferred: only for a stream
+    # deferred: torch, torchrec, zmq (the funnel's modules, the PS); `import recps.pipeline` stays light for recps.train
+    from recps.cluster.driver import run_distributed
+    from recps.pipeline.incremental import summary_lines
+    from recps.pipeline.runner import load_world
+    from recps.pipeline.stages import check_data, pipeline_specs, schedule
+    from recps.stream import StreamConfig, check_stream_out
 
     if cfg.ps.table.get("accessor") is None:
         raise ConfigError("stream=hourly needs the tables' CTR accessor (deltas, bases and shrink select by it); "
@@ -80,15 +84,13 @@ def _run_funnel_stream(cfg: DictConfig, out_dir: Path) -> float:
 def _funnel_stream_worker(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -> dict[str, Any] | None:
     """A worker of the streaming funnel (recps.cluster.driver.run_role's `work`): recps.pipeline.incremental's
     funnel_stream_work with the typed values of the composed config; `data`: an in-process cluster's world."""
-    from functools import partial
-
-    from recps.job.settings import build_settings, node_settings
-    from recps.pipeline.data import FunnelData  # deferred: torch only for a pipeline run
-    from recps.pipeline.held_out import evaluate_funnel  # deferred: torch, torchrec only for a pipeline run
-    from recps.pipeline.incremental import FunnelStreamWork, funnel_stream_work  # deferred: as above
-    from recps.pipeline.runner import load_world  # deferred: as above
-    from recps.pipeline.stages import pipeline_specs  # deferred: as `enabled`
-    from recps.stream import StreamConfig  # deferred: only for a stream
+    # deferred: torch, torchrec, zmq (the funnel's modules, the PS); `import recps.pipeline` stays light for recps.train
+    from recps.pipeline.data import FunnelData
+    from recps.pipeline.held_out import evaluate_funnel
+    from recps.pipeline.incremental import FunnelStreamWork, funnel_stream_work
+    from recps.pipeline.runner import load_world
+    from recps.pipeline.stages import pipeline_specs
+    from recps.stream import StreamConfig
 
     work = FunnelStreamWork(
         config=StreamConfig.from_config(OmegaConf.to_container(cfg.stream, resolve=True)),
@@ -112,8 +114,6 @@ def _fill_accessors(cfg: DictConfig, specs: Sequence) -> None:
 
 def _check(cfg: DictConfig) -> None:
     """The combinations a streaming funnel refuses, before any process starts."""
-    from recps.config import cluster_checkpoint_every  # deferred: recps.config, recps.train has it already
-
     steps, seconds = cluster_checkpoint_every(cfg)
     if steps is not None or seconds is not None:
         raise ConfigError("cluster.checkpoint_every is set with pipeline=... stream=hourly: the streaming funnel "

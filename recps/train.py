@@ -107,7 +107,7 @@ def _run(cfg: DictConfig) -> float:
 
         metrics = run_training(cfg, out_dir)
     else:
-        from recps.cluster.driver import run_distributed  # deferred: torch, torchrec, zmq (the PS); `--cfg job` needs none
+        from recps.cluster.driver import run_distributed  # deferred: torch, torchrec, zmq; `--cfg job` needs none
 
         metrics = run_distributed(cfg, out_dir)
         if metrics is None:  # a server or worker of the cluster: the launcher reports

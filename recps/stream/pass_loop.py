@@ -344,15 +344,15 @@ class _Loop:
         """Global metrics of the current model (the servers' values) on the pass, before training."""
         from recps.data.dataset import ExamplesSource  # deferred: pandas, pyarrow (as _share's)
 
-        collection = _eval_collection(self.settings.metrics)
+        collection, t = _eval_collection(self.settings.metrics), self.settings.trainer
         mine = source.source.examples
         if source.num_workers > 1:  # sync: this worker's rows of the whole pass
             mine = mine.select(torch.arange(source.worker_index, len(mine), source.num_workers))
         if len(mine):
             with self.fleet.reading_servers():
-                probs, targets = self.job.trainer.predict(ExamplesSource(mine, False), self.settings.trainer.eval_batch_size)
+                probs, targets = self.job.trainer.predict(ExamplesSource(mine, False), t.eval_batch_size)
             update_collection(collection, probs, targets, ExamplesSource(mine, False),  # gauc/pnr: groups by metrics.group_key
-                              self.settings.trainer.eval_batch_size, self.settings.group_key)
+                              t.eval_batch_size, self.settings.group_key)
         merged = self.merger.merge(collection)
         return {name: float(v) for name, v in merged.compute().items()}
 
@@ -496,7 +496,8 @@ def stream_work(work: StreamWork, role, out_dir: Path, observers: Sequence = ())
     job = work.build_job()
     job.trainer.observers = [*job.trainer.observers, *observers]
     settings = job.settings
-    strategy = DistributedStrategy(work.mode, threads=settings.trainer.threads)
+    t = settings.trainer
+    strategy = DistributedStrategy(work.mode, threads=t.threads)
     if on_this_machine(role):
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // role.num_workers))
     manifest = None
@@ -518,7 +519,7 @@ def stream_work(work: StreamWork, role, out_dir: Path, observers: Sequence = ())
         job.trainer.updater = dist.updater
         job.trainer.prefetch = strategy.mode.prefetches
         fleet.create_dense_table(STATS_TABLE, 4, mode="geo")
-        job.trainer.on_step = ProgressLog(settings.trainer.batch_size, settings.trainer.threads) if role.index == 0 else None
+        job.trainer.on_step = ProgressLog(t.batch_size, t.threads) if role.index == 0 else None
         tables = [*job.collection.table_dims(), DENSE_TABLE]
         if resume.folder:
             log.info("%s resumes stream %s from %s (step %d); next pass %s", role.name, config.root, resume.folder,
@@ -543,7 +544,7 @@ def stream_work(work: StreamWork, role, out_dir: Path, observers: Sequence = ())
         if passes and passes[-1].get("eval"):
             metrics.update(passes[-1]["eval"])  # the last pass's before-training metrics: the objective
         metrics.update(model=settings.model_target, ps=settings.ps, servers=role.num_servers,
-                       workers=role.num_workers, threads=settings.trainer.threads,
+                       workers=role.num_workers, threads=t.threads,
                        train_examples=int(total_examples), examples_per_sec=total_rate, worker_cpu_seconds=total_cpu,
                        train_steps=sum(r["steps"] for r in passes), train_seconds=seconds)
         rfs.write_atomic(str(out_dir / "metrics.json"),

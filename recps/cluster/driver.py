@@ -88,7 +88,8 @@ def run_distributed(cfg: DictConfig, out_dir: Path, *, work=None, before_launch=
 
     `work(cfg, role, out_dir, data=, observers=)`: what a worker does, given the composed config: it
     builds the typed values its body takes (default: the job, trained on the data set once by
-    recps.cluster.work.work; recps.train gives the stream's pass loop, recps.pipeline the funnel's).
+    recps.cluster.work.work; recps.train gives the stream's pass loop, recps.pipeline.incremental_entry
+    the streaming funnel's).
     `before_launch(cfg, mode, out_dir)`: the checks and preparations the launcher makes before any
     process starts (default: the storage checks and the data set's generation)."""
     check_cluster_config(cfg)

@@ -207,8 +207,8 @@ def flat_metrics(metrics: dict[str, Any]) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class FunnelStreamWork:
-    """What a streaming funnel's worker takes, typed (recps.pipeline.run_pipeline builds it from the composed
-    config, after filling the stages' accessors).
+    """What a streaming funnel's worker takes, typed (recps.pipeline.incremental_entry builds it from the
+    composed config, after filling the stages' accessors).
 
     `config`: conf `stream:`; `specs`: the stages (recps.pipeline.stages.pipeline_specs); `settings`: the
     job's (what its checkpoints record, config.yaml; the trainer's threads and batch size, the seed,
@@ -579,8 +579,8 @@ def _passes_before(config, stop) -> list:
 
 
 def funnel_stream_work(work: FunnelStreamWork, role, out_dir: Path) -> dict[str, Any] | None:
-    """A worker of the streaming funnel (recps.pipeline binds it to the composed config for
-    recps.cluster.driver.run_role); worker 0 returns the metrics."""
+    """A worker of the streaming funnel (recps.pipeline.incremental_entry binds it to the composed config
+    for recps.cluster.driver.run_role); worker 0 returns the metrics."""
     config, specs = work.config, work.specs
     resume = resume_point(config)  # before init_worker's barrier: worker 0 appends records only after it
     world = work.load_world()

@@ -15,12 +15,18 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
 import json
 import re
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from recps.data.schema import Schema  # no torch, no reader
 from recps.errors import ConfigError
@@ -44,8 +50,6 @@ def register_resolvers() -> None:
     before composing conf/ (recps.train and compose_config do)."""
     if not OmegaConf.has_resolver("recps.root"):
         OmegaConf.register_new_resolver("recps.root", lambda: str(PROJECT_ROOT))
-    from hydra.core.config_store import ConfigStore
-
     from recps.ps.modes import MODES  # deferred: torch; `import recps.config` stays light for the launcher and --cfg
 
     store = ConfigStore.instance()
@@ -82,8 +86,6 @@ def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
     >>> compose_config(["model=ctr_dnn", "ps=local"]).model._target_
     'models.CTRDNN'
     """
-    from hydra import compose, initialize_config_dir
-
     register_resolvers()
     with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides))
@@ -250,9 +252,6 @@ def _check_values(cfg: DictConfig) -> None:
 def ps_mode(cfg: DictConfig):
     """The mode object conf/ps/<mode>.yaml builds (its `_target_`, recps.ps.modes): SyncMode,
     AsyncMode or GeoMode with their knobs and `table:` settings. Raises ConfigError naming a bad key."""
-    from hydra.errors import InstantiationException
-    from hydra.utils import instantiate
-
     check_target_args(cfg.ps, "ps", engine_keys=("name",))
     if cfg.ps.get("table") is not None:
         check_target_args(cfg.ps.table, "ps.table")
@@ -355,8 +354,6 @@ def validate_config(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
     ...
     recps.errors.ConfigError: trainer.batch_size=-1: give the examples per batch (per thread), 1 or more
     """
-    from omegaconf.errors import OmegaConfBaseException
-
     try:
         missing = sorted(OmegaConf.missing_keys(cfg))
         if not missing:
@@ -402,8 +399,6 @@ def validate_config(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
                          data=f"dataset {cfg.dataset.get('name')}")
     metrics = cfg.get("metrics")
     if metrics is not None and bool(metrics.get("tensorboard", False)):  # the held-out metrics go there too
-        import importlib.util
-
         if importlib.util.find_spec("tensorboard") is None:
             raise ConfigError("metrics.tensorboard=true needs the tensorboard package, which is not installed: "
                               "pip install tensorboard (or set metrics.tensorboard=false)")
@@ -445,9 +440,7 @@ def check_optimizer_values(node: DictConfig, overrides: Sequence[str] = (), wher
     """Builds the dense optimizer `node` names over one parameter, so that its constructor's own checks
     (torch.optim's "Invalid learning rate: -1") fail here, before any process starts, as a ConfigError
     naming the argument, where it came from and the fix. torch is imported by then (the PS modes)."""
-    import torch
-    from hydra.errors import InstantiationException
-    from hydra.utils import instantiate
+    import torch  # deferred: `import recps.config` stays torch-free (the modes' register_resolvers loads it)
 
     try:
         instantiate(node)([torch.nn.Parameter(torch.zeros(1))])  # (1,)

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 __all__ = ["JOB_RECORD", "MINIMISED", "minimised", "SweepJob", "SweepSummary", "collect_jobs", "summary_table", "write_summary", "main_metrics"]
@@ -113,7 +114,7 @@ def _error_line(exc: BaseException | None) -> str:
 
 
 def _write_text(path: Path, text: str) -> None:
-    from recps.fs import write_atomic
+    from recps.fs import write_atomic  # deferred: fsspec; Hydra loads this callback in every run's start-up
 
     write_atomic(path, text, overwrite=True)
 
@@ -134,8 +135,6 @@ class SweepSummary(Callback):
         atexit.register(self._finish)
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
-        from hydra.types import RunMode
-
         if config.hydra.mode != RunMode.MULTIRUN:
             return
         status = job_return.status.name

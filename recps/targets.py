@@ -9,19 +9,20 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from hydra.utils import get_object
-from omegaconf import DictConfig
 
 from recps.errors import ConfigError
 
 __all__ = ["check_target_args"]
 
 
-def check_target_args(node: DictConfig, where: str, injected: Iterable[str] = (),
+def check_target_args(node: Mapping[str, Any], where: str, injected: Iterable[str] = (),
                       engine_keys: Iterable[str] = ()) -> None:
     """Binds a `_target_` node's keys to its constructor's signature (torchtune-style).
+
+    `node`: a composed config's node (omegaconf's are Mappings) or a plain dict; only read.
 
     `injected` are arguments the engine passes itself; `engine_keys` are keys the engine
     reads and removes before instantiating. Unknown keys raise a ConfigError naming them.

@@ -38,10 +38,19 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import hydra
-from omegaconf import DictConfig
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import CompactHydraException, ConfigCompositionException
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
 
 import recps.cluster.launch as _launch
-from recps.config import composition_error_message, override_source, register_resolvers, validate_config
+from recps import quiet_libraries
+from recps.cluster.launch import process_age
+from recps.config import composition_error_message, override_source, ps_mode, register_resolvers, validate_config
+from recps.errors import ConfigError, RecpsError
+from recps.job.settings import node_settings
+from recps.pipeline import run_pipeline
+from recps.ps.roles import ROLE_ENV
 
 __all__ = ["main", "cli", "error_message", "summary_lines", "held_out_metric_names"]
 
@@ -72,17 +81,10 @@ def main(cfg: DictConfig) -> float:
 
 
 def _single_run() -> bool:
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
     return HydraConfig.get().mode == RunMode.RUN
 
 
 def _run(cfg: DictConfig) -> float:
-    from hydra.core.hydra_config import HydraConfig
-
-    from recps import quiet_libraries
-
     quiet_libraries()
     hydra_cfg = HydraConfig.get()
     overrides = list(hydra_cfg.overrides.task)
@@ -95,26 +97,22 @@ def _run(cfg: DictConfig) -> float:
     _log_startup()
     out_dir = Path(hydra_cfg.runtime.output_dir)
     if pipeline:
-        from recps.pipeline import run_pipeline
-
         return run_pipeline(cfg, out_dir)  # checks its stages first; prints and writes metrics.json itself
     if stream:
-        from recps.stream import run_stream
-
-        metrics = run_stream(cfg, out_dir)
+        metrics = _run_stream(cfg, out_dir)
         if metrics is None:
             return float("nan")
     elif cfg.ps.name == "local":
-        from recps.job.build import run_training
+        from recps.job.build import run_training  # deferred: torch, torchrec, the readers; `--cfg job` needs none
 
         metrics = run_training(cfg, out_dir)
     else:
-        from recps.cluster.driver import run_distributed
+        from recps.cluster.driver import run_distributed  # deferred: torch, torchrec, zmq; `--cfg job` needs none
 
         metrics = run_distributed(cfg, out_dir)
         if metrics is None:  # a server or worker of the cluster: the launcher reports
             return float("nan")
-    from recps import fs as rfs
+    from recps import fs as rfs  # deferred: fsspec; `--cfg job` needs none
 
     rfs.write_atomic(str(out_dir / "metrics.json"), json.dumps(metrics, indent=2, sort_keys=True, default=str) + "\n",
                      overwrite=True)
@@ -129,14 +127,47 @@ def _run(cfg: DictConfig) -> float:
     return float(metrics[cfg.objective])
 
 
+def _run_stream(cfg: DictConfig, out_dir: Path) -> dict[str, Any] | None:
+    """stream.enabled: launch the stream job's cluster, or be one of its processes (recps.stream.pass_loop,
+    given the typed values `_stream_worker` builds)."""
+    if cfg.ps.name not in ("sync", "async", "geo"):
+        raise ConfigError(f"stream=hourly trains on the parameter server; ps={cfg.ps.name!r}: use ps=sync, async or geo")
+    from recps.cluster.driver import run_distributed  # deferred: torch, torchrec, zmq (the PS); `--cfg job` needs none
+    from recps.stream import StreamConfig, check_stream_out  # deferred: torch, the PS (the pass loop); a stream's only
+
+    # A bad stream key fails here, in the launcher, before any process starts.
+    config = StreamConfig.from_config(OmegaConf.to_container(cfg.stream, resolve=True))
+
+    def before_launch(c: DictConfig, mode, d: Path) -> None:
+        if c.ps.table.get("accessor") is None:
+            raise ConfigError("stream=hourly needs the tables' CTR accessor (shows, clicks, scores: what deltas, bases "
+                              "and shrink select by); ps.table.accessor is null: drop that override (stream=hourly "
+                              "sets it) or give ps.table.accessor={...}")
+        check_stream_out(config)
+
+    return run_distributed(cfg, out_dir, work=_stream_worker, before_launch=before_launch)
+
+
+def _stream_worker(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -> dict[str, Any] | None:
+    """A stream job's worker (recps.cluster.driver.run_role's `work`): recps.stream.stream_work with the
+    typed values of the composed config; `data`: an in-process cluster's rows (None: the schema's, no rows)."""
+    from recps.job.build import build_job, schema_data  # deferred: torch, torchrec, the readers; a worker's only
+    from recps.stream import StreamConfig, StreamWork, stream_work  # deferred: torch, the PS; a stream's only
+
+    ds = cfg.dataset
+    work = StreamWork(StreamConfig.from_config(OmegaConf.to_container(cfg.stream, resolve=True)), ps_mode(cfg),
+                      node_settings(cfg), build_job=lambda: build_job(cfg, data or schema_data(cfg)),
+                      shuffle=bool(ds.get("shuffle", True)), error_budget=float(ds.get("error_budget", 0.01)))
+    return stream_work(work, role, Path(out_dir), observers=observers)
+
+
 def _check_resume(cfg: DictConfig, overrides: list[str]) -> None:
     """Before any data is read or process started: trainer.resume, when set, holds a checkpoint
     (recps.job.checkpoint.find_checkpoint's ConfigError, with trainer.resume and its source in front)."""
     resume = cfg.trainer.get("resume")
     if not resume:
         return
-    from recps.job.checkpoint import find_checkpoint
-    from recps.errors import ConfigError
+    from recps.job.checkpoint import find_checkpoint  # deferred: torch, the PS tables; only with trainer.resume
 
     try:
         find_checkpoint(str(resume))
@@ -170,8 +201,6 @@ def _log_startup() -> None:
     and the config's checks took (benchmarks/startup_bench.py reads it)."""
     if "checked" in _startup:
         return
-    from recps.cluster.launch import process_age
-
     now = _startup["checked"] = _time.perf_counter()
     age = process_age()
     before = f"python {age - (now - _IMPORTING):.2f} s, " if age is not None else ""
@@ -250,7 +279,7 @@ def _tensorboard_test_metrics(cfg: DictConfig, metrics: dict[str, Any], out_dir:
     node = cfg.get("metrics")
     if node is None or not bool(node.get("tensorboard", False)) or isinstance(metrics.get("stream"), dict):
         return  # (a stream's metrics are per pass: recps.stream writes them)
-    from torch.utils.tensorboard import SummaryWriter
+    from torch.utils.tensorboard import SummaryWriter  # deferred: tensorboard is optional, asked for
 
     reports = [r for r in metrics.get("train_metrics") or () if isinstance(r, dict) and "step" in r]
     step = int(reports[-1]["step"]) if reports else int(metrics.get("train_steps", 0))
@@ -288,10 +317,6 @@ def _users_environment() -> Iterator[None]:
 
 def error_message(exc: BaseException) -> str | None:
     """One line for an error a user can cause, None for any other (a bug: its traceback is printed)."""
-    from hydra.errors import CompactHydraException, ConfigCompositionException
-
-    from recps.errors import RecpsError
-
     if isinstance(exc, RecpsError):
         return f"{type(exc).__name__}: {exc}"
     if isinstance(exc, ConfigCompositionException) and (message := composition_error_message(exc)):
@@ -331,8 +356,6 @@ def _end_cluster_process() -> None:
     """A server or worker the launcher started has reported and closed everything by now:
     leave without the interpreter's teardown of torch/fbgemm/torchrec (about 2.4 CPU-s per
     process, measured), which a cluster run otherwise pays once per process."""
-    from recps.ps.roles import ROLE_ENV
-
     if os.environ.get(ROLE_ENV):
         logging.shutdown()
         sys.stdout.flush()

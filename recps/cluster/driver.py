@@ -86,10 +86,12 @@ def environment_role(cfg: DictConfig, environ: Mapping[str, str] | None = None):
 def run_distributed(cfg: DictConfig, out_dir: Path, *, work=None, before_launch=None) -> dict[str, Any] | None:
     """Launch a local cluster, or act as this process's role; see the module docstring.
 
-    `work(cfg, role, out_dir, data=, observers=)`: what a worker does (default: train on the data
-    set once, recps.cluster.work.work; recps.stream gives its pass loop). `before_launch(cfg, mode, out_dir)`: the
-    checks and preparations the launcher makes before any process starts (default: the storage
-    checks and the data set's generation)."""
+    `work(cfg, role, out_dir, data=, observers=)`: what a worker does, given the composed config: it
+    builds the typed values its body takes (default: the job, trained on the data set once by
+    recps.cluster.work.work; recps.train gives the stream's pass loop, recps.pipeline.incremental_entry
+    the streaming funnel's).
+    `before_launch(cfg, mode, out_dir)`: the checks and preparations the launcher makes before any
+    process starts (default: the storage checks and the data set's generation)."""
     check_cluster_config(cfg)
     apply_checkpoint_every(cfg)
     mode = ps_mode(cfg)  # a bad mode knob fails here, before any process starts
@@ -195,13 +197,21 @@ def run_role(cfg: DictConfig, role, out_dir: Path, *, data=None, observers: Sequ
     # Deferred: the launcher (no role) never runs a role body; a server or worker pays the imports of
     # its own (recps.job.build: torch, fbgemm, the readers) only where it runs one.
     if role.is_server:
-        from recps.cluster.server import serve
+        from recps.cluster.server import serve  # deferred: torch and the PS tables; the launcher never serves
 
         serve(node_settings(cfg), role, Path(out_dir), storage_roots(cfg, out_dir))
         return None
-    if work is None:
-        from recps.cluster.work import work
-    return work(cfg, role, Path(out_dir), data=data, observers=observers)
+    return (work or _batch_work)(cfg, role, Path(out_dir), data=data, observers=observers)
+
+
+def _batch_work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence = ()) -> dict[str, Any] | None:
+    """A batch job's worker: the job built from `cfg` (this worker's own rows where it can), then its
+    body (recps.cluster.work.work) with the typed values."""
+    from recps.cluster.work import work  # deferred: torch, torchrec, fbgemm; the launcher never runs a worker
+    from recps.job.build import build_job, worker_data  # deferred: the same
+
+    job = build_job(cfg, data if data is not None else worker_data(cfg, role))  # the same job as ps=local's
+    return work(job, ps_mode(cfg), node_settings(cfg), role, out_dir, observers=observers)
 
 
 

@@ -1,6 +1,7 @@
 """A worker's role body for a batch job (`python -m recps.train ps=sync|async|geo`): `work`.
 
-It builds the job over a PS-backed embedding collection, joins through `recps.ps.fleet.Fleet`,
+It takes the job built over a PS-backed embedding collection (recps.cluster.driver builds it from the
+composed config: recps.job.build), joins through `recps.ps.fleet.Fleet`,
 trains `trainer.threads` Hogwild threads on shards worker * T + thread of W * T (resumed where a
 checkpoint stopped, pausing for mid-run checkpoints: recps.cluster.checkpoint), sends what is
 queued and waits for the others; worker 0 then evaluates on the held-out split with the servers'
@@ -19,24 +20,20 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-from hydra.utils import get_object
-from omegaconf import DictConfig, OmegaConf
 
 from recps import fs as rfs
 from recps.cluster.checkpoint import CheckpointPauses, load_worker_state, read_progress, resume_point, write_progress
 from recps.cluster.launch import process_age, restart_count
 from recps.cluster.process import fleet_for, on_this_machine
-from recps.config import ps_mode
-from recps.data.dataset import prepare_data, worker_parses_its_shards
 from recps.data.sharding import WorkerShards
-from recps.job.build import Job, build_job
 from recps.job.checkpoint import commit_ps_checkpoint
 from recps.job.loop import left_of_target, planned_steps
-from recps.job.settings import node_settings
+from recps.job.parts import Job
+from recps.job.settings import NodeSettings
 from recps.job.run import Fit, base_metrics, data_metrics, evaluate, train
 from recps.ps.fleet import DENSE_TABLE, DistributedStrategy
 
-__all__ = ["work", "worker_data", "ProgressLog", "STATS_TABLE"]
+__all__ = ["work", "ProgressLog", "STATS_TABLE"]
 
 log = logging.getLogger("recps.cluster")
 
@@ -73,28 +70,15 @@ class ProgressLog:
                  step * self.batch_size / (now - self.start), loss)
 
 
-def worker_data(cfg: DictConfig, role):
-    """This worker's training rows only, parsed by it (recps.data.dataset.WorkerExamplesSource: the same
-    batches as every row's source gives its threads), and the test rows where it evaluates (worker 0;
-    every worker with trainer.observers, which may read them); None where the data set or the task
-    needs every row (a dataset _target_, a test_fraction split, a task that binds the data)."""
-    ds = OmegaConf.to_container(cfg.dataset, resolve=True)
-    if not worker_parses_its_shards(ds) or hasattr(get_object(str(cfg.task._target_)), "bind"):
-        return None
-    threads = int(cfg.trainer.threads)
-    return prepare_data(ds, seed=int(cfg.seed), worker=(role.index, role.num_workers, threads),
-                        test=role.index == 0 or bool(cfg.trainer.get("observers")))
+def work(job: Job, mode, node: NodeSettings, role, out_dir: Path, observers: Sequence = ()) -> dict[str, Any] | None:
+    """A worker of a batch job (see the module docstring); worker 0 returns the metrics it wrote.
 
-
-def work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence = ()) -> dict[str, Any] | None:
-    """A worker of a batch job (see the module docstring); worker 0 returns the metrics it wrote."""
-    if data is None:
-        data = worker_data(cfg, role)
-    job = build_job(cfg, data)  # the same data, model, task and trainer as ps=local, over a PS-backed collection
+    `job`: built from the composed config (recps.job.build.build_job; this worker's rows where it can:
+    worker_data); `mode`: the PS mode (recps.config.ps_mode); `node`: the cluster's settings;
+    `observers` join the job's own."""
     job.trainer.observers = [*job.trainer.observers, *observers]
-    strategy = DistributedStrategy(ps_mode(cfg), threads=job.settings.trainer.threads)
-    settings = node_settings(cfg)
-    return _train(job, strategy, lambda: fleet_for(settings, role), role, Path(out_dir))
+    strategy = DistributedStrategy(mode, threads=job.settings.trainer.threads)
+    return _train(job, strategy, lambda: fleet_for(node, role), role, Path(out_dir))
 
 
 def _train(job: Job, strategy: DistributedStrategy, open_fleet, role, out_dir: Path) -> dict[str, Any] | None:

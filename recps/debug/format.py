@@ -90,7 +90,7 @@ class DumpWriter:
 
     def write(self, step: int, batch: int, name: str, tensor) -> None:
         """Appends `tensor` (any torch tensor; copied to CPU, C order) as record `name`."""
-        import torch  # here, not at the top: reading a dump (the diff CLI) needs no torch
+        import torch  # deferred: reading a dump (the diff CLI) needs no torch
 
         if "\t" in name or "\n" in name:
             raise DataError(f"dump record name {name!r} contains a tab or newline")
@@ -150,7 +150,7 @@ def read_record(data: np.ndarray | memoryview | bytes, record: Record) -> np.nda
     raw = np.frombuffer(data, dtype=np.uint8, count=record.nbytes, offset=record.offset)
     if record.dtype in _NUMPY:
         return raw.view(_NUMPY[record.dtype]).reshape(record.shape)
-    import torch  # bfloat16 and other dtypes numpy lacks
+    import torch  # deferred: bfloat16 and other dtypes numpy lacks; reading the others needs no torch
 
     dtype = getattr(torch, record.dtype, None)
     if not isinstance(dtype, torch.dtype):

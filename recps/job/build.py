@@ -7,8 +7,9 @@
     run_training(cfg, out_dir)           a local run: build_job, then recps.job.run.run_local
 
 With recps.job.settings, the only module of recps.job that reads the composed config; the rest takes the Job. Called by the
-entry points (recps.train, recps.evaluate), the cluster's worker body (recps.cluster.work: its
-process re-enters through recps.train with recps-job.yaml) and the stream's, and by tests.
+entry points (recps.train, recps.evaluate), the cluster's driver for a worker's body (recps.cluster.work:
+its process re-enters through recps.train with recps-job.yaml; `worker_data`: its own rows) and the
+stream's, and by tests.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from recps.config import MODEL_ENGINE_KEYS, MODEL_INJECTED, TASK_ENGINE_KEYS, check_target_args
-from recps.data.dataset import PreparedData, prepare_data
+from recps.data.dataset import ExamplesSource, PreparedData, prepare_data, worker_parses_its_shards
+from recps.data.reader import empty_examples
+from recps.data.schema import Schema
 from recps.debug.dump import check_debug_config
 from recps.device import check_device
 from recps.embeddings import LocalEmbeddingBagCollection, LocalEmbeddingCollection
@@ -41,7 +44,8 @@ from recps.ps.embedding import PSEmbeddingBagCollection, PSEmbeddingCollection
 from torchrec.modules.embedding_configs import EmbeddingConfig
 
 __all__ = ["Job", "JobSettings", "TrainerSettings", "CheckpointSettings", "MODEL_ENGINE_KEYS", "MODEL_INJECTED",
-           "build_job", "build_settings", "build_observers", "prepare_dataset", "run_training", "seed_everything"]
+           "build_job", "build_settings", "build_observers", "prepare_dataset", "run_training", "seed_everything",
+           "schema_data", "worker_data"]
 
 log = logging.getLogger("recps.run")  # the name its log lines had (recps/run.py)
 
@@ -88,6 +92,26 @@ def prepare_dataset(cfg: DictConfig, seed: int) -> PreparedData:
         check_target_args(cfg, "dataset", injected=("seed",))
         return instantiate(cfg, seed=seed, _convert_="all")
     return prepare_data(OmegaConf.to_container(cfg, resolve=True), seed=seed)  # the readers take plain values
+
+
+def worker_data(cfg: DictConfig, role) -> PreparedData | None:
+    """A PS worker's data: its training rows only, parsed by it (recps.data.dataset.WorkerExamplesSource: the
+    same batches as every row's source gives its threads), and the test rows where it evaluates (worker 0;
+    every worker with trainer.observers, which may read them); None where the data set or the task
+    needs every row (a dataset _target_, a test_fraction split, a task that binds the data)."""
+    ds = OmegaConf.to_container(cfg.dataset, resolve=True)
+    if not worker_parses_its_shards(ds) or hasattr(get_object(str(cfg.task._target_)), "bind"):
+        return None
+    threads = int(cfg.trainer.threads)
+    return prepare_data(ds, seed=int(cfg.seed), worker=(role.index, role.num_workers, threads),
+                        test=role.index == 0 or bool(cfg.trainer.get("observers")))
+
+
+def schema_data(cfg: DictConfig) -> PreparedData:
+    """The data set's schema with no rows: a stream job's data (each pass brings its rows)."""
+    schema = Schema.from_config(cfg.dataset.schema)
+    empty = ExamplesSource(empty_examples(schema), False, int(cfg.seed))
+    return PreparedData(schema, empty, empty)
 
 
 def build_job(cfg: DictConfig, data: PreparedData | None = None) -> Job:

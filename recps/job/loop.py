@@ -499,6 +499,6 @@ def _with_next(batches) -> Iterator[tuple[Batch, Batch | None]]:
 def _progress_bar(enabled: bool):
     if not enabled:
         return None
-    from tqdm import tqdm
+    from tqdm import tqdm  # deferred: tqdm, only for a progress bar (ps=local, progress=true)
 
     return tqdm(unit="ex", unit_scale=True, dynamic_ncols=True, mininterval=0.5, smoothing=0.1)

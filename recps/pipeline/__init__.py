@@ -5,7 +5,8 @@
 
 Modules: config (the stages, checked before any process starts), data (users, items, exposures,
 held-out requests), funnel (stage exports, the cascade), evaluate (end-to-end metrics), runner (the
-cluster job), recommend (serving), ann (the recall stage's item index).
+cluster job), recommend (serving), ann (the recall stage's item index), incremental (the streaming
+funnel) and incremental_entry (its entry: the composed config into incremental's typed values).
 """
 
 __all__ = ["enabled", "run_pipeline"]
@@ -21,7 +22,7 @@ def run_pipeline(cfg, out_dir):
     """recps.train's entry with pipeline != none: the streaming funnel (stream.enabled, every stage pass by
     pass: recps.pipeline.incremental) or the funnel trained once (recps.pipeline.runner)."""
     if cfg.get("stream") is not None and bool(cfg.stream.get("enabled", False)):
-        from recps.pipeline.incremental import run_funnel_stream  # deferred: torch, torchrec only for a pipeline run
+        from recps.pipeline.incremental_entry import run_funnel_stream  # deferred: torch, torchrec; a funnel's only
 
         return run_funnel_stream(cfg, out_dir)
     from recps.pipeline.runner import run_pipeline as _run  # deferred: torch, torchrec only for a pipeline run

@@ -42,25 +42,43 @@ import hashlib
 import io
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
+import pandas as pd
 import torch
-from omegaconf import DictConfig, OmegaConf
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
 
 from recps import fs as rfs
+from recps.cluster.checkpoint import merge_worker_states
+from recps.cluster.process import fleet_for, on_this_machine
+from recps.config import compose_config
+from recps.data.dataset import ExamplesSource
+from recps.data.generators.video_world import load
+from recps.data.partitions import split_path
+from recps.data.sharding import WorkerShards
 from recps.errors import ConfigError, DataError
-from recps.pipeline.stages import StageSpec, check_data, pipeline_specs, schedule
+from recps.job.build import seed_everything
+from recps.job.checkpoint import read_recorded, verify_ps_checkpoint
+from recps.job.loop import Trainer, dense_parameters
+from recps.job.settings import JobSettings, NodeSettings
+from recps.metrics.ps_merger import PSMerger
+from recps.pipeline.stages import StageSpec
 from recps.pipeline.data import FunnelData, csr_from_pairs, exposure_bucket
 from recps.pipeline.funnel import (EXPORT_DIR, Funnel, build_index, build_stage_model, dense_width, export_stage,
                                    load_stage, stage_collection)
 from recps.pipeline.runner import load_world, training_examples
-from recps.stream import PassLoop, check_stream_out, resume_point, stream_config
+from recps.ps.fleet import DistributedStrategy
+from recps.stream import PassLoop, StreamConfig, resume_point
+from recps.stream.plan import StreamPlan, next_day, parse_day
+from recps.stream.source import pass_files, wait_for_splits
 
-__all__ = ["Impressions", "FunnelLoop", "write_world_passes", "read_pass", "funnel_view", "run_funnel_stream",
+__all__ = ["Impressions", "FunnelLoop", "FunnelStreamWork", "write_world_passes", "read_pass", "funnel_view",
            "funnel_stream_work", "flat_metrics", "summary_lines", "main"]
 
 log = logging.getLogger("recps.pipeline")
@@ -101,10 +119,6 @@ def write_world_passes(world_dir: str, root: str, start_day: str, days: int, hou
     30 days compressed into the stream's splits, in time order). Each split folder gets PASS_FILE (parquet,
     COLUMNS) and then its `donefile`, both written atomically. Raises FileExistsError before writing
     anything when a split is complete already (unless `overwrite`). Returns {"splits": [...], "rows": [...]}."""
-    from recps.data.partitions import split_path
-    from recps.data.generators.video_world import load
-    from recps.stream.plan import next_day, parse_day
-
     day = parse_day(start_day, "start_day")
     if days < 1 or not 1 <= hours <= 24 or split_interval < 1 or (60 * hours) % split_interval:
         raise ConfigError(f"write_world_passes: days={days}, hours={hours}, split_interval={split_interval}; give "
@@ -140,8 +154,6 @@ def write_world_passes(world_dir: str, root: str, start_day: str, days: int, hou
 def read_pass(files: Sequence[str], num_users: int, num_items: int) -> Impressions:
     """The impressions of a pass's files (parquet with COLUMNS); ids outside the world are a DataError
     naming the file."""
-    import pandas as pd
-
     parts = []
     for f in files:
         try:
@@ -193,6 +205,29 @@ def flat_metrics(metrics: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+@dataclass(frozen=True)
+class FunnelStreamWork:
+    """What a streaming funnel's worker takes, typed (recps.pipeline.incremental_entry builds it from the
+    composed config, after filling the stages' accessors).
+
+    `config`: conf `stream:`; `specs`: the stages (recps.pipeline.stages.pipeline_specs); `settings`: the
+    job's (what its checkpoints record, config.yaml; the trainer's threads and batch size, the seed,
+    conf `metrics:`); `node`: the cluster's settings; `pipeline`: pipeline.name; `top_n`: pipeline.top_n;
+    `index`: pipeline.index (plain), the recall stage's item index; `load_world()`: the world (called
+    once the resume point is read); `evaluate(funnel, merger=, worker=, workers=)`:
+    recps.pipeline.held_out.evaluate_funnel with the config's pipeline.* knobs."""
+
+    config: StreamConfig
+    specs: list[StageSpec]
+    settings: JobSettings
+    node: NodeSettings
+    pipeline: str
+    top_n: int
+    index: dict | None
+    load_world: Callable[[], FunnelData]
+    evaluate: Callable[..., dict[str, Any]]
+
+
 # ------------------------------------------------------------------------------------ a stage
 
 
@@ -200,10 +235,6 @@ class _StageTrainer:
     """One stage's model, dense table `<stage>_dense` and trainer, kept for the whole stream."""
 
     def __init__(self, fleet, spec: StageSpec, specs: Sequence[StageSpec], role, timeout_s: float) -> None:
-        from hydra.utils import instantiate
-
-        from recps.job.loop import dense_parameters
-
         self.fleet, self.spec, self.role, self.timeout_s = fleet, spec, role, timeout_s
         self.collection = stage_collection(spec)
         self.num_dense = dense_width(spec, specs)
@@ -226,8 +257,6 @@ class _StageTrainer:
     def start(self) -> None:
         """After the tables exist (and a resumed checkpoint was loaded): the servers' dense values, the
         stage mode's updater, the trainer."""
-        from recps.job.loop import Trainer
-
         mode = self.spec.mode
         self.fleet.pull_dense_into(self.table, self.dense, self.timeout_s)  # every worker starts equal
         self.updater = mode.dense_updater(self.named, self.optimizer, self.collection.communicator, self.table)
@@ -265,9 +294,6 @@ class _StageTrainer:
 
     def fit(self, examples, seed: int, pass_name: str) -> dict[str, Any]:
         """One pass of the stage on `examples` (this worker's shard), every push applied, all workers met."""
-        from recps.data.dataset import ExamplesSource
-        from recps.data.sharding import WorkerShards
-
         s, mode = self.spec, self.spec.mode
         if mode.name != "geo":  # sync / async: the servers hold the dense values (geo: the local replica trains on)
             self.fleet.pull_dense_into(self.table, self.dense, self.timeout_s)
@@ -333,8 +359,6 @@ class _FunnelFleet:
 
 def _read_worker_states(folder: str, manifest: dict, files: Sequence[str]) -> list[dict]:
     """The worker state files `files` of the checkpoint `folder`, each checked against its manifest."""
-    from recps.job.checkpoint import read_recorded
-
     return [torch.load(io.BytesIO(read_recorded(folder, manifest, rel)), map_location="cpu", weights_only=True)
             for rel in files]
 
@@ -349,8 +373,6 @@ def _load_stage_states(trainers: dict[str, "_StageTrainer"], states: list[dict],
     them (or while no stage kept local state): each GEO stage's optimizer restarts from fresh state, with
     a warning naming it. One that holds the entry but not a GEO stage's state is refused (ConfigError
     naming the stage, the file and the fix): the stage trained in another mode when it was written."""
-    from recps.cluster.checkpoint import merge_worker_states
-
     stateful = [t for t in trainers.values() if t.has_local_state]
     if not stateful:
         return []
@@ -423,12 +445,13 @@ class _PassStats:  # what PassLoop.run reads of a pass's training (recps.job.loo
 class FunnelLoop(PassLoop):
     """PassLoop with the funnel's read, evaluate and train (see the module docstring)."""
 
-    def __init__(self, cfg, role, out_dir: Path, fleet, strategy, config, resume, tables, *, specs, world,
+    def __init__(self, work: FunnelStreamWork, role, out_dir: Path, fleet, strategy, resume, tables, *, world,
                  trainers: dict[str, _StageTrainer], history: Impressions, steps: int) -> None:
-        super().__init__(cfg, role, out_dir, _FunnelJob(_Tables({t: 0 for t in tables["sparse"]}), steps),
-                         _FunnelFleet(fleet, trainers), strategy, config, resume,
+        super().__init__(work.settings, role, out_dir, _FunnelJob(_Tables({t: 0 for t in tables["sparse"]}), steps),
+                         _FunnelFleet(fleet, trainers), strategy, work.config, resume,
                          [*tables["sparse"], *tables["dense"]])
-        self.specs, self.world, self.trainers = specs, world, trainers
+        self.work = work
+        self.specs, self.world, self.trainers = work.specs, world, trainers
         self.history = history
         self.stages: dict[str, Any] = {}
         self.index = None
@@ -439,16 +462,12 @@ class FunnelLoop(PassLoop):
         self.export_root = rfs.join(str(Path(out_dir).resolve()), EXPORT_DIR)
         self.funnel_merger = None  # one worker: nothing to merge
         if role.num_workers > 1:
-            from recps.metrics.ps_merger import PSMerger
-
             self.funnel_merger = PSMerger(fleet.channel(), prefix="pipeline.stream.eval",
                                           timeout_s=max(self.timeout_s, _EVAL_TIMEOUT_S))
 
     # -- the three steps ----------------------------------------------------------------------------
 
     def _share(self, p):
-        from recps.stream.source import pass_files, wait_for_splits
-
         c = self.config
         folders = self.plan.split_folders(p)
         waited = wait_for_splits(folders, c.data_donefile, sleep_s=c.data_sleep_second, timeout_s=c.wait_timeout_s)
@@ -459,16 +478,14 @@ class FunnelLoop(PassLoop):
         """The whole funnel as trained up to the previous pass, on the held-out requests: every worker its
         share (requests w, w + W, ...), merged through the servers (recps.pipeline.held_out); worker 0 keeps
         the metrics for the pass's record."""
-        from recps.pipeline.held_out import evaluate_funnel
-
         if not self.stages and self.resume.folder:
             self.refresh()  # a resumed job (after PassLoop redid a day end cut short): the servers' model
         if not self.stages:
             self.pending = {"evaluated_model": None}  # a fresh stream's first pass: no model yet
             return {}
         funnel = Funnel(self.specs, self.stages, self.index, funnel_view(self.world, self.history))
-        metrics = evaluate_funnel(funnel, self.cfg, merger=self.funnel_merger, worker=self.role.index,
-                                  workers=self.role.num_workers)
+        metrics = self.work.evaluate(funnel, merger=self.funnel_merger, worker=self.role.index,
+                                     workers=self.role.num_workers)
         if self.role.index != 0:
             return {}
         metrics.pop("final_lists", None)
@@ -476,7 +493,7 @@ class FunnelLoop(PassLoop):
         self.pending = {"evaluated_model": {"pass": self.model_pass, "sha256": dict(self.model_sha),
                                             "loaded_from": self.model_from}}
         self.model_from = None
-        top = int(self.cfg.pipeline.top_n)
+        top = self.work.top_n
         log.info("stream funnel, pass %d before training: ndcg@%d %.4f, hit_rate %.4f (the model of pass %s)",
                  self.passes_done + 1, top, out.get(f"ndcg@{top}", float("nan")), out.get("hit_rate", float("nan")),
                  self.model_pass)
@@ -486,7 +503,7 @@ class FunnelLoop(PassLoop):
         current = source.impressions
         pass_name = f"{self.passes_done + 1}"
         view = funnel_view(self.world, self.history, current)
-        seed = int(self.cfg.seed)
+        seed = self.settings.seed
         stages: dict[str, Any] = {}
         index = None
         trained: dict[str, Any] = {}
@@ -506,7 +523,7 @@ class FunnelLoop(PassLoop):
             stages[s.name] = load_stage(s, blob)
             if s.is_retrieval:
                 vectors = stages[s.name].vectors(view, items=torch.arange(view.num_items))  # (I, E)
-                index = build_index(vectors, OmegaConf.to_container(self.cfg.pipeline.index, resolve=True))
+                index = build_index(vectors, self.work.index)
                 if self.role.index == 0:
                     index.save(rfs.join(self.export_root, "items.ann"), overwrite=True)
         self.history = self.history + current
@@ -536,7 +553,7 @@ class FunnelLoop(PassLoop):
             self.stages[s.name] = load_stage(s, blob)
             if s.is_retrieval:
                 vectors = self.stages[s.name].vectors(view, items=torch.arange(view.num_items))
-                self.index = build_index(vectors, OmegaConf.to_container(self.cfg.pipeline.index, resolve=True))
+                self.index = build_index(vectors, self.work.index)
         self.model_pass = "/".join(str(self.resume.folder).rstrip("/").split("/")[-2:])  # <day>/<pass>
         self.model_from = self.resume.folder
 
@@ -552,8 +569,6 @@ def _stage_tables(specs: Sequence[StageSpec]) -> dict[str, list[str]]:
 
 def _passes_before(config, stop) -> list:
     """The stream's passes from its first one up to `stop` (excluded; None: all, up to stream.end_day)."""
-    from recps.stream.plan import StreamPlan
-
     plan, out = StreamPlan(config), []
     for day in plan.days(config.start_day):
         for p in plan.passes_of_day(day):
@@ -563,24 +578,13 @@ def _passes_before(config, stop) -> list:
     return out
 
 
-def funnel_stream_work(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -> dict[str, Any] | None:
-    """A worker of the streaming funnel (recps.cluster.driver.run_role's `work`); worker 0 returns the metrics."""
-    import os
-
-    from recps.job.checkpoint import verify_ps_checkpoint
-    from recps.cluster.checkpoint import merge_worker_states
-    from recps.job.settings import node_settings
-    from recps.cluster.process import fleet_for, on_this_machine
-    from recps.ps.fleet import DistributedStrategy
-    from recps.job.build import seed_everything
-    from recps.stream.plan import StreamPlan
-    from recps.stream.source import pass_files
-
-    config = stream_config(cfg)
+def funnel_stream_work(work: FunnelStreamWork, role, out_dir: Path) -> dict[str, Any] | None:
+    """A worker of the streaming funnel (recps.pipeline.incremental_entry binds it to the composed config
+    for recps.cluster.driver.run_role); worker 0 returns the metrics."""
+    config, specs = work.config, work.specs
     resume = resume_point(config)  # before init_worker's barrier: worker 0 appends records only after it
-    specs = pipeline_specs(cfg)
-    world = data if isinstance(data, FunnelData) else load_world(cfg)
-    seed_everything(int(cfg.seed))
+    world = work.load_world()
+    seed_everything(work.settings.seed)
     if on_this_machine(role):
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // role.num_workers))
     tables = _stage_tables(specs)
@@ -593,7 +597,7 @@ def funnel_stream_work(cfg: DictConfig, role, out_dir: Path, data=None, observer
     plan = StreamPlan(config)
     for p in _passes_before(config, resume.next) if resume.folder else ():  # seen items, item statistics
         history = history + read_pass(pass_files(plan.split_folders(p)), world.num_users, world.num_items)
-    with fleet_for(node_settings(cfg), role) as fleet:
+    with fleet_for(work.node, role) as fleet:
         trainers = {s.name: _StageTrainer(fleet, s, specs, role, timeout_s) for s in specs}
         for s in specs:
             fleet.add_collection(trainers[s.name].collection, mode=s.mode)
@@ -619,8 +623,8 @@ def funnel_stream_work(cfg: DictConfig, role, out_dir: Path, data=None, observer
             loaded = _load_stage_states(trainers, states, files, resume.folder, role)  # geo: the dense optimizers
             log.info("%s resumes the streaming funnel %s from %s (local dense state of %s); next pass %s", role.name,
                      config.root, resume.folder, loaded or "no stage", resume.next.name if resume.next else "none")
-        loop = FunnelLoop(cfg, role, out_dir, fleet, strategy, config, resume, tables, specs=specs, world=world,
-                          trainers=trainers, history=history, steps=resume.steps)
+        loop = FunnelLoop(work, role, out_dir, fleet, strategy, resume, tables, world=world, trainers=trainers,
+                          history=history, steps=resume.steps)
         records = loop.run()
         fleet.close_communicators()
         server_tables = {s.name: {t: fleet.table_mode(t)
@@ -632,7 +636,7 @@ def funnel_stream_work(cfg: DictConfig, role, out_dir: Path, data=None, observer
         passes = [r for r in records if "pass" in r]
         metrics: dict[str, Any] = {"stream": {"root": config.root, "out": config.out, "passes": records,
                                               "resumed_from": resume.folder},
-                                   "pipeline": str(cfg.pipeline.name), "stage_order": [s.name for s in specs],
+                                   "pipeline": work.pipeline, "stage_order": [s.name for s in specs],
                                    "server_tables": server_tables, "workers": role.num_workers,
                                    "servers": role.num_servers,
                                    "train_steps": sum(r["steps"] for r in passes),
@@ -644,64 +648,6 @@ def funnel_stream_work(cfg: DictConfig, role, out_dir: Path, data=None, observer
         rfs.write_atomic(str(Path(out_dir) / "metrics.json"),
                          json.dumps(metrics, indent=2, sort_keys=True, default=str) + "\n", overwrite=True)
         return metrics
-
-
-def _fill_accessors(cfg: DictConfig, specs: Sequence[StageSpec]) -> None:
-    """stream=hourly sets the CTR accessor (what deltas, bases and shrink select by) on ps.table; a stage
-    whose ps.table.accessor is null takes it (the stages' ps groups are composed apart from cfg.ps)."""
-    accessor = cfg.ps.table.get("accessor")
-    for s in specs:
-        node = cfg.pipeline.stages[s.name].ps.table
-        if node.get("accessor") is None:
-            node.accessor = OmegaConf.create(OmegaConf.to_container(accessor, resolve=True))
-
-
-def _check(cfg: DictConfig) -> None:
-    """The combinations a streaming funnel refuses, before any process starts."""
-    from recps.config import cluster_checkpoint_every
-
-    steps, seconds = cluster_checkpoint_every(cfg)
-    if steps is not None or seconds is not None:
-        raise ConfigError("cluster.checkpoint_every is set with pipeline=... stream=hourly: the streaming funnel "
-                          "checkpoints every stage after a pass (stream.checkpoint_per_pass); drop "
-                          "cluster.checkpoint_every")
-    if cfg.trainer.get("resume"):
-        raise ConfigError(f"trainer.resume={cfg.trainer.resume} with stream=hourly: a stream resumes from its "
-                          f"records in stream.out ({cfg.stream.get('out')}); drop trainer.resume")
-    for name, stage in cfg.pipeline.stages.items():
-        if stage.ps.get("checkpoint_every_steps") or stage.ps.get("checkpoint_every_seconds"):
-            raise ConfigError(f"pipeline.stages.{name}.ps.checkpoint_every_*: the streaming funnel checkpoints "
-                              "after each pass (stream.checkpoint_per_pass); drop it")
-
-
-def run_funnel_stream(cfg: DictConfig, out_dir: Path) -> float:
-    """recps.pipeline.run_pipeline's entry with stream.enabled: check, launch (or be one of the cluster's
-    processes), print each pass's funnel metrics; returns pipeline.objective of the last evaluated pass."""
-    from recps.cluster.driver import run_distributed
-
-    if cfg.ps.table.get("accessor") is None:
-        raise ConfigError("stream=hourly needs the tables' CTR accessor (deltas, bases and shrink select by it); "
-                          "ps.table.accessor is null: drop that override (stream=hourly sets it)")
-    config = stream_config(cfg)  # a bad stream key fails here, before any process starts
-    _check(cfg)
-    specs = pipeline_specs(cfg)  # a bad stage too
-    if any(len(group) > 1 for group in schedule(cfg, specs)):
-        raise ConfigError(f"pipeline.schedule={OmegaConf.to_container(cfg.pipeline.schedule)}: a stream trains its "
-                          "stages one after another each pass; drop pipeline.schedule (null) with stream=hourly")
-    _fill_accessors(cfg, specs)
-
-    def before_launch(c, mode, d) -> None:
-        check_stream_out(c, config)  # the records and the root first: the world may take a while to generate
-        check_data(specs, load_world(c))
-
-    metrics = run_distributed(cfg, out_dir, work=funnel_stream_work, before_launch=before_launch)
-    if metrics is None:
-        return float("nan")
-    for line in summary_lines(metrics, int(cfg.pipeline.top_n)):
-        print(f"[recps] {line}")  # entry point: the lines a user reads
-    print(f"[recps] metrics: {Path(out_dir) / 'metrics.json'}, per pass: {Path(out_dir) / 'stream_metrics.jsonl'}")
-    value = metrics.get(str(cfg.pipeline.get("objective") or "ndcg@10"))
-    return float(value) if isinstance(value, (int, float)) else float("nan")
 
 
 def summary_lines(metrics: dict[str, Any], top_n: int = 10) -> list[str]:
@@ -735,8 +681,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     The world of the training command's own overrides (pipeline=video_funnel pipeline.world.users=...:
     generated under pipeline.world.dir if it is not there yet) written as the stream's passes."""
-    from recps.config import compose_config
-
     p = argparse.ArgumentParser(prog="python -m recps.pipeline.incremental",
                                 description="Write a generated video world's train impressions as hourly passes.")
     p.add_argument("--root", required=True, help="the stream's root (stream.root), any recps.fs URL")

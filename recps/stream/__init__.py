@@ -2,11 +2,12 @@
 
 `stream=hourly` (conf/stream/hourly.yaml): recps.stream.plan (days, passes, what each saves),
 recps.stream.source (waiting for splits, this worker's share), recps.stream.donefile (Paddle's
-donefiles, committed atomically), recps.stream.pass_loop (the loop, exactly-once restarts).
+donefiles, committed atomically), recps.stream.pass_loop (the loop, exactly-once restarts). It takes
+typed values (StreamConfig, StreamWork); recps.train builds them from the composed config.
 """
 
 from recps.stream.plan import Pass, StreamConfig, StreamPlan
-from recps.stream.pass_loop import PassLoop, check_stream_out, resume_point, run_stream, stream_config, stream_work
+from recps.stream.pass_loop import PassLoop, StreamWork, check_stream_out, resume_point, stream_work
 
-__all__ = ["Pass", "StreamConfig", "StreamPlan", "PassLoop", "check_stream_out", "resume_point", "run_stream",
-           "stream_config", "stream_work"]
+__all__ = ["Pass", "StreamConfig", "StreamPlan", "PassLoop", "StreamWork", "check_stream_out", "resume_point",
+           "stream_work"]

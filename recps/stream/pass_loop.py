@@ -28,23 +28,37 @@ published, so training it again publishes it once. A checkpoint committed withou
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from omegaconf import DictConfig, OmegaConf
+import torch
 
 from recps import fs as rfs
+from recps.cluster.checkpoint import load_worker_state, read_progress, write_progress
+from recps.cluster.process import fleet_for, on_this_machine
+from recps.data.sharding import WorkerShards
 from recps.errors import ConfigError
+from recps.job.checkpoint import commit_ps_checkpoint, is_committed, verify_ps_checkpoint
+from recps.job.settings import JobSettings, NodeSettings
+from recps.metrics import MetricCollection
+from recps.metrics.collection import build_metric
+from recps.metrics.groups import update_collection
+from recps.metrics.ps_merger import PSMerger
+from recps.metrics.reporter import ExampleCount, LocalMerger
+from recps.ps.fleet import DENSE_TABLE, DistributedStrategy
 from recps.stream.donefile import BASE_DONEFILE, DAY_MODEL_PASS, PATCH_DONEFILE, Donefiles, ModelRecord
-from recps.job.settings import build_settings
 from recps.stream.plan import Pass, StreamConfig, StreamPlan, next_day
 
-__all__ = ["run_stream", "stream_work", "resume_point", "Resume", "enabled", "PassLoop", "check_stream_out", "stream_config"]
+if TYPE_CHECKING:
+    from recps.job.parts import Job
+
+__all__ = ["StreamWork", "stream_work", "resume_point", "Resume", "PassLoop", "check_stream_out"]
 
 log = logging.getLogger("recps.stream")
 
@@ -52,32 +66,26 @@ METRICS_FILE = "stream_metrics.jsonl"
 _EVAL_DEFAULT = ("auc", "logloss", "actual_ctr", "predicted_ctr", "copc")
 
 
-def enabled(cfg: DictConfig) -> bool:
-    node = cfg.get("stream")
-    return node is not None and bool(node.get("enabled", False))
+@dataclass(frozen=True)
+class StreamWork:
+    """What a stream job's worker takes, typed (recps.train builds it from the composed config).
+
+    `config`: conf `stream:`; `mode`: the PS mode (recps.config.ps_mode); `node`: the cluster's settings;
+    `build_job()`: the job (recps.job.build), called once the resume point is read: over the dataset's
+    schema with no rows (each pass brings its rows), or the rows an in-process cluster gave;
+    `shuffle`, `error_budget`: conf `dataset:`'s, how a pass's rows are read (its files are not)."""
+
+    config: StreamConfig
+    mode: Any
+    node: NodeSettings
+    build_job: Callable[[], "Job"]
+    shuffle: bool = True
+    error_budget: float = 0.01
 
 
-def stream_config(cfg: DictConfig) -> StreamConfig:
-    node = OmegaConf.to_container(cfg.stream, resolve=True)
-    return StreamConfig.from_config(node)
-
-
-def run_stream(cfg: DictConfig, out_dir: Path) -> dict[str, Any] | None:
-    """recps.train's entry with stream.enabled: launch the cluster, or be one of its processes."""
-    from recps.cluster.driver import run_distributed
-
-    if cfg.ps.name not in ("sync", "async", "geo"):
-        raise ConfigError(f"stream=hourly trains on the parameter server; ps={cfg.ps.name!r}: use ps=sync, async or geo")
-    config = stream_config(cfg)  # a bad stream key fails here, in the launcher, before any process starts
-    return run_distributed(cfg, out_dir, work=stream_work, before_launch=lambda c, mode, d: _check_out(c, config))
-
-
-def _check_out(cfg: DictConfig, config: StreamConfig) -> None:
-    """Before any process starts: the donefiles parse, the resume point is consistent, the root is there."""
-    if cfg.ps.table.get("accessor") is None:
-        raise ConfigError("stream=hourly needs the tables' CTR accessor (shows, clicks, scores: what deltas, bases "
-                          "and shrink select by); ps.table.accessor is null: drop that override (stream=hourly "
-                          "sets it) or give ps.table.accessor={...}")
+def _check_out(config: StreamConfig) -> None:
+    """Before any process starts: the donefiles parse, the resume point is consistent, the root is there
+    (the launcher checked the tables' CTR accessor: recps.train)."""
     resume = resume_point(config)
     if not config.follow and not rfs.exists(config.root):
         raise ConfigError(f"stream.root={config.root} does not exist; give the folder holding the <YYYYMMDD>/ day "
@@ -138,8 +146,6 @@ def resume_point(config: StreamConfig) -> Resume:
     """The Resume of `config.out`'s records (see the module docstring); raises ConfigError for a
     history that goes back in time or does not match the stream's passes. Records win over
     stream.start_day: a stream begun earlier goes on after its last record."""
-    from recps.job.checkpoint import is_committed
-
     plan = StreamPlan(config)
     done = Donefiles(config.out)
     records = done.models()
@@ -197,34 +203,32 @@ def resume_point(config: StreamConfig) -> Resume:
 # ------------------------------------------------------------------------------------- the worker
 
 
-def _eval_collection(cfg: DictConfig):
-    from recps.metrics import MetricCollection
-    from recps.metrics.collection import build_metric
-    from recps.metrics.reporter import ExampleCount
-
-    node = cfg.get("metrics")
-    specs: Any = node.get("metrics") if node is not None and bool(node.get("enabled", True)) else None
-    specs = OmegaConf.to_container(specs, resolve=True) if specs is not None else list(_EVAL_DEFAULT)
+def _eval_collection(metrics: dict | None):
+    """The pass's evaluation metrics: conf `metrics:`'s (resolved, JobSettings.metrics), else _EVAL_DEFAULT."""
+    specs: Any = metrics.get("metrics") if metrics is not None and bool(metrics.get("enabled", True)) else None
+    specs = specs if specs is not None else list(_EVAL_DEFAULT)
     pairs = [(str(k), dict(v or {})) for k, v in specs.items()] if isinstance(specs, dict) else [(str(m), {}) for m in specs]
     return MetricCollection([*(build_metric(name, **kw) for name, kw in pairs if name != "examples"), ExampleCount()])
 
 
 class _Loop:
-    """One worker's pass loop (see the module docstring)."""
+    """One worker's pass loop (see the module docstring).
 
-    def __init__(self, cfg: DictConfig, role, out_dir: Path, job, fleet, strategy, config: StreamConfig,
-                 resume: Resume, tables: Sequence[str]) -> None:
-        from recps.metrics.reporter import LocalMerger
-        from recps.metrics.ps_merger import PSMerger
+    `settings`: the job's (recps.job.settings: what its checkpoints record, config.yaml and the model;
+    the trainer's threads and batch sizes, the seed, conf `metrics:`); `shuffle`, `error_budget`: how a
+    pass's rows are read (StreamWork's)."""
 
-        self.cfg, self.role, self.out_dir, self.job, self.fleet = cfg, role, out_dir, job, fleet
-        self.settings = build_settings(cfg)  # what its checkpoints record (config.yaml, the model)
+    def __init__(self, settings: JobSettings, role, out_dir: Path, job, fleet, strategy, config: StreamConfig,
+                 resume: Resume, tables: Sequence[str], *, shuffle: bool = True, error_budget: float = 0.01) -> None:
+        self.role, self.out_dir, self.job, self.fleet = role, out_dir, job, fleet
+        self.settings = settings
+        self.shuffle, self.error_budget = shuffle, error_budget
         self.strategy, self.config, self.resume = strategy, config, resume
         self.plan = StreamPlan(config)
         self.done = Donefiles(config.out)
         self.tables = list(tables)
         self.sparse_tables = list(job.collection.table_dims())
-        self.threads, self.batch_size = int(cfg.trainer.threads), int(cfg.trainer.batch_size)
+        self.threads, self.batch_size = settings.trainer.threads, settings.trainer.batch_size
         self.timeout_s = max(float(strategy.mode.timeout_s), 600.0)
         self.merger = PSMerger(fleet.channel(), prefix="recps.stream.eval", timeout_s=self.timeout_s) \
             if role.num_workers > 1 else LocalMerger()
@@ -232,8 +236,8 @@ class _Loop:
         self.passes_done = resume.passes_done
         self.records: list[dict] = []
         self.tb = None
-        if role.index == 0 and cfg.get("metrics") is not None and bool(cfg.metrics.get("tensorboard", False)):
-            from torch.utils.tensorboard import SummaryWriter
+        if role.index == 0 and settings.metrics is not None and bool(settings.metrics.get("tensorboard", False)):
+            from torch.utils.tensorboard import SummaryWriter  # deferred: tensorboard is optional, asked for
 
             self.tb = SummaryWriter(log_dir=str(out_dir / "tensorboard"))
 
@@ -262,8 +266,6 @@ class _Loop:
 
     def _export(self, folder: str, mode: str, p: Pass, extra: dict | None = None) -> tuple[int, float]:
         """Servers save `mode` into `folder`, committed by its manifest; (rows, seconds)."""
-        from recps.job.checkpoint import commit_ps_checkpoint
-
         t = time.perf_counter()
         state = {"day": p.day, "pass": p.index, "mode": mode, "base_key": self.base_key, **(extra or {})}
 
@@ -284,9 +286,6 @@ class _Loop:
         return time.perf_counter() - t
 
     def _checkpoint(self, p: Pass, delta: str | None) -> float:
-        from recps.job.checkpoint import commit_ps_checkpoint
-        from recps.cluster.checkpoint import read_progress
-
         folder = _pass_folder(self.config, p)
         t = time.perf_counter()
         progress = {"steps": self.job.steps_done, "workers": read_progress(folder, self.role.num_workers),
@@ -327,8 +326,8 @@ class _Loop:
     # -- every worker ------------------------------------------------------------------------------
 
     def _share(self, p: Pass):
+        # deferred: pandas, pyarrow (the readers); the stream's launcher imports this module and never reads rows
         from recps.data.dataset import ExamplesSource
-        from recps.data.sharding import WorkerShards
         from recps.stream.source import load_share, pass_files, wait_for_splits, worker_files
 
         c = self.config
@@ -337,32 +336,28 @@ class _Loop:
         files = pass_files(folders)
         whole = self.strategy.mode.name == "sync"  # every thread of every worker takes as many steps
         mine, shard, shards = worker_files(files, self.role.index, self.role.num_workers, whole)
-        ds = self.cfg.dataset
-        examples = load_share(mine, self.job.data.schema, float(ds.get("error_budget", 0.01)))
-        source = ExamplesSource(examples, bool(ds.get("shuffle", True)), int(self.cfg.seed))
+        examples = load_share(mine, self.job.data.schema, self.error_budget)
+        source = ExamplesSource(examples, self.shuffle, self.settings.seed)
         return WorkerShards(source, shard, shards), waited, len(files)
 
     def _evaluate(self, source) -> dict[str, float]:
         """Global metrics of the current model (the servers' values) on the pass, before training."""
-        from recps.data.dataset import ExamplesSource
-        from recps.metrics.groups import update_collection
+        from recps.data.dataset import ExamplesSource  # deferred: pandas, pyarrow (as _share's)
 
-        collection = _eval_collection(self.cfg)
+        collection, t = _eval_collection(self.settings.metrics), self.settings.trainer
         mine = source.source.examples
         if source.num_workers > 1:  # sync: this worker's rows of the whole pass
-            import torch
-
             mine = mine.select(torch.arange(source.worker_index, len(mine), source.num_workers))
         if len(mine):
             with self.fleet.reading_servers():
-                probs, targets = self.job.trainer.predict(ExamplesSource(mine, False), int(self.cfg.trainer.eval_batch_size))
+                probs, targets = self.job.trainer.predict(ExamplesSource(mine, False), t.eval_batch_size)
             update_collection(collection, probs, targets, ExamplesSource(mine, False),  # gauc/pnr: groups by metrics.group_key
-                              int(self.cfg.trainer.eval_batch_size), (self.cfg.get("metrics") or {}).get("group_key"))
+                              t.eval_batch_size, self.settings.group_key)
         merged = self.merger.merge(collection)
         return {name: float(v) for name, v in merged.compute().items()}
 
     def _train(self, source) -> Any:
-        from recps.job.loop import TrainStats
+        from recps.job.loop import TrainStats  # deferred: the readers (pandas, pyarrow), as _share's
 
         per_thread = -1
         if self.strategy.mode.name == "sync":
@@ -376,8 +371,6 @@ class _Loop:
                                     thread_steps_per_epoch=per_thread, first_epoch=self.passes_done)
 
     def run(self) -> list[dict]:
-        from recps.cluster.checkpoint import write_progress
-
         r, zero = self.resume, self.role.index == 0
         if zero:
             self._clear_leftovers()
@@ -470,8 +463,6 @@ def _release_freed_memory() -> None:
     the 12th), 12 MiB with this (at most 34 above the first pass's). It takes 3-8 ms."""
     global _malloc_trim
     if _malloc_trim is None:
-        import ctypes
-
         try:
             _malloc_trim = ctypes.CDLL(None).malloc_trim
             _malloc_trim.argtypes, _malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
@@ -493,39 +484,28 @@ def _rss_mib() -> float | None:
         return None
 
 
-def stream_work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequence = ()) -> dict[str, Any] | None:
-    """A stream job's worker (recps.cluster.driver.run_role's `work`); worker 0 returns and writes metrics.json."""
-    import torch
-
-    from recps.cluster.checkpoint import load_worker_state
-    from recps.job.settings import node_settings
-    from recps.cluster.process import fleet_for, on_this_machine
+def stream_work(work: StreamWork, role, out_dir: Path, observers: Sequence = ()) -> dict[str, Any] | None:
+    """A stream job's worker (recps.train binds it to the composed config for recps.cluster.driver.run_role);
+    worker 0 returns and writes metrics.json."""
+    # deferred: the batch worker's body and the job's runner import the readers (pandas, pyarrow)
     from recps.cluster.work import STATS_TABLE, ProgressLog
-    from recps.config import ps_mode
-    from recps.data.dataset import ExamplesSource, PreparedData
-    from recps.data.reader import empty_examples
-    from recps.data.schema import Schema
-    from recps.ps.fleet import DENSE_TABLE, DistributedStrategy
-    from recps.job.build import build_job
     from recps.job.run import training_observers
 
-    config = stream_config(cfg)
+    config = work.config
     resume = resume_point(config)  # before init_worker's barrier: worker 0 appends records only after it
-    schema = Schema.from_config(cfg.dataset.schema)
-    empty = ExamplesSource(empty_examples(schema), False, int(cfg.seed))
-    job = build_job(cfg, data or PreparedData(schema, empty, empty))
+    job = work.build_job()
     job.trainer.observers = [*job.trainer.observers, *observers]
-    strategy = DistributedStrategy(ps_mode(cfg), threads=int(cfg.trainer.threads))
+    settings = job.settings
+    t = settings.trainer
+    strategy = DistributedStrategy(work.mode, threads=t.threads)
     if on_this_machine(role):
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // role.num_workers))
     manifest = None
     if resume.folder:
-        from recps.job.checkpoint import verify_ps_checkpoint
-
         manifest = verify_ps_checkpoint(resume.folder, needed=[*job.collection.table_dims(), DENSE_TABLE],
                                         worker_states=False)
         job.steps_done = resume.steps
-    with fleet_for(node_settings(cfg), role) as fleet:
+    with fleet_for(work.node, role) as fleet:
         fleet.add_collection(job.collection)
         dist = fleet.distributed_optimizer(job.optimizer, strategy)
         fleet.init_worker(load_from=resume.folder)
@@ -539,12 +519,13 @@ def stream_work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequ
         job.trainer.updater = dist.updater
         job.trainer.prefetch = strategy.mode.prefetches
         fleet.create_dense_table(STATS_TABLE, 4, mode="geo")
-        job.trainer.on_step = ProgressLog(int(cfg.trainer.batch_size), int(cfg.trainer.threads)) if role.index == 0 else None
+        job.trainer.on_step = ProgressLog(t.batch_size, t.threads) if role.index == 0 else None
         tables = [*job.collection.table_dims(), DENSE_TABLE]
         if resume.folder:
             log.info("%s resumes stream %s from %s (step %d); next pass %s", role.name, config.root, resume.folder,
                      resume.steps, resume.next.name if resume.next else "none")
-        loop = _Loop(cfg, role, out_dir, job, fleet, strategy, config, resume, tables)
+        loop = _Loop(settings, role, out_dir, job, fleet, strategy, config, resume, tables, shuffle=work.shuffle,
+                     error_budget=work.error_budget)
         cpu = time.process_time()
         with training_observers(job, out_dir, client=fleet.channel(), rank=role.index):
             records = loop.run()
@@ -562,8 +543,8 @@ def stream_work(cfg: DictConfig, role, out_dir: Path, data=None, observers: Sequ
                                               "resumed_from": resume.folder}}
         if passes and passes[-1].get("eval"):
             metrics.update(passes[-1]["eval"])  # the last pass's before-training metrics: the objective
-        metrics.update(model=str(cfg.model._target_), ps=str(cfg.ps.name), servers=role.num_servers,
-                       workers=role.num_workers, threads=int(cfg.trainer.threads),
+        metrics.update(model=settings.model_target, ps=settings.ps, servers=role.num_servers,
+                       workers=role.num_workers, threads=t.threads,
                        train_examples=int(total_examples), examples_per_sec=total_rate, worker_cpu_seconds=total_cpu,
                        train_steps=sum(r["steps"] for r in passes), train_seconds=seconds)
         rfs.write_atomic(str(out_dir / "metrics.json"),

@@ -140,7 +140,7 @@ def ppmi_svd_vectors(corpus: Corpus, vocab_size: int, window: int = 5, dim: int 
     """The count-based baseline: PPMI of window co-occurrences, context counts smoothed by `alpha`,
     truncated SVD (randomized, Halko et al.), rows U·sqrt(Σ) (Levy, Goldberg & Dagan 2015,
     https://aclanthology.org/Q15-1016). Returns (V, dim) float32. Needs scipy and scikit-learn."""
-    from scipy import sparse as sp
+    from scipy import sparse as sp  # deferred: scipy, scikit-learn; only the count-based baseline needs them
     from sklearn.utils.extmath import randomized_svd
 
     tokens = corpus.tokens.numpy()

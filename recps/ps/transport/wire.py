@@ -59,6 +59,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 import torch
+import zmq
 
 from recps.errors import ConfigError, PSError
 
@@ -350,8 +351,6 @@ def recv(sock, flags: int = 0, envelope: int = 0) -> list:
     """One message from a ZeroMQ socket: the first `envelope` + 1 frames (a ROUTER's identity, the
     head) as bytes, the tensor frames as zmq.Frames (no copy). Copying the small frames saves a
     GIL release per frame (a zmq.Frame lets go of the GIL when it is freed)."""
-    import zmq  # deferred: the wire format itself does not need ZeroMQ; only this helper does
-
     more = int(zmq.RCVMORE)
     frames = [sock.recv(flags, copy=True)]
     while len(frames) <= envelope and sock.get(more):

@@ -36,15 +36,24 @@ import json
 import logging
 import math
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from recps import fs as rfs
-from recps.errors import ConfigError
+from recps.data.dataset import ExamplesSource
+from recps.data.sharding import WorkerShards
+from recps.errors import ConfigError, PSTimeoutError
+from recps.job.build import seed_everything
+from recps.job.loop import Trainer, dense_parameters
+from recps.job.settings import node_settings
+from recps.metrics.ps_merger import PSMerger
+from recps.ps.fleet import DistributedStrategy
 from recps.pipeline.stages import (StageSpec, check_data, pipeline_specs, refresh_epochs, schedule,
                                   validation_fraction)
 from recps.pipeline.data import (HISTORY_FEATURES, FunnelData, ValidationPeriod, load_world, pair_examples,
@@ -63,7 +72,7 @@ _EVAL_TIMEOUT_S = 3600.0  # how long a worker waits for the others' evaluation o
 def run_pipeline(cfg: DictConfig, out_dir: Path) -> float:
     """recps.pipeline.run_pipeline's entry with pipeline != none and no stream: launch the cluster (or be one of its processes), then
     print and write the funnel's metrics; returns pipeline.objective (NaN in the cluster's processes)."""
-    from recps.cluster.driver import run_distributed
+    from recps.cluster.driver import run_distributed  # deferred: the cluster layer sits beside the pipeline, not below
 
     if cfg.ps.name not in ("sync", "async", "geo"):
         raise ConfigError(f"pipeline={cfg.pipeline.name} trains on the parameter server; ps={cfg.ps.name!r}: "
@@ -149,12 +158,6 @@ def training_examples(spec: StageSpec, specs, data: FunnelData, funnel: Funnel |
 
 def _train_stage(fleet, spec: StageSpec, model, collection, examples, role, timeout_s: float,
                  phase: str = "") -> dict[str, Any]:
-    from hydra.utils import instantiate
-
-    from recps.data.dataset import ExamplesSource
-    from recps.data.sharding import WorkerShards
-    from recps.job.loop import Trainer, dense_parameters
-
     task_cfg = OmegaConf.to_container(spec.task, resolve=True)
     task_cfg.pop("objective", None)
     task = instantiate(task_cfg, _convert_="all")
@@ -193,10 +196,6 @@ def _concurrently(jobs: dict, role, timeout_s: float) -> dict[str, dict[str, Any
     so the workers cannot be split among stages). Each result gets its wall-clock `started`/`finished`
     (time.time()). The first failure is raised once every thread ended; a thread still running after
     `timeout_s` raises PSTimeoutError naming its stage."""
-    import threading
-
-    from recps.errors import PSTimeoutError
-
     results: dict[str, dict[str, Any]] = {}
     errors: list[tuple[str, BaseException]] = []
 
@@ -255,10 +254,7 @@ def _index(cfg, s: StageSpec, stages: dict, world, role, export_dir: str, traine
 
 def funnel_work(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -> dict[str, Any] | None:
     """A worker of the funnel job; see the module docstring. Worker 0 returns the metrics."""
-    from recps.job.settings import node_settings
-    from recps.cluster.process import fleet_for, on_this_machine
-    from recps.ps.fleet import DistributedStrategy
-    from recps.job.build import seed_everything
+    from recps.cluster.process import fleet_for, on_this_machine  # deferred: as run_distributed, a sibling layer
 
     specs = pipeline_specs(cfg)
     world = data if isinstance(data, FunnelData) else load_world(cfg)
@@ -313,7 +309,6 @@ def funnel_work(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -
         fleet.close_communicators()  # every stage trained: what is queued goes out, the threads stop
         tables = {s.name: {t: fleet.table_mode(t) for t in [*collections[s.name].table_dims(),
                                                                           f"{s.name}_dense"]} for s in specs}
-        from recps.metrics.ps_merger import PSMerger
 
         # every worker evaluates its share of the held-out requests; the tallies merge through the servers
         merger = PSMerger(fleet.channel(), prefix="pipeline.eval", timeout_s=max(timeout_s, _EVAL_TIMEOUT_S))

@@ -76,6 +76,7 @@ __all__ = [
     "FEATURES",
     "RATINGS_LAYOUT",
     "MOVIES_LAYOUT",
+    "read_catalogue",
     "read_ratings",
     "read_movies",
     "InteractionLog",
@@ -295,11 +296,17 @@ def read_ratings(path: str | os.PathLike, layout: Mapping[str, Any] | None = Non
     return out
 
 
-def read_movies(path: str | os.PathLike, layout: Mapping[str, Any] | None = None, where: str = "dataset",
-                ids_only: bool = False) -> pd.DataFrame:
+def read_movies(path: str | os.PathLike, layout: Mapping[str, Any] | None = None, where: str = "dataset"
+                ) -> pd.DataFrame:
     """An item-features file laid out as `layout` says (<where>.movies_layout; None: movies.csv's)
-    as one row per (item, genre): columns movieId (int64) and genre (str); or every item id of the
-    file instead (`ids_only`: one column movieId, genre or not). `where`: as read_ratings'."""
+    as one row per (item, genre): columns movieId (int64) and genre (str). `where`: as read_ratings'."""
+    return read_catalogue(path, layout, where)[1]
+
+
+def read_catalogue(path: str | os.PathLike, layout: Mapping[str, Any] | None = None, where: str = "dataset"
+                   ) -> tuple[np.ndarray, pd.DataFrame]:
+    """An item-features file read once: (every item id of the file (F,) int64, with a genre or not;
+    `read_movies`' (item, genre) rows)."""
     key = f"{where}.movies_layout"
     layout = _layout(layout, MOVIES_LAYOUT, key, str(path))
     flags, joined = layout["genre_columns"], layout["genres_key"]
@@ -317,9 +324,6 @@ def read_movies(path: str | os.PathLike, layout: Mapping[str, Any] | None = None
         wanted.update({f"genre_columns[{i}]": str(c) for i, c in enumerate(flags)})
     else:
         wanted["genres_key"] = str(joined)
-    if ids_only:
-        frame = _read_columns(path, layout, {"item_key": wanted["item_key"]}, key)
-        return pd.DataFrame({"movieId": _integers(frame, "item_key", wanted["item_key"], key, str(path))})
     frame = _read_columns(path, layout, wanted, key)
     items = _integers(frame, "item_key", wanted["item_key"], key, str(path))
     if flags is None:
@@ -329,8 +333,8 @@ def read_movies(path: str | os.PathLike, layout: Mapping[str, Any] | None = None
         names = frame["genres_key"].fillna("").astype(str).str.split(sep, regex=False)
         pairs = pd.DataFrame({"movieId": items, "genre": names}).explode("genre")
         pairs = pairs[(pairs["genre"].str.len() > 0) & (pairs["genre"] != _NO_GENRE)]
-        return pd.DataFrame({"movieId": pairs["movieId"].to_numpy(np.int64),
-                             "genre": pairs["genre"].to_numpy(str)})
+        return items, pd.DataFrame({"movieId": pairs["movieId"].to_numpy(np.int64),
+                                    "genre": pairs["genre"].to_numpy(str)})
     names = [f"genre_columns[{i}]" for i in range(len(flags))]
     marks = frame[names].apply(pd.to_numeric, errors="coerce").to_numpy(np.float64, na_value=np.nan)  # (C, G)
     bad = ~np.isin(marks, (0.0, 1.0))
@@ -338,9 +342,9 @@ def read_movies(path: str | os.PathLike, layout: Mapping[str, Any] | None = None
         row, col = (int(x[0]) for x in np.nonzero(bad))
         raise DataError(f"{path}: genre flag column {flags[col]!r} ({key}.genre_columns) holds "
                         f"{frame[names[col]].iloc[row]!r} in data row {row + 1}; flags are 0 or 1: check "
-                        "{key}.columns / separator")
+                        f"{key}.columns / separator")
     row, col = np.nonzero(marks == 1.0)  # (P,) each: an item row and one of its genres
-    return pd.DataFrame({"movieId": items[row], "genre": np.asarray(flags, dtype=str)[col]})
+    return items, pd.DataFrame({"movieId": items[row], "genre": np.asarray(flags, dtype=str)[col]})
 
 
 def _genres(movies: pd.DataFrame, item_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:

@@ -42,13 +42,13 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from recps.data.generators.video_world import VideoWorldConfig, ensure_world, load
-from recps.data.interactions import read_movies, read_ratings
+from recps.data.interactions import read_catalogue, read_ratings
 from recps.data.reader import Examples
 from recps.errors import ConfigError, DataError
 from recps.targets import check_target_args
 
 __all__ = ["FunnelData", "Csr", "History", "HISTORY_FEATURES", "HELD_OUT", "movielens", "video_world", "pair_examples",
-           "csr_from_pairs", "exposure_bucket", "load_world", "ValidationPeriod", "validation_period"]
+           "csr_from_pairs", "exposure_bucket", "latest_share", "load_world", "ValidationPeriod", "validation_period"]
 
 HISTORY_FEATURES = ("history_item_id", "history_category", "history_click", "history_long_view")
 HELD_OUT = torch.iinfo(torch.int64).max  # the time of a held-out request: after every training exposure
@@ -269,6 +269,19 @@ class ValidationPeriod:
     fraction: float
 
 
+def latest_share(users: np.ndarray | torch.Tensor, fraction: float, spare_one: bool = True) -> np.ndarray:
+    """(N,) bool: each user's latest floor(count x fraction) rows, at least one (with `spare_one`, never all
+    of a user's rows), for rows grouped by user in time order: the one split of the held-out ratings, the
+    validation period and EASE's validation rows."""
+    users = np.asarray(users, dtype=np.int64)  # (N,)
+    counts = np.bincount(users)  # (U,)
+    position = np.arange(users.size) - (np.cumsum(counts) - counts)[users]  # (N,) rank in the user's time order
+    held = np.maximum(1, np.floor(counts * float(fraction)).astype(np.int64))  # (U,)
+    if spare_one:
+        held = np.minimum(held, counts - 1)
+    return position >= (counts - held)[users]
+
+
 def validation_period(data: FunnelData, fraction: float) -> ValidationPeriod:
     """Each user's latest `fraction` of training exposures (at least one, never all of them; in time order,
     ties in the data's row order) becomes the validation period; the held-out requests are never read."""
@@ -278,14 +291,8 @@ def validation_period(data: FunnelData, fraction: float) -> ValidationPeriod:
     n = int(data.train_user.numel())
     times = data.train_time if data.train_time is not None else torch.arange(n)
     order = torch.from_numpy(np.lexsort((np.arange(n), times.numpy(), data.train_user.numpy())))  # (N,)
-    users = data.train_user[order]
-    counts = torch.bincount(users, minlength=data.num_users)  # (U,)
-    starts = torch.cumsum(counts, 0) - counts
-    position = torch.arange(n) - starts[users]  # (N,) rank in the user's time order
-    held = torch.minimum((counts.to(torch.float64) * float(fraction)).floor().to(torch.int64).clamp(min=1),
-                         (counts - 1).clamp(min=0))  # (U,)
     latest = torch.zeros(n, dtype=torch.bool)
-    latest[order] = position >= (counts - held)[users]  # (N,) in the data's row order
+    latest[order] = torch.from_numpy(latest_share(data.train_user[order], fraction))  # (N,) in the data's row order
     fit_rows, period_rows = (~latest).nonzero().squeeze(1), latest.nonzero().squeeze(1)
     p_user, p_item, p_labels = data.train_user[period_rows], data.train_item[period_rows], data.train_labels[period_rows]
     requests = torch.unique(p_user[p_labels[:, 0] > 0])  # (R,) users with a click in the period
@@ -304,7 +311,6 @@ def validation_period(data: FunnelData, fraction: float) -> ValidationPeriod:
         train_user=f_user, train_item=f_item, train_labels=data.train_labels[fit_rows],
         seen=csr_from_pairs(f_user, f_item, data.num_users), test_users=requests,
         test_positives=period_csr(p_labels[:, 0] > 0), label_names=data.label_names,
-        test_shown=period_csr(torch.ones_like(p_user, dtype=torch.bool)),
         train_time=None if data.train_time is None else data.train_time[fit_rows], history_length=data.history_length)
     labels = tuple(period_csr(p_labels[:, j] > 0) for j in range(p_labels.shape[1]))
     log.info("validation period: each user's latest %.0f%% of training exposures, %d rows, %d requests (%d clicks); "
@@ -364,7 +370,7 @@ def movielens(ratings: str, movies: str, test_fraction: float = 0.2, click_ratin
     if not 0.0 < float(test_fraction) < 1.0:
         raise ConfigError(f"pipeline.world.test_fraction={test_fraction}; use a value in (0, 1)")
     frame = read_ratings(ratings, ratings_layout, where="pipeline.world")
-    genres = read_movies(movies, movies_layout, where="pipeline.world")
+    listed, genres = read_catalogue(movies, movies_layout, where="pipeline.world")
     raw_user = frame["userId"].to_numpy(np.int64)
     if max_users:
         keep = raw_user <= np.unique(raw_user)[: int(max_users)].max()
@@ -373,7 +379,6 @@ def movielens(ratings: str, movies: str, test_fraction: float = 0.2, click_ratin
     user_ids, user = np.unique(raw_user, return_inverse=True)
     # The catalogue: every movie of the movies file (rated or not, with genres or "(no genres listed)"), so
     # recall retrieves over all of them; a rating of a movie the movies file lacks adds it.
-    listed = read_movies(movies, movies_layout, where="pipeline.world", ids_only=True)["movieId"].to_numpy(np.int64)
     rated = frame["movieId"].to_numpy(np.int64)
     item_ids = np.union1d(listed, rated)
     item = np.searchsorted(item_ids, rated)
@@ -381,18 +386,10 @@ def movielens(ratings: str, movies: str, test_fraction: float = 0.2, click_ratin
     stamp = frame["timestamp"].to_numpy(np.int64)
     order = np.lexsort((stamp, user))  # the split's order (ties: file order); History sorts (user, time, item)
     user, item, rating, stamp = user[order], item[order], rating[order], stamp[order]
-    counts = np.bincount(user, minlength=user_ids.size)  # (U,)
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    position = np.arange(user.size) - starts[user]  # (N,) rank in the user's time order
-    held = np.maximum(1, np.floor(counts * float(test_fraction)).astype(np.int64))  # (U,)
-    is_test = position >= (counts - held)[user]
+    is_test = latest_share(user, test_fraction, spare_one=False)  # a one-rating user is held out whole
     if tune:  # the test ratings go; the training ratings are split again the same way
         user, item, rating, stamp = user[~is_test], item[~is_test], rating[~is_test], stamp[~is_test]
-        counts = np.bincount(user, minlength=user_ids.size)
-        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        position = np.arange(user.size) - starts[user]
-        held = np.maximum(1, np.floor(counts * float(test_fraction)).astype(np.int64))
-        is_test = position >= (counts - held)[user]
+        is_test = latest_share(user, test_fraction, spare_one=False)
     # Category: the first genre (in name order) of each item; items without one: category 0.
     first = genres.sort_values(["movieId", "genre"]).drop_duplicates("movieId")
     names, genre_index = np.unique(first["genre"].to_numpy(str), return_inverse=True)

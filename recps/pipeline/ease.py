@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from recps.errors import ConfigError, DataError
+from recps.pipeline.data import latest_share
 
 __all__ = ["EASE", "choose_l2", "holdout_latest", "ndcg_at_k", "pairs"]
 
@@ -162,12 +163,7 @@ def holdout_latest(users: Any, items: Any, fraction: float, keep: Any = None) ->
     users, items = pairs((users, items))
     if users.numel() and bool((users.diff() < 0).any()):
         raise DataError("EASE: holdout_latest needs rows grouped by user in time order (sorted by user)")
-    counts = torch.bincount(users, minlength=int(users.max()) + 1 if users.numel() else 0)  # (U,)
-    starts = torch.cumsum(counts, 0) - counts  # (U,)
-    position = torch.arange(users.numel()) - starts[users]  # (V,) rank in the user's time order
-    held = (counts.to(torch.float64) * float(fraction)).floor().to(torch.int64).clamp(min=1)  # (U,)
-    held = torch.minimum(held, counts - 1)  # a user keeps at least one earlier row
-    latest = position >= (counts - held)[users]  # (V,)
+    latest = torch.from_numpy(latest_share(users, fraction))  # (V,) a user keeps at least one earlier row
     chosen = latest if keep is None else latest & torch.as_tensor(np.asarray(keep), dtype=torch.bool)
     return (users[~latest], items[~latest]), (users[chosen], items[chosen])
 

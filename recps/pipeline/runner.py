@@ -241,14 +241,16 @@ def _export(s: StageSpec, specs, fleet, models, collections, world, role, export
     stages[s.name] = load_stage(s, blob)
 
 
-def _index(cfg, s: StageSpec, stages: dict, world, role, export_dir: str, trained: dict):
-    """The recall stage's item vectors -> the item index (worker 0 writes <run dir>/funnel/items.ann)."""
+def _index(cfg, s: StageSpec, stages: dict, world, role=None, export_dir: str = "", trained: dict | None = None):
+    """The recall stage's item vectors over `world`'s item features -> the item index. With `role`, the index
+    the funnel serves: timed into `trained`, and worker 0 writes it to <export_dir>/items.ann."""
     t = time.perf_counter()
     vectors = stages[s.name].vectors(world, items=torch.arange(world.num_items))  # (I, E)
     index = build_index(vectors, OmegaConf.to_container(cfg.pipeline.index, resolve=True))
-    trained[s.name]["index_seconds"] = time.perf_counter() - t
-    if role.index == 0:
-        index.save(rfs.join(export_dir, "items.ann"), overwrite=True)
+    if role is not None:
+        trained[s.name]["index_seconds"] = time.perf_counter() - t
+        if role.index == 0:
+            index.save(rfs.join(export_dir, "items.ann"), overwrite=True)
     return index
 
 
@@ -295,8 +297,7 @@ def funnel_work(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -
                 if s.is_retrieval:
                     index = train_index = _index(cfg, s, stages, world, role, export_dir, trained)
                     if period is not None:  # the training funnel retrieves over the period's item features
-                        vectors = stages[s.name].vectors(train_world, items=torch.arange(train_world.num_items))
-                        train_index = build_index(vectors, OmegaConf.to_container(cfg.pipeline.index, resolve=True))
+                        train_index = _index(cfg, s, stages, train_world)
         for s in (x for x in specs if x.name in refresh):  # trained on the period's past: now on all of it
             t = time.perf_counter()
             again = dataclasses.replace(s, epochs=refresh[s.name])

@@ -325,6 +325,11 @@ def pipeline_specs(cfg: DictConfig) -> list[StageSpec]:
     return specs
 
 
+def _streaming(cfg: DictConfig) -> bool:
+    """Whether the run is a streaming funnel (stream.enabled)."""
+    return bool((cfg.get("stream") or {}).get("enabled", False))
+
+
 def validation_fraction(cfg: DictConfig, specs: list[StageSpec]) -> float | None:
     """pipeline.validation_fraction when a stage trains on `validation` (then required, in (0, 1)), else None.
     With a validation stage every stage trains on the earlier part of the training data (the period is what
@@ -332,10 +337,10 @@ def validation_fraction(cfg: DictConfig, specs: list[StageSpec]) -> float | None
     `pipeline.refresh` ({stage: epochs}) is checked too (`refresh_epochs`)."""
     users = [s.name for s in specs if "validation" in s.train_on]
     value = cfg.pipeline.get("validation_fraction")
-    refresh_epochs(cfg, specs, users)
+    refresh_epochs(cfg, specs)
     if not users:
         return None
-    if bool(((cfg.get("stream") or {}) or {}).get("enabled", False)):
+    if _streaming(cfg):
         raise ConfigError(f"pipeline.stages.{users[0]}.inputs.train_on names validation, which a streaming funnel "
                           "does not have (each pass trains on what arrived); use [exposures, candidates] there")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < float(value) < 1.0:
@@ -345,16 +350,14 @@ def validation_fraction(cfg: DictConfig, specs: list[StageSpec]) -> float | None
     return float(value)
 
 
-def refresh_epochs(cfg: DictConfig, specs: list[StageSpec], validation_stages: list[str] | None = None
-                   ) -> dict[str, int]:
+def refresh_epochs(cfg: DictConfig, specs: list[StageSpec]) -> dict[str, int]:
     """pipeline.refresh: {stage: epochs}, the stages trained again on ALL training data for that many epochs
     once every stage is trained (a funnel with a validation stage trains the others on the period's past
     first: refreshed, their users' latest exposures count too). Only stages that do not train on
     `validation`, and only when one does. {} when unset."""
     node = cfg.pipeline.get("refresh")
     plain = _plain(node) if node is not None else {}
-    if validation_stages is None:
-        validation_stages = [s.name for s in specs if "validation" in s.train_on]
+    validation_stages = [s.name for s in specs if "validation" in s.train_on]
     if not plain:
         return {}
     names = {s.name: s for s in specs}
@@ -431,8 +434,7 @@ def ease_settings(cfg: DictConfig) -> dict[str, Any] | None:
     out = {**EASE_DEFAULTS, **given}
     if not out["enabled"]:
         return None
-    streaming = bool(((cfg.get("stream") or {}) or {}).get("enabled", False))
-    if streaming and not out["in_stream"]:
+    if _streaming(cfg) and not out["in_stream"]:
         return None
     grid = [float(v) for v in (out["grid"] or ())]
     if not grid or any(not v > 0 for v in grid):
@@ -458,8 +460,7 @@ def sasrec_baseline(cfg: DictConfig) -> dict[str, Any] | None:
         return None
     given = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
     out = sasrec_settings(given)
-    streaming = bool(((cfg.get("stream") or {}) or {}).get("enabled", False))
-    return out if out["enabled"] and not streaming else None
+    return out if out["enabled"] and not _streaming(cfg) else None
 
 
 def check_data(specs: list[StageSpec], data) -> None:

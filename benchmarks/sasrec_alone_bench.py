@@ -4,7 +4,7 @@
 
 Loads `recps.pipeline.data.movielens` (test_fraction 0.2, click_rating 4.0: the funnel's split), fits
 SASRec alone (recps.pipeline.sasrec_alone, SASREC_DEFAULTS updated by --set) and EASE
-(recps.pipeline.held_out.fit_ease, EASE_DEFAULTS), both with their choices made on the training data's
+(recps.pipeline.ease.fit_ease, EASE_DEFAULTS), both with their choices made on the training data's
 validation split, and scores every held-out request with them and with most-popular
 (recps.pipeline.held_out.most_popular: training clicks, seen items excluded). NDCG@10 and HR@10 are
 recps.metrics.funnel's, over the requests with a positive, as recps.pipeline.held_out reports them.
@@ -25,7 +25,8 @@ import yaml
 from recps.config import PROJECT_ROOT
 from recps.metrics import funnel as fm
 from recps.pipeline.data import movielens
-from recps.pipeline.held_out import fit_ease, most_popular
+from recps.pipeline.ease import fit_ease
+from recps.pipeline.held_out import most_popular
 from recps.pipeline.sasrec_alone import fit_sasrec
 from recps.pipeline.stages import EASE_DEFAULTS
 

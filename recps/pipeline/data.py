@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
-import pandas as pd
 import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
@@ -44,7 +43,7 @@ from omegaconf import OmegaConf
 from recps.data.generators.video_world import VideoWorldConfig, ensure_world, load
 from recps.data.interactions import read_catalogue, read_ratings
 from recps.data.reader import Examples
-from recps.errors import ConfigError, DataError
+from recps.errors import ConfigError
 from recps.targets import check_target_args
 
 __all__ = ["FunnelData", "Csr", "History", "HISTORY_FEATURES", "HELD_OUT", "movielens", "video_world", "pair_examples",

@@ -34,16 +34,22 @@ Example:
 
 from __future__ import annotations
 
+import io
+import logging
 import math
+import time
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 
 from recps.errors import ConfigError, DataError
-from recps.pipeline.data import latest_share
+from recps.pipeline.data import Csr, FunnelData, csr_from_pairs, latest_share
 
-__all__ = ["EASE", "choose_l2", "holdout_latest", "ndcg_at_k", "pairs"]
+__all__ = ["EASE", "EaseBaseline", "choose_l2", "fit_ease", "holdout_latest", "ndcg_at_k", "pairs"]
+
+log = logging.getLogger("recps.pipeline")
 
 
 def pairs(interactions: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -193,3 +199,101 @@ def choose_l2(train: Any, validation: Any, n_items: int, grid: Sequence[float], 
     best = max(results, key=lambda v: (results[v], -v))
     return best, results
 
+
+@dataclass
+class EaseBaseline:
+    """EASE fitted on a funnel's training interactions (`fit_ease`) over the items they touch (at most
+    max_items, the most interacted), numbered 0..T-1 (`items`: their funnel item ids (T,)); `history`
+    holds each user's interactions in those numbers (its query row)."""
+
+    model: EASE
+    items: torch.Tensor  # (T,) funnel item id of each modelled item
+    history: Csr  # over users: the modelled items each user interacted with (0..T-1)
+    l2: float
+    validation: dict[float, float]
+    seconds: float
+
+    def lists(self, data: FunnelData, users: torch.Tensor, n: int) -> torch.Tensor:
+        """(B, n) each user's top n by EASE (funnel item ids), training-seen items excluded (-1 pads)."""
+        rows = self.history.rows(users)
+        x = torch.zeros(users.numel(), self.model.n_items, dtype=self.model.weights.dtype)  # (B, T)
+        x[rows.row_ids(), rows.items] = 1.0
+        seen = data.seen.rows(users)
+        local = torch.full((data.num_items,), -1, dtype=torch.int64)
+        local[self.items] = torch.arange(self.items.numel())
+        seen_local = local[seen.items]  # (V,) -1: an item EASE does not model (never listed anyway)
+        modelled = seen_local >= 0
+        top = self.model.recommend(x, n, exclude=(seen.row_ids()[modelled], seen_local[modelled]))  # (B, n)
+        out = torch.where(top >= 0, self.items[top.clamp(min=0)], torch.full_like(top, -1))
+        if out.shape[1] < n:
+            out = torch.cat([out, torch.full((out.shape[0], n - out.shape[1]), -1, dtype=out.dtype)], 1)
+        return out
+
+    def to_bytes(self) -> bytes:
+        """The fitted model as the bytes of a torch file (`from_bytes` reads it back)."""
+        buf = io.BytesIO()
+        torch.save({"weights": self.model.weights, "l2": self.l2, "items": self.items, "offsets": self.history.offsets,
+                    "history": self.history.items, "validation": self.validation, "seconds": self.seconds}, buf)
+        return buf.getvalue()
+
+    @classmethod
+    def from_bytes(cls, blob: bytes) -> "EaseBaseline":
+        saved = torch.load(io.BytesIO(blob), weights_only=True)
+        return cls(EASE(saved["weights"], saved["l2"]), saved["items"], Csr(saved["offsets"], saved["history"]),
+                   saved["l2"], saved["validation"], saved["seconds"])
+
+    def pair_scores(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        """(N,) float32 X_u B[:, i] of pairs (users (N,), items (N,) funnel ids): how strongly the user's
+        interactions point at the item (0 for an item EASE does not model)."""
+        out = torch.zeros(users.numel(), dtype=torch.float32)
+        if not items.numel():
+            return out
+        local = torch.full((max(int(self.items.max()), int(items.max())) + 1,), -1, dtype=torch.int64)
+        local[self.items] = torch.arange(self.items.numel())
+        col = local[items]  # (N,) EASE's number of each item, -1: not modelled
+        ok = col >= 0
+        who, row = torch.unique(users[ok], return_inverse=True)  # (Ub,), (N',)
+        which, slot = torch.unique(col[ok], return_inverse=True)  # (Ib,), (N',)
+        hist = self.history.rows(who)
+        x = torch.zeros(who.numel(), self.model.n_items, dtype=self.model.weights.dtype)  # (Ub, T)
+        x[hist.row_ids(), hist.items] = 1.0
+        scores = x @ self.model.weights[:, which]  # (Ub, Ib)
+        out[ok] = scores[row, slot].to(torch.float32)
+        return out
+
+
+def fit_ease(data: FunnelData, settings: dict[str, Any], k: int) -> EaseBaseline:
+    """EASE on data's training interactions: λ chosen on each user's latest validation_fraction of them
+    (rows in each user's time order: train_time when the data has it, else the data's row order), then
+    fitted on all of them. The held-out requests are never read."""
+    start = time.perf_counter()
+    dtype = getattr(torch, settings["dtype"])
+    users, items = data.train_user, data.train_item
+    keep = data.train_labels[:, 0] > 0  # the validation positives: clicks (MovieLens: rating >= click_rating)
+    times = getattr(data, "train_time", None)
+    if settings["interactions"] == "clicks":
+        users, items, times = users[keep], items[keep], (times[keep] if times is not None else None)
+        keep = keep[keep]
+    counts = torch.bincount(items, minlength=data.num_items)  # (I,)
+    modelled = torch.argsort(counts, descending=True, stable=True)[: min(int(settings["max_items"]),
+                                                                          int((counts > 0).sum()))]
+    modelled = torch.sort(modelled).values  # (T,) funnel ids of the modelled items
+    local = torch.full((data.num_items,), -1, dtype=torch.int64)
+    local[modelled] = torch.arange(modelled.numel())
+    inside = local[items] >= 0
+    users, items, keep = users[inside], local[items[inside]], keep[inside]
+    times = times[inside] if times is not None else None
+    if times is not None:  # each user's rows in time order (ties: the data's order)
+        order = torch.from_numpy(np.lexsort((np.arange(users.numel()), times.numpy(), users.numpy())))
+    else:
+        order = torch.argsort(users, stable=True)
+    users, items, keep = users[order], items[order], keep[order]
+    t = int(modelled.numel())
+    train, validation = holdout_latest(users, items, float(settings["validation_fraction"]), keep=keep)
+    l2, grid = choose_l2(train, validation, t, settings["grid"], k=k, dtype=dtype)
+    model = EASE.fit((users, items), t, l2, dtype=dtype)
+    history = csr_from_pairs(users, items, data.num_users)
+    seconds = time.perf_counter() - start
+    log.info("EASE baseline: l2 %g chosen on the training data's validation split (ndcg@%d %s), %d items, %.1f s",
+             l2, k, {v: round(x, 4) for v, x in grid.items()}, t, seconds)
+    return EaseBaseline(model, modelled, history, l2, grid, seconds)

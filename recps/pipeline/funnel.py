@@ -34,7 +34,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 from recps import fs as rfs
 from recps.config import MODEL_ENGINE_KEYS
 from recps.errors import DataError, PSError
-from recps.pipeline.stages import StageSpec
+from recps.pipeline.stages import ITEM_CF, StageSpec
 from recps.pipeline.data import HISTORY_FEATURES, Csr, FunnelData, pair_examples
 from recps.ps.embedding import PSEmbeddingBagCollection, PSEmbeddingCollection
 from recps.ps.fleet import ReadsServers
@@ -45,6 +45,7 @@ __all__ = ["Snapshot", "SharedBagCollection", "StageModel", "Funnel", "FunnelRes
 log = logging.getLogger("recps.pipeline")
 
 EXPORT_DIR = "funnel"  # <run dir>/funnel/<stage>.pt, <run dir>/funnel/items.ann
+ITEM_CF_EXPORT = "item_cf.pt"  # <run dir>/funnel/item_cf.pt: the EASE a stage's item_cf score reads (if one does)
 PAIRS_PER_CALL = 131072  # (user, item) pairs a stage model scores at a time
 EXPORT_ROWS = 65536  # keys per feature pulled at a time by an export
 
@@ -174,9 +175,9 @@ class SharedBagCollection(torch.nn.Module):
 
 
 def dense_width(spec: StageSpec, specs: Sequence[StageSpec]) -> int:
-    """I: the stage's dense inputs, one column per output of each stage in its `scores`."""
+    """I: the stage's dense inputs, one column per output of each stage in its `scores` (item_cf: one)."""
     by_name = {s.name: s for s in specs}
-    return sum(outputs_of(by_name[s]) for s in spec.scores)
+    return sum(1 if s == ITEM_CF else outputs_of(by_name[s]) for s in spec.scores)
 
 
 def outputs_of(spec: StageSpec) -> int:
@@ -409,11 +410,29 @@ class Funnel:
     """The stages in order over one data set: `run(users)` sends users through them (see the module doc).
 
     `stages`: StageModel by name (a prefix of `specs` may be given: `run` stops at the last one present);
-    `index`: the recall stage's ItemIndex over the item vectors."""
+    `index`: the recall stage's ItemIndex over the item vectors; `item_cf`: EASE fitted on `data`'s training
+    rows (recps.pipeline.ease.EaseBaseline), for the stages whose scores read item_cf."""
 
-    def __init__(self, specs: Sequence[StageSpec], stages: dict[str, StageModel], index, data: FunnelData) -> None:
+    def __init__(self, specs: Sequence[StageSpec], stages: dict[str, StageModel], index, data: FunnelData,
+                 item_cf: Any = None) -> None:
         self.specs = [s for s in specs if s.name in stages]
-        self.stages, self.index, self.data = stages, index, data
+        self.stages, self.index, self.data, self.item_cf = stages, index, data, item_cf
+
+    def dense_inputs(self, spec: StageSpec, users: torch.Tensor, items: torch.Tensor,
+                     times: torch.Tensor | None = None) -> torch.Tensor:
+        """(N, I) what a stage with `scores` reads of pairs: each `scores` stage's probabilities as logits
+        (`score_inputs`; its own `scores` in turn), item_cf's score as it is."""
+        by_name = {x.name: x for x in self.specs}
+        dense = torch.cat([self._item_cf(spec, users, items).unsqueeze(1) if s == ITEM_CF
+                           else score_inputs(self.score_pairs(by_name[s], users, items, times=times)[0])
+                           for s in spec.scores], 1)  # (N, I)
+        return per_request(dense, users) if spec.score_norm == "request" else dense
+
+    def _item_cf(self, spec: StageSpec, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        if self.item_cf is None:
+            raise DataError(f"pipeline.stages.{spec.name}.inputs.scores reads {ITEM_CF}, but this funnel has no "
+                            "EASE fitted on its data; build the Funnel with item_cf=recps.pipeline.ease.fit_ease(...)")
+        return self.item_cf.pair_scores(users, items)  # (N,)
 
     def seen_of(self, users: torch.Tensor):
         from recps.pipeline.ann import Seen  # deferred: faiss, only where the recall index is built or read
@@ -428,16 +447,14 @@ class Funnel:
         stages' probabilities of the same pairs as its dense inputs (`dense` (N, I) when the caller has them).
         `times` (N,): the pairs' times, as of which history features are read (training rows: their
         exposure's time, never later; None: the held-out request's, the whole training history)."""
+        if spec.scores and dense is None:  # before any chunking: a request's candidates are normalised together
+            dense = self.dense_inputs(spec, users, items, times)
         if users.numel() > PAIRS_PER_CALL:  # bounded memory: the pairs in chunks
             cut = lambda x, i: None if x is None else x[i:i + PAIRS_PER_CALL]  # noqa: E731
             parts = [self.score_pairs(spec, users[i:i + PAIRS_PER_CALL], items[i:i + PAIRS_PER_CALL],
                                       cut(dense, i), cut(times, i))
                      for i in range(0, users.numel(), PAIRS_PER_CALL)]
             return torch.cat([p for p, _ in parts]), torch.cat([r for _, r in parts])
-        if spec.scores and dense is None:  # each `scores` stage's probabilities (its own `scores` too, in turn)
-            by_name = {x.name: x for x in self.specs}
-            dense = score_inputs(torch.cat([self.score_pairs(by_name[s], users, items, times=times)[0]
-                                            for s in spec.scores], 1))
         stage = self.stages[spec.name]
         probs = stage.outputs(self.data, users, items, dense, times)
         return probs, stage.rank_score(probs)
@@ -453,18 +470,25 @@ class Funnel:
         valid = candidates >= 0
         flat_users = users.repeat_interleave(k)[valid.flatten()]
         dense = None
+        stages_read = [s for s in spec.scores if s != ITEM_CF]
         if spec.scores and upstream is not None and all(
-                s in upstream.outputs and self.stages[s].spec.upstream is not None for s in spec.scores):
+                s in upstream.outputs and self.stages[s].spec.upstream is not None for s in stages_read):
             parts = []
             for s in spec.scores:  # rankers above this stage: their probabilities of its candidates
+                if s == ITEM_CF:
+                    parts.append(self._item_cf(spec, flat_users, candidates[valid]).unsqueeze(1))  # (N, 1)
+                    continue
                 ids, probs = upstream.kept[s], upstream.outputs[s]  # (B, K_s), (B, K_s, T_s)
                 match = (candidates.unsqueeze(2) == ids.unsqueeze(1)) & valid.unsqueeze(2)  # (B, K, K_s)
                 if not bool((match.any(2) | ~valid).all()):
                     parts = None  # a candidate that stage did not keep: score the pairs again
                     break
                 where = match.to(torch.int8).argmax(2)  # (B, K): each candidate's place in that stage's list
-                parts.append(probs.gather(1, where.unsqueeze(2).expand(-1, -1, probs.shape[2])))  # (B, K, T_s)
-            dense = score_inputs(torch.cat(parts, 2)[valid]) if parts else None  # (N, I)
+                kept = probs.gather(1, where.unsqueeze(2).expand(-1, -1, probs.shape[2]))  # (B, K, T_s)
+                parts.append(score_inputs(kept[valid]))  # (N, T_s)
+            dense = torch.cat(parts, 1) if parts else None  # (N, I)
+            if dense is not None and spec.score_norm == "request":
+                dense = per_request(dense, flat_users)
         probs_v, score_v = self.score_pairs(spec, flat_users, candidates[valid], dense)
         scores = torch.full((b, k), -torch.inf)
         scores[valid] = score_v
@@ -516,6 +540,19 @@ def score_inputs(probs: torch.Tensor) -> torch.Tensor:
     (a retrieval stage's σ(cosine / temperature) sits near 1 for every candidate it kept; its logit keeps
     the spread)."""
     return torch.logit(probs.clamp(1e-6, 1.0 - 1e-6))
+
+
+def per_request(dense: torch.Tensor, users: torch.Tensor) -> torch.Tensor:
+    """(N, I) each column of `dense` standardised over the rows of one user (a request's candidates):
+    (x - mean) / sd, 0 where a request has one candidate or a column is constant in it."""
+    _, group = torch.unique(users, return_inverse=True)  # (N,)
+    g = int(group.max()) + 1 if group.numel() else 0
+    x = dense.to(torch.float64)
+    count = torch.bincount(group, minlength=g).clamp(min=1).unsqueeze(1).to(torch.float64)  # (G, 1)
+    mean = torch.zeros(g, x.shape[1], dtype=torch.float64).index_add_(0, group, x) / count  # (G, I)
+    centred = x - mean[group]  # (N, I)
+    sd = (torch.zeros(g, x.shape[1], dtype=torch.float64).index_add_(0, group, centred * centred) / count).sqrt()
+    return torch.where(sd[group] > 1e-12, centred / sd[group].clamp(min=1e-12), 0.0).to(dense.dtype)
 
 
 def build_index(vectors: torch.Tensor, config: dict | None):

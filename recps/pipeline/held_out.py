@@ -50,23 +50,21 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from omegaconf import DictConfig
 
 from recps.metrics import funnel as fm
 from recps.metrics.collection import MetricCollection
 from recps.metrics.grouped import GroupedAUC
-from recps.pipeline.data import Csr, FunnelData, csr_from_pairs
-from recps.pipeline.ease import EASE, choose_l2, holdout_latest
+from recps.pipeline.data import Csr
+from recps.pipeline.ease import fit_ease
 from recps.pipeline.funnel import Funnel
 from recps.pipeline.sasrec_alone import fit_sasrec
 from recps.pipeline.stages import ease_settings, sasrec_baseline
 
-__all__ = ["evaluate_funnel", "hits", "most_popular", "LISTS", "EaseBaseline", "fit_ease", "verdicts"]
+__all__ = ["evaluate_funnel", "hits", "most_popular", "LISTS", "verdicts"]
 
 log = logging.getLogger("recps.pipeline")
 
@@ -121,73 +119,6 @@ def _list_pairs(name: str, lists: torch.Tensor, n: int, positives: Csr, logged: 
                     **fm.hit_rate(top, logged.offsets, logged.items, n, f"{name}.logged_hr@{n}"),
                     **fm.recall_at_k(top, logged.offsets, logged.items, n, f"{name}.logged_recall@{n}")})
     return out
-
-
-@dataclass
-class EaseBaseline:
-    """EASE fitted on a funnel's training interactions (`fit_ease`) over the items they touch (at most
-    max_items, the most interacted), numbered 0..T-1 (`items`: their funnel item ids (T,)); `history`
-    holds each user's interactions in those numbers (its query row)."""
-
-    model: EASE
-    items: torch.Tensor  # (T,) funnel item id of each modelled item
-    history: Csr  # over users: the modelled items each user interacted with (0..T-1)
-    l2: float
-    validation: dict[float, float]
-    seconds: float
-
-    def lists(self, data: FunnelData, users: torch.Tensor, n: int) -> torch.Tensor:
-        """(B, n) each user's top n by EASE (funnel item ids), training-seen items excluded (-1 pads)."""
-        rows = self.history.rows(users)
-        x = torch.zeros(users.numel(), self.model.n_items, dtype=self.model.weights.dtype)  # (B, T)
-        x[rows.row_ids(), rows.items] = 1.0
-        seen = data.seen.rows(users)
-        local = torch.full((data.num_items,), -1, dtype=torch.int64)
-        local[self.items] = torch.arange(self.items.numel())
-        seen_local = local[seen.items]  # (V,) -1: an item EASE does not model (never listed anyway)
-        modelled = seen_local >= 0
-        top = self.model.recommend(x, n, exclude=(seen.row_ids()[modelled], seen_local[modelled]))  # (B, n)
-        out = torch.where(top >= 0, self.items[top.clamp(min=0)], torch.full_like(top, -1))
-        if out.shape[1] < n:
-            out = torch.cat([out, torch.full((out.shape[0], n - out.shape[1]), -1, dtype=out.dtype)], 1)
-        return out
-
-
-def fit_ease(data: FunnelData, settings: dict[str, Any], k: int) -> EaseBaseline:
-    """EASE on data's training interactions: λ chosen on each user's latest validation_fraction of them
-    (rows in each user's time order: train_time when the data has it, else the data's row order), then
-    fitted on all of them. The held-out requests are never read."""
-    start = time.perf_counter()
-    dtype = getattr(torch, settings["dtype"])
-    users, items = data.train_user, data.train_item
-    keep = data.train_labels[:, 0] > 0  # the validation positives: clicks (MovieLens: rating >= click_rating)
-    times = getattr(data, "train_time", None)
-    if settings["interactions"] == "clicks":
-        users, items, times = users[keep], items[keep], (times[keep] if times is not None else None)
-        keep = keep[keep]
-    counts = torch.bincount(items, minlength=data.num_items)  # (I,)
-    modelled = torch.argsort(counts, descending=True, stable=True)[: min(int(settings["max_items"]),
-                                                                          int((counts > 0).sum()))]
-    modelled = torch.sort(modelled).values  # (T,) funnel ids of the modelled items
-    local = torch.full((data.num_items,), -1, dtype=torch.int64)
-    local[modelled] = torch.arange(modelled.numel())
-    inside = local[items] >= 0
-    users, items, keep = users[inside], local[items[inside]], keep[inside]
-    times = times[inside] if times is not None else None
-    if times is not None:  # each user's rows in time order (ties: the data's order)
-        order = torch.from_numpy(np.lexsort((np.arange(users.numel()), times.numpy(), users.numpy())))
-    else:
-        order = torch.argsort(users, stable=True)
-    users, items, keep = users[order], items[order], keep[order]
-    t = int(modelled.numel())
-    train, validation = holdout_latest(users, items, float(settings["validation_fraction"]), keep=keep)
-    l2, grid = choose_l2(train, validation, t, settings["grid"], k=k, dtype=dtype)
-    model = EASE.fit((users, items), t, l2, dtype=dtype)
-    history = csr_from_pairs(users, items, data.num_users)
-    seconds = time.perf_counter() - start
-    log.info("EASE baseline: l2 %g chosen on the training data's validation split (ndcg@%d %s), %d items, %.1f s",
-             l2, k, {v: round(x, 4) for v, x in grid.items()}, t, seconds)
-    return EaseBaseline(model, modelled, history, l2, grid, seconds)
 
 
 def verdicts(funnel_metrics: dict[str, float], baselines: dict[str, dict[str, float]], n: int) -> list[str]:
@@ -285,7 +216,8 @@ def evaluate_funnel(funnel: Funnel, cfg: DictConfig, merger: Any = None, worker:
     fitted: dict[str, Any] = {}  # the full-catalogue baselines, fitted once per run: worker 0 scores every request
     info: dict[str, dict[str, Any]] = {}
     if settings is not None and worker == 0:
-        ease = fitted["ease"] = fit_ease(data, settings, n)
+        # the funnel's item_cf is this very fit (pipeline.baselines.ease's settings, the same training rows)
+        ease = fitted["ease"] = funnel.item_cf if funnel.item_cf is not None else fit_ease(data, settings, n)
         info["ease"] = {"l2": ease.l2, "validation_ndcg@" + str(n): {str(k): v for k, v in ease.validation.items()},
                         "items": int(ease.items.numel()), "fit_seconds": ease.seconds,
                         "interactions": settings["interactions"], "validation_fraction": settings["validation_fraction"]}

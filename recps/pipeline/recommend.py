@@ -30,8 +30,9 @@ from recps.config import register_resolvers
 from recps.errors import ConfigError, RecpsError
 from recps.pipeline.ann import ItemIndex
 from recps.pipeline.data import load_world
-from recps.pipeline.stages import pipeline_specs
-from recps.pipeline.funnel import EXPORT_DIR, Funnel, load_stage
+from recps.pipeline.ease import EaseBaseline
+from recps.pipeline.stages import ITEM_CF, pipeline_specs
+from recps.pipeline.funnel import EXPORT_DIR, ITEM_CF_EXPORT, Funnel, load_stage
 
 __all__ = ["load_funnel", "recommend", "latency", "main"]
 
@@ -55,7 +56,14 @@ def load_funnel(run_dir: str | Path, data=None) -> Funnel:
     data = data if data is not None else load_world(cfg)
     stages = {s.name: load_stage(s, rfs.join(exports, f"{s.name}.pt")) for s in specs}
     index = ItemIndex.load(rfs.join(exports, "items.ann"))
-    funnel = Funnel(specs, stages, index, data)
+    item_cf = None
+    if any(ITEM_CF in s.scores for s in specs):
+        path = rfs.join(exports, ITEM_CF_EXPORT)
+        if not rfs.exists(path):
+            raise ConfigError(f"{path} is missing: a stage reads {ITEM_CF} and the run writes its EASE there before "
+                              "training; give the folder of a finished run")
+        item_cf = EaseBaseline.from_bytes(rfs.read_bytes(path))
+    funnel = Funnel(specs, stages, index, data, item_cf)
     funnel.top_n = int(cfg.pipeline.top_n)
     return funnel
 

@@ -54,13 +54,14 @@ from recps.job.loop import Trainer, dense_parameters
 from recps.job.settings import node_settings
 from recps.metrics.ps_merger import PSMerger
 from recps.ps.fleet import DistributedStrategy
-from recps.pipeline.stages import (StageSpec, check_data, pipeline_specs, refresh_epochs, schedule,
-                                  validation_fraction)
+from recps.pipeline.stages import (StageSpec, check_data, item_cf_settings, pipeline_specs, refresh_epochs,
+                                  schedule, validation_fraction)
 from recps.pipeline.data import (HISTORY_FEATURES, FunnelData, ValidationPeriod, load_world, pair_examples,
                                  validation_period)
+from recps.pipeline.ease import fit_ease
 from recps.pipeline.held_out import evaluate_funnel, hits
-from recps.pipeline.funnel import (EXPORT_DIR, Funnel, build_index, build_stage_model, candidate_times, dense_width,
-                                   export_stage, load_stage, outputs_of, pair_times, score_inputs, stage_collection)
+from recps.pipeline.funnel import (EXPORT_DIR, ITEM_CF_EXPORT, Funnel, build_index, build_stage_model, candidate_times, dense_width,
+                                   export_stage, load_stage, pair_times, stage_collection)
 
 __all__ = ["run_pipeline", "funnel_work", "load_world", "training_examples", "summary_lines"]
 
@@ -148,10 +149,7 @@ def training_examples(spec: StageSpec, specs, data: FunnelData, funnel: Funnel |
         times.append(data.request_times(owner[valid]))
     users, items, labels = torch.cat(users), torch.cat(items), torch.cat(labels)
     times = None if any(t is None for t in times) else torch.cat(times)
-    dense = None
-    if spec.scores:
-        by_name = {x.name: x for x in specs}
-        dense = score_inputs(torch.cat([funnel.score_pairs(by_name[s], users, items, times=times)[0] for s in spec.scores], 1))
+    dense = funnel.dense_inputs(spec, users, items, times) if spec.scores else None
     return pair_examples(data, spec.features, users, items, labels=labels, dense=dense,
                          times=pair_times(spec, data, users, times))
 
@@ -264,6 +262,11 @@ def funnel_work(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -
     refresh = refresh_epochs(cfg, specs)
     period = validation_period(world, fraction) if fraction is not None else None
     train_world = period.fit if period is not None else world  # every stage trains on the period's past
+    item_cf = train_cf = None
+    cf_settings = item_cf_settings(cfg, specs)
+    if cf_settings is not None:  # a stage reads item_cf: EASE of the period's past for training, of all for serving
+        top_n = int(cfg.pipeline.top_n)
+        train_cf, item_cf = fit_ease(train_world, cf_settings, top_n), fit_ease(world, cf_settings, top_n)
     seed = int(cfg.seed)
     seed_everything(seed)
     if on_this_machine(role):  # the workers and the servers share the cores: one share is a worker's
@@ -275,6 +278,8 @@ def funnel_work(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -
     models = {s.name: build_stage_model(s, collections[s.name], dense_width(s, specs)) for s in specs}
     export_dir = rfs.join(str(Path(out_dir).resolve()), EXPORT_DIR)
     trained: dict[str, Any] = {}
+    if item_cf is not None and role.index == 0:  # what serving scores item_cf with (recps.pipeline.recommend)
+        rfs.write_atomic(rfs.join(export_dir, ITEM_CF_EXPORT), item_cf.to_bytes(), overwrite=True)
     with fleet_for(node_settings(cfg), role) as fleet:
         for s in specs:
             fleet.add_collection(collections[s.name], mode=s.mode)
@@ -282,7 +287,7 @@ def funnel_work(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -
         stages: dict = {}
         index = train_index = None
         for group in schedule(cfg, specs):  # one stage after another, or a group's stages at the same time
-            funnel = Funnel(specs, stages, train_index, train_world) if stages else None
+            funnel = Funnel(specs, stages, train_index, train_world, train_cf) if stages else None
             examples = {}
             for s in group:  # the group's stages read only earlier groups' exports (config.schedule checked it)
                 t = time.perf_counter()
@@ -301,7 +306,7 @@ def funnel_work(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -
         for s in (x for x in specs if x.name in refresh):  # trained on the period's past: now on all of it
             t = time.perf_counter()
             again = dataclasses.replace(s, epochs=refresh[s.name])
-            rows = training_examples(again, specs, world, Funnel(specs, stages, index, world), seed + s.index)
+            rows = training_examples(again, specs, world, Funnel(specs, stages, index, world, item_cf), seed + s.index)
             result = _train_stage(fleet, again, models[s.name], collections[s.name], rows, role, timeout_s, ".refresh")
             trained[s.name]["refresh"] = {**result, "prepare_seconds": time.perf_counter() - t - result["seconds"]}
             _export(s, specs, fleet, models, collections, world, role, export_dir, stages)
@@ -313,7 +318,7 @@ def funnel_work(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -
 
         # every worker evaluates its share of the held-out requests; the tallies merge through the servers
         merger = PSMerger(fleet.channel(), prefix="pipeline.eval", timeout_s=max(timeout_s, _EVAL_TIMEOUT_S))
-        metrics = evaluate_funnel(Funnel(specs, stages, index, world), cfg, merger=merger, worker=role.index,
+        metrics = evaluate_funnel(Funnel(specs, stages, index, world, item_cf), cfg, merger=merger, worker=role.index,
                                   workers=role.num_workers)
         lists = metrics.pop("final_lists")  # <run dir>/funnel/final_lists.json: what recommend must return
         log.info("%s: funnel evaluated: %d of its %d held-out requests here in %.1f s, merged through the servers",

@@ -23,10 +23,16 @@ from recps.errors import ConfigError
 from recps.pipeline.sasrec_alone import sasrec_settings
 
 __all__ = ["StageSpec", "enabled", "pipeline_specs", "schedule", "check_data", "ease_settings", "validation_fraction",
-           "refresh_epochs", "sasrec_baseline", "STAGE_KEYS", "INPUT_KEYS", "EASE_DEFAULTS"]
+           "refresh_epochs", "sasrec_baseline", "item_cf_settings", "STAGE_KEYS", "INPUT_KEYS", "EASE_DEFAULTS",
+           "ITEM_CF"]
 
 STAGE_KEYS = ("model", "task", "optimizer", "trainer", "ps", "keep", "inputs", "score_weights")
-INPUT_KEYS = ("features", "upstream", "train_on", "candidates_per_user", "candidate_users", "scores", "share")
+INPUT_KEYS = ("features", "upstream", "train_on", "candidates_per_user", "candidate_users", "scores", "share",
+              "score_norm")
+# How a ranker reads its `scores`: none (as they are: logits, item_cf's score) or request (each column
+# standardised over the request's candidates, (x - mean) / sd: what the ranker learns then survives a
+# shift of an upstream's scale, e.g. a stage trained again on more data, or EASE fitted on more history).
+SCORE_NORMS = ("none", "request")
 TRAINER_KEYS = ("epochs", "batch_size", "threads", "max_steps")
 PIPELINE_KEYS = ("name", "world", "top_n", "eval_users", "eval_batch_users", "index", "stages", "objective",
                  "schedule", "baselines", "validation_fraction", "refresh")
@@ -34,6 +40,11 @@ PIPELINE_KEYS = ("name", "world", "top_n", "eval_users", "eval_batch_users", "in
 # (unexposed upstream candidates, label 0); validation: the upstream's candidates of the validation period's
 # requests, labelled by what the user did in that period (recps.pipeline.data.validation_period).
 TRAIN_ON = ("positives", "exposures", "candidates", "validation")
+# A score a ranker may read beside the stages' (inputs.scores): the item-item score X_u·B[:, item] of EASE
+# fitted on the rows the stage's data holds (recps.pipeline.ease.EaseBaseline.pair_scores), with
+# pipeline.baselines.ease's settings. Read as of the data's training rows, so only a stage trained on the
+# validation period may read it (its requests come after every row EASE saw).
+ITEM_CF = "item_cf"
 # The features a model reads, by constructor argument (zoo models name them so).
 _FEATURE_ARGS = ("query_features", "candidate_features", "user_features", "item_features", "features")
 # ... and by a behaviour-history model (models/_behaviour.py), defaults included: a DIN without
@@ -67,6 +78,7 @@ class StageSpec:
     candidates_per_user: int = 0
     candidate_users: int = 0  # training users whose upstream candidates it trains on (0: all)
     scores: list[str] = field(default_factory=list)
+    score_norm: str = "none"
     share: dict[str, str] = field(default_factory=dict)  # feature -> the earlier stage whose table it reads (frozen)
     score_weights: list[float] | None = None
     epochs: int = 1
@@ -236,9 +248,12 @@ def pipeline_specs(cfg: DictConfig) -> list[StageSpec]:
                               "name the stage whose candidates it scores")
         scores = [str(s) for s in (inputs.get("scores") or ())]
         for s in scores:
-            if s not in earlier:
-                raise ConfigError(f"{where}.inputs.scores: {s!r} is not an earlier stage ({', '.join(earlier)}); "
-                                  "name stages above it")
+            if s not in earlier and s != ITEM_CF:
+                raise ConfigError(f"{where}.inputs.scores: {s!r} is not an earlier stage ({', '.join(earlier)}) nor "
+                                  f"{ITEM_CF}; name stages above it")
+        score_norm = str(inputs.get("score_norm") or "none")
+        if score_norm not in SCORE_NORMS:
+            raise ConfigError(f"{where}.inputs.score_norm={score_norm!r}; use one of {list(SCORE_NORMS)}")
         takes = inspect.signature(model_cls).parameters
         if scores and "dense_in_features" not in takes:
             raise ConfigError(f"{where}.inputs.scores={scores}: {node.model._target_} takes no dense inputs; "
@@ -271,6 +286,10 @@ def pipeline_specs(cfg: DictConfig) -> list[StageSpec]:
                               "user's latest pipeline.validation_fraction of the TRAINING exposures)")
         if not train_on or any(t not in TRAIN_ON for t in train_on):
             raise ConfigError(f"{where}.inputs.train_on={train_on}: give some of {list(TRAIN_ON)}")
+        if ITEM_CF in scores and train_on != ["validation"]:
+            raise ConfigError(f"{where}.inputs.scores reads {ITEM_CF} but train_on={train_on}: EASE is fitted on the "
+                              "training rows, so a training exposure's own future would be in its score; a stage "
+                              f"reading {ITEM_CF} trains on [validation] only (or drop {ITEM_CF})")
         if index == 0 and train_on != ["positives"]:
             raise ConfigError(f"{where}.inputs.train_on={train_on}: the recall stage trains on [positives] (its "
                               "softmax takes the other rows' items as negatives)")
@@ -305,7 +324,7 @@ def pipeline_specs(cfg: DictConfig) -> list[StageSpec]:
             name=name, index=index, model=node.model, task=node.task, optimizer=node.optimizer, ps=node.ps, mode=mode,
             keep=keep, features=features, upstream=None if upstream is None else str(upstream), train_on=train_on,
             candidates_per_user=int(inputs.get("candidates_per_user") or 0),
-            candidate_users=int(inputs.get("candidate_users") or 0), scores=scores, share=share, score_weights=weights,
+            candidate_users=int(inputs.get("candidate_users") or 0), scores=scores, score_norm=score_norm, share=share, score_weights=weights,
             epochs=_int(trainer, "epochs", f"{where}.trainer", 1) if "epochs" in trainer else 1,
             batch_size=_int(trainer, "batch_size", f"{where}.trainer", 1) if "batch_size" in trainer else 256,
             threads=threads, max_steps=max_steps,
@@ -385,7 +404,8 @@ def _reads(spec: StageSpec) -> list[tuple[str, str]]:
     out = []
     if spec.upstream is not None:
         out.append((spec.upstream, f"candidates (pipeline.stages.{spec.name}.inputs.upstream={spec.upstream})"))
-    out += [(s, f"scores (pipeline.stages.{spec.name}.inputs.scores={spec.scores})") for s in spec.scores]
+    out += [(s, f"scores (pipeline.stages.{spec.name}.inputs.scores={spec.scores})") for s in spec.scores
+            if s != ITEM_CF]
     out += [(o, f"{f} table (pipeline.stages.{spec.name}.inputs.share.{f}={o})") for f, o in spec.share.items()]
     return out
 
@@ -427,15 +447,19 @@ def ease_settings(cfg: DictConfig) -> dict[str, Any] | None:
     (enabled false, or a streaming run without in_stream)."""
     node = ((cfg.pipeline.get("baselines") or {}) or {}).get("ease")
     given = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
+    out = _ease_checked(given)
+    if not out["enabled"] or (_streaming(cfg) and not out["in_stream"]):
+        return None
+    return out
+
+
+def _ease_checked(given: dict[str, Any]) -> dict[str, Any]:
+    """pipeline.baselines.ease's keys over EASE_DEFAULTS, checked (ConfigError naming the key)."""
     unknown = [k for k in given if k not in EASE_DEFAULTS]
     if unknown:
         raise ConfigError(f"pipeline.baselines.ease.{unknown[0]} is read by nothing; its keys are "
                           f"{', '.join(EASE_DEFAULTS)}")
     out = {**EASE_DEFAULTS, **given}
-    if not out["enabled"]:
-        return None
-    if _streaming(cfg) and not out["in_stream"]:
-        return None
     grid = [float(v) for v in (out["grid"] or ())]
     if not grid or any(not v > 0 for v in grid):
         raise ConfigError(f"pipeline.baselines.ease.grid={out['grid']}; give L2 weights > 0, e.g. [100, 300, 1000]")
@@ -450,6 +474,16 @@ def ease_settings(cfg: DictConfig) -> dict[str, Any] | None:
         raise ConfigError(f"pipeline.baselines.ease.dtype={out['dtype']!r}; use float32 or float64")
     out["grid"] = grid
     return out
+
+
+def item_cf_settings(cfg: DictConfig, specs: list[StageSpec]) -> dict[str, Any] | None:
+    """The settings of the item_cf score (pipeline.baselines.ease's, checked as ease_settings does, whether
+    or not the baseline is reported) when a stage reads it, else None."""
+    if not any(ITEM_CF in s.scores for s in specs):
+        return None
+    node = ((cfg.pipeline.get("baselines") or {}) or {}).get("ease")
+    given = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
+    return _ease_checked({**given, "enabled": True})
 
 
 def sasrec_baseline(cfg: DictConfig) -> dict[str, Any] | None:

@@ -124,19 +124,40 @@ def test_holdout_latest_keeps_each_users_latest_rows():
     assert li.tolist() == [3, 6]
 
 
+def test_pair_scores_are_the_users_score_rows_and_survive_a_round_trip():
+    """EaseBaseline.pair_scores (a ranker's item_cf input) equals X_u B gathered at the pair's item, in funnel
+    ids, with 0 for an item EASE does not model; to_bytes / from_bytes give the same scores."""
+    from recps.pipeline.data import csr_from_pairs
+    from recps.pipeline.ease import EaseBaseline
+
+    g = torch.Generator().manual_seed(5)
+    users, items = torch.randint(0, 6, (40,), generator=g), torch.randint(0, 8, (40,), generator=g)
+    model = EASE.fit((users, items), 8, l2=2.0)
+    modelled = torch.tensor([3, 5, 7, 9, 11, 13, 15, 17])  # funnel ids of EASE's items 0..7
+    fitted = EaseBaseline(model, modelled, csr_from_pairs(users, items, 6), 2.0, {2.0: 0.1}, 0.0)
+    full = model.scores((users, items), n_users=6)  # (6, 8)
+    pu, pi = torch.tensor([0, 1, 5, 2, 2, 4]), torch.tensor([3, 17, 9, 4, 3, 21])  # 4 and 21: not modelled
+    local = {int(f): j for j, f in enumerate(modelled)}
+    expected = torch.tensor([float(full[u, local[int(i)]]) if int(i) in local else 0.0 for u, i in zip(pu, pi)])
+    assert torch.allclose(fitted.pair_scores(pu, pi), expected, atol=1e-6)
+    again = EaseBaseline.from_bytes(fitted.to_bytes())
+    assert torch.equal(again.pair_scores(pu, pi), fitted.pair_scores(pu, pi)) and again.l2 == 2.0
+    assert fitted.pair_scores(pu[:0], pi[:0]).shape == (0,)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not (ML / "ratings.csv").exists(), reason=f"MovieLens latest-small is neither in {ML} nor in "
                     "datasets/movielens_latest_small (see its PROVENANCE.txt)")
 def test_movielens_ndcg_on_the_funnel_split():
     """The funnel's split (recps.pipeline.data.movielens defaults: each user's last 20% held out, positives
     rating >= 4, every training rating seen and excluded from the list) and the funnel's own EASE baseline
-    (recps.pipeline.held_out.fit_ease with conf/pipeline/movielens_funnel.yaml's settings: λ chosen on each
+    (recps.pipeline.ease.fit_ease with conf/pipeline/movielens_funnel.yaml's settings: λ chosen on each
     user's latest 20% of the TRAINING rows, then refitted on all of them; the held-out requests are read
     only to score the final lists). Figures in benchmarks/RESULTS.md."""
     from omegaconf import OmegaConf
 
     from recps.pipeline.data import movielens
-    from recps.pipeline.held_out import fit_ease
+    from recps.pipeline.ease import fit_ease
 
     settings = OmegaConf.to_container(OmegaConf.load(PROJECT_ROOT / "conf" / "pipeline" / "movielens_funnel.yaml")
                                       ["baselines"]["ease"])

@@ -70,6 +70,8 @@ def _cfg(*extra: str):
       "pipeline.stages.recall.inputs.features=[user_id,age,region,activity,item_id,category,creator,duration]",
       "pipeline.stages.coarse.model.embedding_dim=16", "pipeline.stages.coarse.inputs.share={exposures:recall}"],
      "stage recall has no 'exposures' table", "share a feature it trains"),
+    (["+pipeline.stages.fusion.inputs.score_norm=rank"], "pipeline.stages.fusion.inputs.score_norm='rank'",
+     "use one of ['none', 'request']"),
 ])
 def test_bad_stage_config_fails_before_any_process_starts(tmp_path, override, stage_key, fix):
     from recps.pipeline import run_pipeline
@@ -339,6 +341,25 @@ def test_hits_and_csr_rows_match_a_loop():
     for r in range(4):
         wanted = set(part.items[part.offsets[r]:part.offsets[r + 1]].tolist())
         assert got[r].tolist() == [i >= 0 and i in wanted for i in lists[r].tolist()]
+
+
+def test_per_request_standardises_each_column_over_a_users_rows():
+    """score_norm=request: each score column over one request's candidates has mean 0 and sd 1, whatever the
+    scale and offset an upstream's scores have (a refreshed stage, EASE on more history); a request with one
+    candidate, or a constant column, reads 0."""
+    from recps.pipeline.funnel import per_request
+
+    g = torch.Generator().manual_seed(1)
+    users = torch.tensor([7, 7, 7, 7, 2, 2, 2, 9])
+    dense = torch.randn(8, 2, generator=g)
+    dense[4:7, 1] = 3.0  # constant within user 2
+    out = per_request(dense, users)
+    for u in (7, 2):
+        rows = out[users == u, 0]
+        assert abs(float(rows.mean())) < 1e-6 and abs(float(rows.std(unbiased=False)) - 1.0) < 1e-5
+    assert torch.equal(out[4:7, 1], torch.zeros(3)) and torch.equal(out[7], torch.zeros(2))
+    shifted = per_request(dense * 5.0 + 2.0, users)  # the same ranker input after a scale and offset shift
+    assert torch.allclose(shifted, out, atol=1e-5)
 
 
 # A funnel whose coarse and fine are independent (fine ranks recall's candidates and reads recall's scores

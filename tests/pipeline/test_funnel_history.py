@@ -56,6 +56,12 @@ def _cfg(*extra: str):
     (["+pipeline.baselines.sasrec.epochs=3"], "pipeline.baselines.sasrec.epochs=3", "is read by nothing"),
     (["pipeline.stages.fine.inputs.train_on=[exposures,candidates]",
       "pipeline.stages.fusion.inputs.train_on=[exposures,candidates]"], "pipeline.refresh=", "drop pipeline.refresh"),
+    # item_cf (EASE of the training rows) is read as of the period: never by a stage trained on exposures
+    (["pipeline.stages.fusion.inputs.scores=[recall,coarse,fine,item_cf]",
+      "pipeline.stages.fusion.inputs.train_on=[exposures,candidates]"], "pipeline.stages.fusion.inputs.scores reads "
+     "item_cf but train_on", "trains on [validation] only"),
+    (["pipeline.stages.fusion.inputs.scores=[recall,ranker]"], "pipeline.stages.fusion.inputs.scores: 'ranker'",
+     "nor item_cf"),
 ])
 def test_bad_history_stage_config_fails_before_any_process_starts(tmp_path, override, stage_key, fix):
     from recps.pipeline import run_pipeline
@@ -98,7 +104,7 @@ def test_ease_lambda_is_chosen_on_the_training_rows_only():
     """fit_ease reads the training rows only: other held-out requests give the same lambda and validation
     figures; the lambda is the grid's best on validation; its lists never hold a training-seen item."""
     from recps.pipeline.data import Csr, load_world
-    from recps.pipeline.held_out import fit_ease
+    from recps.pipeline.ease import fit_ease
     from recps.pipeline.stages import ease_settings
 
     cfg = _cfg()

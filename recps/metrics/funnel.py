@@ -69,6 +69,8 @@ from recps.metrics.grouped import group_auc, pair_counts
 __all__ = [
     "hits",
     "pass_through",
+    "chance_pass_through",
+    "wilson_interval",
     "recall_at_k",
     "ndcg_at_k",
     "hit_rate",
@@ -153,6 +155,34 @@ def pass_through(received: Tensor | None, kept: Tensor, offsets: Tensor, items: 
             raise DataError(f"funnel metrics: {name}: kept holds {int(survived)} positives but received only "
                             f"{int(reached)}; pass the stage's input as received and its output as kept")
     return {name: _pair(survived, reached)}
+
+
+def chance_pass_through(received: Tensor | None, kept: Tensor, offsets: Tensor, items: Tensor,
+                        pool: Tensor | None = None, name: str = "chance") -> Pairs:
+    """The pass-through a stage keeping what it keeps at random would have: each positive that reached
+    the stage survives with probability kept / received of its request (received None: the first stage,
+    which chose from `pool` (U,) candidates per request). (sum over positives of that, positives)."""
+    size = _check_lists(kept, "kept")
+    offsets, items = _check_csr(offsets, items, size.shape[0])
+    n_kept = (kept >= 0).sum(1).to(torch.float64)  # (U,)
+    if received is None:
+        reached = _n_positives(offsets)  # (U,)
+        n_in = torch.as_tensor(pool, dtype=torch.float64)  # (U,)
+    else:
+        reached = hits(received, offsets, items).sum(1).to(torch.float64)  # (U,)
+        n_in = (received >= 0).sum(1).to(torch.float64)  # (U,)
+    share = torch.where(n_in > 0, n_kept / n_in.clamp(min=1.0), torch.zeros_like(n_in)).clamp(max=1.0)
+    return {name: _pair((reached * share).sum(), reached.sum())}
+
+
+def wilson_interval(successes: float, trials: float, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval (95% at z = 1.96) of a proportion successes / trials ((0, 0) without trials)."""
+    if trials <= 0:
+        return 0.0, 0.0
+    p = successes / trials
+    centre = (p + z * z / (2 * trials)) / (1 + z * z / trials)
+    half = z * ((p * (1 - p) / trials + z * z / (4 * trials * trials)) ** 0.5) / (1 + z * z / trials)
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def recall_at_k(lists: Tensor, offsets: Tensor, items: Tensor, k: int, name: str | None = None) -> Pairs:

@@ -5,7 +5,10 @@ serves (recps.pipeline.funnel.Funnel.run: recall over the item index without see
 ranker on what it receives), and we report:
 
     per stage    pass_through: held-out positives that survive the stage / those that reached it
-                 (recall: / all positives); hits: positives it kept
+                 (recall: / all positives), pass_through_ci95 its Wilson 95% interval (positives
+                 counted as independent trials), chance what keeping at random would pass (each
+                 positive survives with kept / received of its request; recall: keep / the unseen
+                 catalogue); hits: positives it kept
     recall       recall@K, ndcg@K and hr@K at its keep size K
     rankers      auc, gauc (grouped by user) and pnr (positive/negative order ratio) of its scores on
                  the candidates it received that the held-out requests showed (all it received when
@@ -159,7 +162,7 @@ def evaluate_funnel(funnel: Funnel, cfg: DictConfig, merger: Any = None, worker:
     sasrec = sasrec_baseline(cfg)
     lists = [name for name in LISTS if (name != "without" or skip) and (name != "ideal" or data.ideal is not None)
              and (name != "ease" or settings is not None) and (name != "sasrec" or sasrec is not None)]
-    names = ["positives", *(f"{s.name}.pass_through" for s in specs),
+    names = ["positives", *(f"{s.name}.{m}" for s in specs for m in ("pass_through", "chance")),
              f"{first.name}.recall@{first.keep}", f"{first.name}.ndcg@{first.keep}", f"{first.name}.hr@{first.keep}",
              *(f"{s.name}.{m}" for s in specs[1:] for m in ("gauc", "pnr")),
              *(m for name in lists for m in _list_names(name, n, has_utility, logged_csr is not None)),
@@ -185,6 +188,8 @@ def evaluate_funnel(funnel: Funnel, cfg: DictConfig, merger: Any = None, worker:
             kept = out.kept[s.name]
             received = None if s.upstream is None else out.kept[s.upstream]  # what reached the stage
             tally.add(fm.pass_through(received, kept, po, pi, f"{s.name}.pass_through"))
+            pool = None if received is not None else data.num_items - data.seen.rows(users).offsets.diff()  # (B,)
+            tally.add(fm.chance_pass_through(received, kept, po, pi, pool, f"{s.name}.chance"))
             if s.upstream is not None:
                 cands = out.inputs[s.name]  # (B, K_in) what the ranker received
                 if shown is not None:  # only what the held-out requests showed has a label
@@ -245,8 +250,10 @@ def evaluate_funnel(funnel: Funnel, cfg: DictConfig, merger: Any = None, worker:
     num = lambda key: float(state[key][0])  # noqa: E731
     stages: dict[str, dict[str, Any]] = {}
     for s in specs:
+        survived, reached = (float(x) for x in state[f"{s.name}.pass_through"])
         row: dict[str, Any] = {"keep": s.keep, "pass_through": v[f"{s.name}.pass_through"],
-                               "hits": num(f"{s.name}.pass_through")}
+                               "pass_through_ci95": list(fm.wilson_interval(survived, reached)),
+                               "chance": v[f"{s.name}.chance"], "hits": survived}
         if s.upstream is None:
             row.update({f"{m}@{s.keep}": v[f"{s.name}.{m}@{s.keep}"] for m in ("recall", "ndcg", "hr")})
         else:

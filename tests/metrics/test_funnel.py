@@ -45,6 +45,23 @@ def test_hits_of_a_slice_of_a_bigger_csr():
     assert hits(RECALL[1:], OFFSETS[1:], ITEMS).tolist() == [[False, False, True, False], [False] * 4]
 
 
+def test_chance_pass_through_and_its_interval():
+    """A random stage keeping k of a request's K candidates passes each positive with probability k / K:
+    the chance level weights that by the positives that reached it; Wilson's interval brackets p."""
+    from recps.metrics.funnel import chance_pass_through, wilson_interval
+
+    received = torch.tensor([[1, 2, 3, 4], [5, 6, -1, -1]])  # request 0: 4 candidates, request 1: 2
+    kept = torch.tensor([[1], [5]])
+    offsets, items = torch.tensor([0, 2, 3]), torch.tensor([1, 2, 6])  # 2 positives reached 0, 1 reached 1
+    got = chance_pass_through(received, kept, offsets, items)["chance"]
+    assert got.tolist() == [2 * 1 / 4 + 1 * 1 / 2, 3.0]
+    first = chance_pass_through(None, kept, offsets, items, pool=torch.tensor([10, 5]))["chance"]
+    assert first.tolist() == [2 * 1 / 10 + 1 * 1 / 5, 3.0]
+    lo, hi = wilson_interval(30, 100)
+    assert lo < 0.3 < hi and abs(lo - 0.2189) < 1e-3 and abs(hi - 0.3958) < 1e-3
+    assert wilson_interval(0, 0) == (0.0, 0.0)
+
+
 def test_pass_through_per_stage():
     # recall: 3 positives in all, it kept 7, 5 (u0) and 3 (u1): 3/3
     assert pair(pass_through(None, RECALL, OFFSETS, ITEMS), "pass_through") == [3.0, 3.0]

@@ -173,7 +173,9 @@ def test_din_stage_trains_and_serves_the_evaluations_lists_and_ease_is_a_baselin
 
     saved = json.loads((run / "funnel" / "final_lists.json").read_text())
     users = saved["users"][:30]
-    funnel = load_funnel(run)
+    funnel = load_funnel(run)  # fine and fusion read item_cf: serving scores it with the EASE the run exported
+    assert funnel.item_cf is not None and (run / "funnel" / "item_cf.pt").is_file()
+    assert funnel.item_cf.l2 == metrics["ease"]["l2"]  # the run's EASE baseline is that very fit
     served = recommend(funnel, torch.tensor(users))
     for row, expected in zip(served, saved["items"][:30]):
         assert row["items"] == [i for i in expected if i >= 0]
@@ -181,5 +183,5 @@ def test_din_stage_trains_and_serves_the_evaluations_lists_and_ease_is_a_baselin
     again = load_stage(fine.spec, str(run / "funnel" / "fine.pt"))
     u = torch.tensor(users[:5]).repeat_interleave(4)
     items = torch.tensor([row["items"][:4] for row in served[:5]]).flatten()
-    dense = torch.zeros(u.numel(), 2)
+    dense = torch.zeros(u.numel(), 3)  # fine's scores: recall, coarse, item_cf
     assert torch.equal(fine.outputs(funnel.data, u, items, dense), again.outputs(funnel.data, u, items, dense))

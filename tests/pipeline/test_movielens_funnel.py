@@ -25,13 +25,11 @@ SMALL = [
     "pipeline=movielens_funnel", f"pipeline.world.max_users={USERS}",
     "pipeline.stages.recall.keep=300", "pipeline.stages.coarse.keep=100", "pipeline.stages.fine.keep=30",
     "pipeline.stages.recall.trainer.epochs=10", "pipeline.stages.coarse.trainer.epochs=2",
-    "pipeline.stages.fine.trainer.epochs=2", "pipeline.stages.fusion.trainer.epochs=2",
-    # the rankers on the labelled ratings plus unrated candidates, every stage on all training ratings: the
-    # design the default's validation period replaced (tests/pipeline/test_funnel_history.py runs that one;
-    # on 150 users its 145 period requests are too few: NDCG@10 0.043, recall alone 0.060, most-popular 0.068)
-    "pipeline.stages.fine.inputs.train_on=[exposures,candidates]", "+pipeline.stages.fine.inputs.candidates_per_user=30",
-    "pipeline.stages.fusion.inputs.train_on=[exposures,candidates]",
-    "+pipeline.stages.fusion.inputs.candidates_per_user=20", "pipeline.validation_fraction=null", "pipeline.refresh=null",
+    "pipeline.stages.fine.trainer.epochs=2",
+    # the default's design (fine and fusion on the validation period, reading item_cf, scores standardised per
+    # request); the period's 145 requests give fusion 8,700 rows: 20 epochs (chosen on the tune split of these
+    # users: NDCG@10 0.1003 against 0.0540 with 2, recall alone 0.0972; benchmarks/RESULTS.md)
+    "pipeline.stages.fusion.trainer.epochs=20",
 ]
 STAGES = {"recall": "geo", "coarse": "async", "fine": "async", "fusion": "sync"}
 
@@ -79,9 +77,9 @@ def test_movielens_data_as_the_funnel_sees_it():
 @pytest.mark.e2e
 def test_movielens_funnel_end_to_end(tmp_path):
     """The first 150 users (9,742 movies, 17,898 training ratings, 147 held-out requests), keep
-    300 -> 100 -> 30 -> 10, through the real CLI (1 server, 1 worker). What holds, measured: recall alone
-    beats most-popular on NDCG@10; the whole funnel's NDCG@10 is at most-popular's here and below it at the
-    default size (its HR@10 and recall@10 above): when it is not above, an xfail naming the gap."""
+    300 -> 100 -> 30 -> 10, through the real CLI (1 server, 1 worker), in the default's design. What holds,
+    measured: the whole funnel beats recall alone and most-popular on NDCG@10 (issue 29's small-slice test),
+    each ranker passes more held-out positives than its chance level."""
     run = tmp_path / "run"
     metrics = recps_train(*SMALL, f"hydra.run.dir={run}", timeout=600).metrics()
     assert {s: sorted(set(t.values())) for s, t in metrics["server_tables"].items()} == {
@@ -89,13 +87,12 @@ def test_movielens_funnel_end_to_end(tmp_path):
     assert metrics["requests"] == len(_expected(USERS)["positives"]) == 147
     funnel, base = metrics["funnel"], metrics["baselines"]
     print(json.dumps({"funnel": funnel, "baselines": base, "recall": metrics["stages"]["recall"]}))
-    # Recall (GEO, one worker: the same numbers in two runs) beats most-popular: NDCG@10 0.0795 vs 0.0675.
-    assert base["recall_alone"]["ndcg@10"] > 1.1 * base["most_popular"]["ndcg@10"], base
-    assert metrics["stages"]["recall"]["recall@300"] > 0.4, metrics["stages"]["recall"]  # measured 0.458
-    assert 0.0 < funnel["ndcg@10"] <= 1.0 and funnel["hr@10"] > 0.2, funnel  # measured 0.286 / 0.299
-    if funnel["ndcg@10"] <= base["most_popular"]["ndcg@10"]:
-        pytest.xfail(f"the whole funnel's NDCG@10 {funnel['ndcg@10']:.4f} is below most-popular's "
-                     f"{base['most_popular']['ndcg@10']:.4f} and recall alone's {base['recall_alone']['ndcg@10']:.4f} "
-                     "(measured 0.0613-0.0672 vs 0.0675 here with the rankers on exposures and candidates; the "
-                     "default's validation period has too few requests at this size, and at the full size it gives "
-                     "0.1015-0.1043 vs 0.0784 / 0.0926-0.0933: benchmarks/RESULTS.md)")
+    assert metrics["stages"]["recall"]["recall@300"] > 0.4, metrics["stages"]["recall"]  # measured 0.425
+    # measured: funnel 0.0783, recall alone 0.0584, most-popular 0.0675, EASE 0.0820 (HR@10 0.367)
+    assert funnel["ndcg@10"] > 1.2 * base["recall_alone"]["ndcg@10"], (funnel, base)
+    assert funnel["ndcg@10"] > 1.05 * base["most_popular"]["ndcg@10"], (funnel, base)
+    assert funnel["hr@10"] > 0.3, funnel
+    for name, stage in metrics["stages"].items():  # fine 0.60 against 0.30, fusion 0.43 against 0.33
+        assert stage["pass_through_ci95"][0] <= stage["pass_through"] <= stage["pass_through_ci95"][1], stage
+        if name in ("fine", "fusion"):
+            assert stage["pass_through"] > 1.2 * stage["chance"], (name, stage)

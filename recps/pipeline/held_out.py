@@ -5,7 +5,7 @@ serves (recps.pipeline.funnel.Funnel.run: recall over the item index without see
 ranker on what it receives), and we report:
 
     per stage    pass_through: held-out positives that survive the stage / those that reached it
-                 (recall: / all positives), pass_through_ci95 its Wilson 95% interval (positives
+                 (recall: / all positives), pass_through_low95 / _high95 its Wilson 95% interval (positives
                  counted as independent trials), chance what keeping at random would pass (each
                  positive survives with kept / received of its request; recall: keep / the unseen
                  catalogue); hits: positives it kept
@@ -251,9 +251,9 @@ def evaluate_funnel(funnel: Funnel, cfg: DictConfig, merger: Any = None, worker:
     stages: dict[str, dict[str, Any]] = {}
     for s in specs:
         survived, reached = (float(x) for x in state[f"{s.name}.pass_through"])
-        row: dict[str, Any] = {"keep": s.keep, "pass_through": v[f"{s.name}.pass_through"],
-                               "pass_through_ci95": list(fm.wilson_interval(survived, reached)),
-                               "chance": v[f"{s.name}.chance"], "hits": survived}
+        low, high = fm.wilson_interval(survived, reached)
+        row: dict[str, Any] = {"keep": s.keep, "pass_through": v[f"{s.name}.pass_through"], "pass_through_low95": low,
+                               "pass_through_high95": high, "chance": v[f"{s.name}.chance"], "hits": survived}
         if s.upstream is None:
             row.update({f"{m}@{s.keep}": v[f"{s.name}.{m}@{s.keep}"] for m in ("recall", "ndcg", "hr")})
         else:

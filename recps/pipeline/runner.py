@@ -349,8 +349,6 @@ def funnel_work(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -
 
 
 def _fmt(value) -> str:
-    if isinstance(value, (list, tuple)):  # an interval
-        return "[" + ", ".join(_fmt(v) for v in value) + "]"
     return f"{value:.4f}" if isinstance(value, float) and math.isfinite(value) else str(value)
 
 

@@ -54,8 +54,9 @@ def _cfg(*extra: str):
     (["+pipeline.refresh.ranker=1"], "pipeline.refresh.ranker", "the stages are"),
     (["+pipeline.baselines.sasrec.max_len=0"], "pipeline.baselines.sasrec.max_len=0", "an integer >= 1"),
     (["+pipeline.baselines.sasrec.epochs=3"], "pipeline.baselines.sasrec.epochs=3", "is read by nothing"),
-    (["pipeline.stages.fine.inputs.train_on=[exposures,candidates]",
-      "pipeline.stages.fusion.inputs.train_on=[exposures,candidates]"], "pipeline.refresh=", "drop pipeline.refresh"),
+    (["pipeline.stages.fine.inputs.train_on=[exposures,candidates]", "pipeline.stages.fine.inputs.scores=[recall,coarse]",
+      "pipeline.stages.fusion.inputs.train_on=[exposures,candidates]",
+      "pipeline.stages.fusion.inputs.scores=[recall,coarse,fine]"], "pipeline.refresh=", "drop pipeline.refresh"),
     # item_cf (EASE of the training rows) is read as of the period: never by a stage trained on exposures
     (["pipeline.stages.fusion.inputs.scores=[recall,coarse,fine,item_cf]",
       "pipeline.stages.fusion.inputs.train_on=[exposures,candidates]"], "pipeline.stages.fusion.inputs.scores reads "

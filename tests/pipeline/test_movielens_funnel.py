@@ -30,6 +30,7 @@ SMALL = [
     # request); the period's 145 requests give fusion 8,700 rows: 20 epochs (chosen on the tune split of these
     # users: NDCG@10 0.1003 against 0.0540 with 2, recall alone 0.0972; benchmarks/RESULTS.md)
     "pipeline.stages.fusion.trainer.epochs=20",
+    "pipeline.baselines.ease.max_items=1500",  # EASE (item_cf and the baseline) over the slice's 1,500 most rated
 ]
 STAGES = {"recall": "geo", "coarse": "async", "fine": "async", "fusion": "sync"}
 
@@ -93,6 +94,6 @@ def test_movielens_funnel_end_to_end(tmp_path):
     assert funnel["ndcg@10"] > 1.05 * base["most_popular"]["ndcg@10"], (funnel, base)
     assert funnel["hr@10"] > 0.3, funnel
     for name, stage in metrics["stages"].items():  # fine 0.60 against 0.30, fusion 0.43 against 0.33
-        assert stage["pass_through_ci95"][0] <= stage["pass_through"] <= stage["pass_through_ci95"][1], stage
+        assert stage["pass_through_low95"] <= stage["pass_through"] <= stage["pass_through_high95"], stage
         if name in ("fine", "fusion"):
             assert stage["pass_through"] > 1.2 * stage["chance"], (name, stage)

@@ -63,9 +63,10 @@ log = logging.getLogger("benchmarks.recbole_peer")
 FUNNEL_CONF = PROJECT_ROOT / "conf" / "pipeline" / "movielens_funnel.yaml"
 RUNNER = Path(__file__).resolve().parent / "recbole_peer_runner.py"
 DEFAULT_VENV = Path.home() / ".cache" / "recps" / "recbole-venv"
-# RecBole 1.2.1 with torch 2.13: numpy 2 and setuptools 81 broke its imports (the runner uses its Trainer's
-# per-epoch methods, so the version is pinned).
-REQUIREMENTS = ("recbole==1.2.1", "torch==2.13.0", "numpy<2", "setuptools<81")
+# RecBole 1.2.1 with torch 2.13: numpy 2 and setuptools 81 broke its imports, pandas 3 its remapping of an item
+# sequence column (SASRec's files: "Length of values (1) does not match length of index"); the runner uses its
+# Trainer's per-epoch methods, so the version is pinned.
+REQUIREMENTS = ("recbole==1.2.1", "torch==2.13.0", "numpy<2", "setuptools<81", "pandas<3")
 VALIDATION_FRACTION = 0.2  # each user's latest share of training rows (movielens_funnel.yaml's validation_fraction)
 MAX_LEN = 50  # SASRec's sequence length (RecBole's MAX_ITEM_LIST_LENGTH default)
 N = 10

@@ -140,7 +140,8 @@ def _sequences(users: torch.Tensor, items: torch.Tensor) -> dict[int, list[int]]
 
 
 def _general(path: Path, users: torch.Tensor, items: torch.Tensor) -> None:
-    _write(path, ["user_id:token", "item_id:token"], [[str(u) for u in users.tolist()], [str(i) for i in items.tolist()]])
+    _write(path, ["user_id:token", "item_id:token"],
+           [[str(u) for u in users.tolist()], [str(i) for i in items.tolist()]])
 
 
 def _sequential(path: Path, rows: list[tuple[int, list[int], int]]) -> None:
@@ -283,7 +284,8 @@ def run_model(name: str, data: FunnelData, out: Path, python: Path, args: argpar
 
 
 def markdown(rows: list[dict]) -> str:
-    out = ["| model | NDCG@10 (recps' metric) | HR@10 (recps' metric) | RecBole's own NDCG@10 / Hit@10 | chosen on validation | epochs | wall |",
+    out = ["| model | NDCG@10 (recps' metric) | HR@10 (recps' metric) | RecBole's own NDCG@10 / Hit@10 "
+           "| chosen on validation | epochs | wall |",
            "|---|---|---|---|---|---|---|"]
     for r in rows:
         own = r["recbole_own"]
@@ -319,7 +321,8 @@ def check_args(args: argparse.Namespace) -> list[str]:
     models = [m.strip().lower() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in models if m not in MODELS]
     if unknown or not models:
-        raise SystemExit(f"recbole_peer: --models {args.models!r}: unknown model {unknown[0] if unknown else '(none)'!r}; "
+        bad = unknown[0] if unknown else "(none)"
+        raise SystemExit(f"recbole_peer: --models {args.models!r}: unknown model {bad!r}; "
                          f"use a comma-separated list of {', '.join(MODELS)}")
     for flag, path in (("--ratings", args.ratings), ("--movies", args.movies)):
         if path and not Path(path).is_file():
@@ -345,7 +348,8 @@ def main(argv: list[str] | None = None) -> dict:
     for name in models:
         rows.append(run_model(name, data, out, python, args))
         result = {"command": "python -m benchmarks.recbole_peer " + " ".join(sys.argv[1:] if argv is None else argv),
-                  "split": {"conf": str(FUNNEL_CONF.relative_to(PROJECT_ROOT)), "requests": int(data.test_users.numel()),
+                  "split": {"conf": str(FUNNEL_CONF.relative_to(PROJECT_ROOT)),
+                            "requests": int(data.test_users.numel()),
                             "train_rows": int(data.train_user.numel()), "items": data.num_items,
                             "validation_fraction": VALIDATION_FRACTION},
                   "models": rows, "recps_figures_cited": RECPS_FIGURES, "markdown": markdown(rows)}

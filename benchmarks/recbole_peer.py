@@ -16,22 +16,28 @@ user and item tokens = recps' user and item indices) in two datasets:
 
     select   train = each user's earlier training rows, valid = the clicks (rating >= 4) among the user's latest
              20% of training rows (recps.pipeline.ease.holdout_latest, as EASE's λ and SASRec alone's epochs
-             are chosen), test = the held-out positives. Settings and epochs are chosen here, on valid only.
-    all      train = every training row, valid = the same rows as select's (not read: a refit does not
-             validate), test = the held-out positives: the chosen setting is refitted on it for the chosen
-             epochs (as recps' baselines are), unless --no-refit or the --max-minutes budget leaves no time.
+             are chosen), test = the held-out positives (read only for RecBole's own figures).
+    all      train = every training row; valid and test as in select.
+
+1. select: each setting of the model's grid trains its epochs (or until --max-minutes); after every epoch
+   RecBole lists its top 10 for each user with a validation positive (input: the earlier rows; excluded: the
+   items of those rows and items with no earlier row). recps' NDCG@10 of those lists (recps.metrics.funnel)
+   chooses the setting and the epochs. RecBole's own validation NDCG is recorded, not used: for SASRec it does
+   not exclude the user's own items, and it stayed near 0.01 while recps' figure rose.
+2. refit: the chosen setting trains on `all` for the chosen epochs (as recps' EASE and SASRec alone are
+   refitted), unless --no-refit or the --max-minutes budget cannot fit it: then the select model's lists at
+   the chosen epoch are scored (said in the results).
+3. RecBole lists its top 10 over its whole item vocabulary for each held-out request user (input: the user's
+   whole training history; excluded: `data.seen`, the items the user rated in training, and items without a
+   training row, which RecBole could not have learned); this script checks the exclusions, then scores the
+   lists with the held-out evaluation's NDCG@10 and HR@10 (benchmarks.sasrec_alone_bench.list_metrics) over
+   `data.test_users`, the funnel run's requests. RecBole's own test figures (its NDCG / Hit / Recall @10 on
+   its test file, its definitions and masking) are reported beside them, labelled `recbole_own_test`.
 
 SASRec's files hold RecBole's sequential layout (each row: the item sequence before the target, at most
 MAX_LEN items); a valid or test row's sequence is the user's training rows before the split, never another
-held-out item. After training, RecBole scores its whole item vocabulary for each held-out request user (the
-input: the user's whole training history); here those scores are read back, items the user rated in training
-(`data.seen`) and items with no training row (RecBole could not have learned them) are excluded, and the top
-10 is scored by recps.metrics.funnel's NDCG@10 and HR@10 (benchmarks.sasrec_alone_bench.list_metrics, the
-held-out evaluation's definition) over `data.test_users`, the funnel run's requests. RecBole's own test
-figures (its NDCG / Hit / Recall @10 on its test file, its own definitions and masking) are reported beside
-them, labelled `recbole_own`.
-
-Writes DIR/recbole_peer.json (default DIR: outputs/recbole_peer/<date>/<time>) and prints a Markdown table.
+held-out item. Writes DIR/recbole_peer.json (default DIR: outputs/recbole_peer/<date>/<time>), prints a
+Markdown table.
 """
 
 from __future__ import annotations
@@ -53,10 +59,12 @@ from omegaconf import OmegaConf
 
 from benchmarks.sasrec_alone_bench import list_metrics
 from recps.config import PROJECT_ROOT
-from recps.pipeline.data import FunnelData, movielens
+from recps.metrics import funnel as fm
+from recps.pipeline.data import Csr, FunnelData, csr_from_pairs, movielens
 from recps.pipeline.ease import holdout_latest
 
-__all__ = ["MODELS", "REQUIREMENTS", "Export", "load_split", "export", "read_inter", "top_lists", "main"]
+__all__ = ["MODELS", "REQUIREMENTS", "Export", "load_split", "export", "read_inter", "check_lists", "validation_ndcg",
+           "main"]
 
 log = logging.getLogger("benchmarks.recbole_peer")
 
@@ -71,18 +79,18 @@ VALIDATION_FRACTION = 0.2  # each user's latest share of training rows (movielen
 MAX_LEN = 50  # SASRec's sequence length (RecBole's MAX_ITEM_LIST_LENGTH default)
 N = 10
 
-# Each model: RecBole's name, its kind, the fixed settings, the grid tried on the validation rows, the epoch
-# bound and the early-stopping patience (epochs without a better validation NDCG@10).
+# Each model: RecBole's name, its kind, the fixed settings, the grid tried on the validation rows and the epoch
+# bound (each setting trains that many epochs, or until --max-minutes; the epochs are chosen afterwards).
 MODELS = {
     "bpr": {"recbole": "BPR", "kind": "general", "fixed": {"embedding_size": 64, "train_batch_size": 2048},
-            "grid": [{"learning_rate": 0.001}, {"learning_rate": 0.005}], "max_epochs": 200, "patience": 10},
+            "grid": [{"learning_rate": 0.001}, {"learning_rate": 0.005}], "max_epochs": 100},
     # SASRec: RecBole's defaults but the batch: at 2048 (40 steps an epoch) a trial reached validation NDCG@10
     # 0.0094 after its first epoch (4.5 min on one loaded core); 256 takes 8x the steps for about the same epoch.
     "sasrec": {"recbole": "SASRec", "kind": "sequential",
                "fixed": {"n_layers": 2, "n_heads": 2, "hidden_size": 64, "inner_size": 256,
                          "hidden_dropout_prob": 0.5, "attn_dropout_prob": 0.5, "loss_type": "CE",
                          "MAX_ITEM_LIST_LENGTH": MAX_LEN},
-               "grid": [{"learning_rate": 0.001, "train_batch_size": 256}], "max_epochs": 8, "patience": 2},
+               "grid": [{"learning_rate": 0.001, "train_batch_size": 256}], "max_epochs": 8},
 }
 
 # RESULTS.md's recps figures on this split (591 requests), cited, not re-measured.
@@ -119,13 +127,19 @@ def _ordered(data: FunnelData) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
 
 @dataclass
 class Export:
-    """What `export` wrote: the atomic-file folder (datasets `select` and `all` for one model kind), the
-    requests file, and the recps ids behind them."""
+    """What `export` wrote for one model kind: the atomic-file folder (datasets `select` and `all`), the users
+    RecBole lists items for (`valid.tsv`: the users with a validation positive, their earlier rows as input and
+    exclusion; `requests.tsv`: the held-out request users, their whole training history as input, their
+    training-rated items, `data.seen`, excluded), and the recps tensors behind them."""
 
     folder: Path
     requests: Path
+    valid: Path
     request_users: torch.Tensor  # (R,) data.test_users
-    trained_items: torch.Tensor  # (I,) bool: the item has a training row
+    valid_users: torch.Tensor  # (V,) the users with a validation positive, ascending
+    valid_positives: Csr  # over valid_users: their validation positives
+    trained_items: torch.Tensor  # (I,) bool: the item has a training row (dataset `all`)
+    early_items: torch.Tensor  # (I,) bool: the item has an earlier training row (dataset `select`)
 
 
 def _write(path: Path, header: list[str], columns: list[list[str]]) -> None:
@@ -191,11 +205,26 @@ def export(data: FunnelData, folder: Path, kind: str, validation_fraction: float
         raise ValueError(f"recbole_peer: kind {kind!r}; use 'general' or 'sequential'")
     whole = _sequences(users, items)
     requests = folder / "requests.tsv"
-    _write(requests, ["user", "history"], [[str(u) for u in data.test_users.tolist()],
-                                           [" ".join(map(str, whole.get(u, []))) for u in data.test_users.tolist()]])
+    seen = data.seen.rows(data.test_users)
+    excluded = [" ".join(map(str, seen.items[seen.offsets[r]:seen.offsets[r + 1]].tolist()))
+                for r in range(data.test_users.numel())]
+    _write(requests, ["user", "history", "exclude"],
+           [[str(u) for u in data.test_users.tolist()],
+            [" ".join(map(str, whole.get(u, []))) for u in data.test_users.tolist()], excluded])
+    asked = torch.unique(val_u)  # (V,) ascending
+    row = torch.full((data.num_users,), -1, dtype=torch.int64)
+    row[asked] = torch.arange(asked.numel())
+    earlier = _sequences(early_u, early_i)
+    valid = folder / "valid.tsv"
+    _write(valid, ["user", "history", "exclude"],
+           [[str(u) for u in asked.tolist()], [" ".join(map(str, earlier[u])) for u in asked.tolist()],
+            [" ".join(map(str, sorted(set(earlier[u])))) for u in asked.tolist()]])
     trained = torch.zeros(data.num_items, dtype=torch.bool)
     trained[items] = True
-    return Export(folder, requests, data.test_users.clone(), trained)
+    early_trained = torch.zeros(data.num_items, dtype=torch.bool)
+    early_trained[early_i] = True
+    return Export(folder, requests, valid, data.test_users.clone(), asked,
+                  csr_from_pairs(row[val_u], val_i, int(asked.numel())), trained, early_trained)
 
 
 def read_inter(path: Path) -> dict[str, list[str]]:
@@ -206,20 +235,24 @@ def read_inter(path: Path) -> dict[str, list[str]]:
     return {name: [r[c] for r in rows] for c, name in enumerate(names)}
 
 
-def top_lists(scores: np.ndarray, tokens: list[str], data: FunnelData, exported: Export, n: int) -> torch.Tensor:
-    """(R, n) each request's top n recps item ids from RecBole's (R, V) scores over its vocabulary (`tokens`: the
-    item token of each column; "[PAD]" and other non-item tokens dropped); items the user rated in training
-    and items without a training row are excluded (-1 pads when fewer are left)."""
-    r = scores.shape[0]
-    full = torch.full((r, data.num_items), float("-inf"))  # (R, I)
-    ids = np.array([int(t) if t.isdigit() else -1 for t in tokens])  # (V,) recps item id of each column
-    ok = ids >= 0
-    full[:, torch.from_numpy(ids[ok])] = torch.from_numpy(scores[:, ok].astype(np.float32))
-    full[:, ~exported.trained_items] = float("-inf")
-    seen = data.seen.rows(exported.request_users)
-    full[seen.row_ids(), seen.items] = float("-inf")
-    value, top = torch.topk(full, n, dim=1)  # (R, n)
-    return torch.where(torch.isfinite(value), top, torch.full_like(top, -1))
+def check_lists(lists: np.ndarray, users: torch.Tensor, exclude: Csr, allowed: torch.Tensor, n: int) -> torch.Tensor:
+    """RecBole's (B, k) lists (recps item ids, -1 pads) as a (B, n) tensor, after checking that none lists an
+    item `exclude` holds for its user or an item outside `allowed` (the runner applies both)."""
+    out = torch.from_numpy(np.ascontiguousarray(lists[:, :n])).to(torch.int64)  # (B, n)
+    if out.shape != (users.numel(), n):
+        raise RuntimeError(f"recbole_peer: RecBole listed {tuple(lists.shape)} items for {users.numel()} users; "
+                           f"expected ({users.numel()}, >= {n}): see the runner's log")
+    bad = fm.hits(out, exclude.offsets, exclude.items) | ((out >= 0) & ~allowed[out.clamp(min=0)])
+    if bool(bad.any()):
+        raise RuntimeError(f"recbole_peer: RecBole listed {int(bad.sum())} excluded or untrained items; "
+                           f"the runner's exclusion is broken")
+    return out
+
+
+def validation_ndcg(lists: torch.Tensor, positives: Csr, n: int) -> float:
+    """recps.metrics.funnel's NDCG@n of (V, n) lists against the validation positives."""
+    pair = fm.ndcg_at_k(lists, positives.offsets, positives.items, n, "ndcg")["ndcg"]
+    return float(pair[0] / pair[1])
 
 
 def ensure_venv(venv: Path) -> Path:
@@ -255,55 +288,109 @@ def base_config(kind: str, checkpoints: Path) -> dict:
     return out
 
 
-def run_model(name: str, data: FunnelData, out: Path, python: Path, args: argparse.Namespace) -> dict:
-    """Exports the split for `name`'s kind, runs RecBole on it in its virtualenv, scores its lists; one row."""
-    spec = MODELS[name]
-    folder = out / name
-    exported = export(data, folder / "data", spec["kind"])
-    budget = 60.0 * args.max_minutes
-    job = {"model": spec["recbole"], "kind": spec["kind"], "data_path": str(folder / "data"), "select": "select",
-           "all": "all", "base": {**base_config(spec["kind"], folder / "saved"), **spec["fixed"]},
-           "grid": spec["grid"], "max_epochs": args.epochs or spec["max_epochs"], "patience": spec["patience"],
-           "deadline": time.time() + budget, "refit": not args.no_refit, "threads": args.threads,
-           "requests": str(exported.requests), "out": str(folder)}
+def _run(job: dict, folder: Path, spec: dict, python: Path, args: argparse.Namespace) -> dict:
+    """One RecBole runner process on `job` (nice -n 10, a timeout); its result.json."""
+    folder.mkdir(parents=True, exist_ok=True)
     (folder / "job.json").write_text(json.dumps(job, indent=1))
     command = ["nice", "-n", "10", str(python), str(RUNNER), str(folder / "job.json")]
-    log.info("RecBole %s: %s (budget %.0f min)", spec["recbole"], " ".join(command), args.max_minutes)
-    start = time.perf_counter()
+    log.info("RecBole %s on %s: %s", spec["recbole"], job["dataset"], " ".join(command))
+    timeout = max(60.0, job["deadline"] - time.time()) + 900  # + data loading, listing, RecBole's own figures
     try:
         with open(folder / "runner.log", "w") as sink:
             subprocess.run(command, cwd=folder, env=_env(args.threads), stdout=sink, stderr=subprocess.STDOUT,
-                           check=True, timeout=budget + 900)  # + data loading, scoring, RecBole's own test
+                           check=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         raise SystemExit(f"recbole_peer: RecBole {spec['recbole']} still ran after {exc.timeout:.0f} s (--max-minutes "
                          f"{args.max_minutes} + 15 min); its log: {folder / 'runner.log'}") from exc
     except subprocess.CalledProcessError as exc:
         raise SystemExit(f"recbole_peer: RecBole {spec['recbole']} failed (exit {exc.returncode}); its log: "
                          f"{folder / 'runner.log'}") from exc
-    wall = time.perf_counter() - start
-    result = json.loads((folder / "result.json").read_text())
-    scores = np.load(folder / "scores.npy")
-    tokens = json.loads((folder / "items.json").read_text())
-    lists = top_lists(scores, tokens, data, exported, N)
-    return {"model": spec["recbole"], **list_metrics(lists, data, N), "requests": int(lists.shape[0]),
-            "recbole_own": result["recbole_test"], "chosen": result["chosen"], "refit": result["refit"],
-            "trials": result["trials"], "wall_seconds": wall, "runner_seconds": result["seconds"],
-            "versions": result["versions"], "torch_threads": result["torch_threads"],
-            "scored_dataset": result["scored_dataset"]}
+    return json.loads((folder / "result.json").read_text())
+
+
+def _tokens(mask: torch.Tensor) -> list[str]:
+    return [str(i) for i in mask.nonzero().flatten().tolist()]
+
+
+def run_model(name: str, data: FunnelData, out: Path, python: Path, args: argparse.Namespace) -> dict:
+    """Exports the split for `name`'s kind, runs RecBole on it in its virtualenv (select, then refit), chooses
+    the setting and epochs by recps' validation NDCG@10 and scores the chosen model's lists; one result row."""
+    spec = MODELS[name]
+    folder = out / name
+    exported = export(data, folder / "data", spec["kind"])
+    start = time.perf_counter()
+    deadline = time.time() + 60.0 * args.max_minutes
+    common = {"model": spec["recbole"], "kind": spec["kind"], "data_path": str(folder / "data"), "k": N,
+              "base": {**base_config(spec["kind"], folder / "saved"), **spec["fixed"]}, "threads": args.threads,
+              "deadline": deadline}
+    select = _run({**common, "dataset": "select", "settings": spec["grid"], "every_epoch": True,
+                   "epochs": args.epochs or spec["max_epochs"], "recbole_own": True,
+                   "trained_items": _tokens(exported.early_items), "out": str(folder / "select"),
+                   "lists": {"valid": str(exported.valid), "requests": str(exported.requests)}},
+                  folder / "select", spec, python, args)
+    seen = data.seen.rows(data.test_users)
+    earlier = Csr(*_earlier(exported))
+    trials, best = [], None
+    for index, record in enumerate(select["settings"]):
+        lists = np.load(folder / "select" / f"lists_{index}.npz")
+        curve = {}
+        for row in record["epochs"]:
+            e = row["epoch"]
+            valid = check_lists(lists[f"valid_{e}"], exported.valid_users, earlier, exported.early_items, N)
+            curve[e] = validation_ndcg(valid, exported.valid_positives, N)
+            if best is None or curve[e] > best[2]:  # ties: the earlier setting, the fewer epochs
+                best = (index, e, curve[e])
+        trials.append({"setting": record["setting"], "validation_ndcg@10": curve, "stopped": record["stopped"],
+                       "epoch_seconds": [round(r["seconds"], 1) for r in record["epochs"]],
+                       "recbole_own": {r["epoch"]: {"valid": r.get("recbole_valid"), "test": r.get("recbole_test")}
+                                       for r in record["epochs"]}})
+    if best is None:
+        raise SystemExit(f"recbole_peer: RecBole {spec['recbole']} trained no epoch before the deadline; raise "
+                         f"--max-minutes ({args.max_minutes})")
+    index, epochs, valid_ndcg = best
+    setting = select["settings"][index]["setting"]
+    epoch_seconds = max(r["seconds"] for r in select["settings"][index]["epochs"])
+    lists = np.load(folder / "select" / f"lists_{index}.npz")[f"requests_{epochs}"]
+    own = trials[index]["recbole_own"][epochs]["test"]
+    refit: dict = {"skipped": "--no-refit"} if args.no_refit else {}
+    if not args.no_refit:
+        needed = 1.2 * epochs * epoch_seconds
+        if time.time() + needed > deadline:
+            refit = {"skipped": f"needs ~{needed:.0f} s, past the --max-minutes {args.max_minutes} deadline"}
+        else:
+            final = _run({**common, "dataset": "all", "settings": [setting], "epochs": epochs, "every_epoch": False,
+                          "recbole_own": True, "trained_items": _tokens(exported.trained_items),
+                          "lists": {"requests": str(exported.requests)}, "out": str(folder / "all")},
+                         folder / "all", spec, python, args)
+            lists = np.load(folder / "all" / "lists_0.npz")[f"requests_{epochs}"]
+            own = final["settings"][0]["epochs"][-1]["recbole_test"]
+            refit = {"epochs": epochs, "seconds": final["seconds"]}
+    allowed = exported.trained_items if "epochs" in refit else exported.early_items
+    top = check_lists(lists, data.test_users, seen, allowed, N)
+    return {"model": spec["recbole"], **list_metrics(top, data, N), "requests": int(top.shape[0]),
+            "chosen": {"setting": setting, "epochs": epochs, "validation_ndcg@10": valid_ndcg},
+            "fixed": spec["fixed"], "recbole_own_test": own, "refit": refit, "trials": trials,
+            "wall_seconds": time.perf_counter() - start, "select_seconds": select["seconds"],
+            "versions": select["versions"], "torch_threads": select["torch_threads"]}
+
+
+def _earlier(exported: Export) -> tuple[torch.Tensor, torch.Tensor]:
+    """(offsets, items) over valid_users: the items of their earlier rows (the validation lists' exclusion)."""
+    rows = [line.split("\t") for line in exported.valid.read_text().splitlines()[1:]]
+    items = [[int(i) for i in r[2].split(" ")] if r[2] else [] for r in rows]
+    offsets = torch.tensor([0, *np.cumsum([len(i) for i in items]).tolist()], dtype=torch.int64)
+    return offsets, torch.tensor([i for row in items for i in row], dtype=torch.int64)
 
 
 def markdown(rows: list[dict]) -> str:
     out = ["| model | NDCG@10 (recps' metric) | HR@10 (recps' metric) | RecBole's own NDCG@10 / Hit@10 "
-           "| chosen on validation | epochs | wall |",
-           "|---|---|---|---|---|---|---|"]
+           "| chosen on validation (recps' NDCG@10 there) | refit | wall |", "|---|---|---|---|---|---|---|"]
     for r in rows:
-        own = r["recbole_own"]
-        refit = r["refit"]
-        epochs = f"{r['chosen']['epochs']}" + (" (refitted on all training rows)" if "epochs" in refit
-                                                else f" (not refitted: {refit.get('skipped')})")
+        own, refit, chosen = r["recbole_own_test"] or {}, r["refit"], r["chosen"]
+        done = f"{refit['epochs']} epochs on all training rows" if "epochs" in refit else f"no ({refit['skipped']})"
         out.append(f"| RecBole {r['model']} | {r[f'ndcg@{N}']:.4f} | {r[f'hr@{N}']:.4f} | "
                    f"{own.get(f'ndcg@{N}', float('nan')):.4f} / {own.get(f'hit@{N}', float('nan')):.4f} | "
-                   f"{r['chosen']['setting']} (valid NDCG@10 {r['chosen']['valid']:.4f}) | {epochs} | "
+                   f"{chosen['setting']}, {chosen['epochs']} epochs ({chosen['validation_ndcg@10']:.4f}) | {done} | "
                    f"{r['wall_seconds']:.0f} s |")
     for name, ndcg, hr, where in RECPS_FIGURES:
         out.append(f"| {name} | {ndcg} | {hr} | | {where} | | |")

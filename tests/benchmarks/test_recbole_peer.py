@@ -70,11 +70,21 @@ def test_general_export_is_recps_split(small, tmp_path):
     for user in {u for u, _ in valid}:
         last_early = max(position[key] for key in early if key[0] == user)
         assert all(position[key] > last_early for key in valid if key[0] == user)
-    requests = peer.read_inter(out.requests)
+    requests = peer.read_inter(out.requests)  # the held-out requests: whole history in, data.seen excluded
     assert [int(u) for u in requests["user"]] == data.test_users.tolist()
-    for u, history in zip(requests["user"], requests["history"]):
+    seen = data.seen.rows(data.test_users)
+    for r, (u, history, exclude) in enumerate(zip(requests["user"], requests["history"], requests["exclude"])):
         assert [int(i) for i in history.split(" ")] == items[users == int(u)].tolist()
+        assert [int(i) for i in exclude.split(" ")] == seen.items[seen.offsets[r]:seen.offsets[r + 1]].tolist()
     assert out.trained_items.nonzero().flatten().tolist() == sorted({i for _, i in train})
+    assert out.early_items.nonzero().flatten().tolist() == sorted({i for _, i in early})
+    asked = peer.read_inter(out.valid)  # the validation users: earlier rows in and excluded
+    assert [int(u) for u in asked["user"]] == out.valid_users.tolist() == sorted({u for u, _ in valid})
+    for row, (u, history, exclude) in enumerate(zip(asked["user"], asked["history"], asked["exclude"])):
+        assert [int(i) for i in history.split(" ")] == ei[eu == int(u)].tolist()
+        assert {int(i) for i in exclude.split(" ")} == set(ei[eu == int(u)].tolist())
+        got = out.valid_positives.items[out.valid_positives.offsets[row]:out.valid_positives.offsets[row + 1]]
+        assert sorted(got.tolist()) == sorted(i for v, i in valid if v == int(u))
 
 
 def test_sequential_export_reads_only_earlier_training_items(small, tmp_path):
@@ -111,30 +121,31 @@ def test_movielens_export_has_the_funnels_requests(tmp_path):
     assert [int(u) for u in peer.read_inter(out.requests)["user"]] == data.test_users.tolist()
 
 
-def test_lists_exclude_seen_and_untrained_items_and_score_with_recps_metrics(small, tmp_path):
+def test_lists_are_checked_and_scored_with_recps_metrics(small, tmp_path):
     data = small
     out = peer.export(data, tmp_path / "general", "general")
-    tokens = ["[PAD]", *[str(i) for i in range(data.num_items)]]
-    r = data.test_users.numel()
-    scores = np.zeros((r, len(tokens)), np.float32)
-    scores[:, 1:] = np.arange(data.num_items, dtype=np.float32)  # higher id, higher score
-    p = data.test_positives
-    scores[p.row_ids().numpy(), p.items.numpy() + 1] = 1000.0  # the held-out positives first
     seen = data.seen.rows(data.test_users)
-    scores[seen.row_ids().numpy(), seen.items.numpy() + 1] = 1e6  # seen items would come first: excluded
-    n = 5
-    lists = peer.top_lists(scores, tokens, data, out, n)
-    assert lists.shape == (r, n)
-    reachable = 0
-    for row in range(r):
-        kept = [i for i in lists[row].tolist() if i >= 0]
-        assert not set(kept) & set(seen.items[seen.offsets[row]:seen.offsets[row + 1]].tolist())
-        assert all(bool(out.trained_items[i]) for i in kept)
-        wanted = [i for i in p.items[p.offsets[row]:p.offsets[row + 1]].tolist() if out.trained_items[i]]
-        assert set(kept[: min(n, len(wanted))]) <= set(wanted)  # the positives it can score come first
-        reachable += bool(wanted)
-    metrics = list_metrics(lists, data, n)  # recps' held-out NDCG / HR over every request
-    assert reachable > 0 and metrics[f"hr@{n}"] == pytest.approx(reachable / r)
+    p = data.test_positives
+    r, n = data.test_users.numel(), 3
+    reachable = [[i for i in p.items[p.offsets[k]:p.offsets[k + 1]].tolist() if out.trained_items[i]][:n]
+                 for k in range(r)]
+    lists = np.array([row + [-1] * (n - len(row)) for row in reachable], dtype=np.int64)  # (R, n) the positives
+    top = peer.check_lists(lists, data.test_users, seen, out.trained_items, n)
+    metrics = list_metrics(top, data, n)  # recps' held-out NDCG / HR over every request
+    share = sum(bool(row) for row in reachable) / r
+    assert 0 < share and metrics[f"hr@{n}"] == pytest.approx(share)
+    assert peer.validation_ndcg(top[:, :n], p, n) == pytest.approx(metrics[f"ndcg@{n}"])
+    bad = lists.copy()
+    bad[0, 0] = int(seen.items[0])  # a training-rated item of request 0
+    with pytest.raises(RuntimeError, match="excluded or untrained"):
+        peer.check_lists(bad, data.test_users, seen, out.trained_items, n)
+    untrained = int((~out.trained_items).nonzero()[0])
+    bad = lists.copy()
+    bad[1, 0] = untrained
+    with pytest.raises(RuntimeError, match="excluded or untrained"):
+        peer.check_lists(bad, data.test_users, seen, out.trained_items, n)
+    with pytest.raises(RuntimeError, match="expected"):
+        peer.check_lists(lists[:-1], data.test_users, seen, out.trained_items, n)
 
 
 def test_bad_input_is_one_line_before_anything_heavy(monkeypatch, tmp_path, capsys):
@@ -157,7 +168,7 @@ def test_bad_input_is_one_line_before_anything_heavy(monkeypatch, tmp_path, caps
 def test_models_state_their_settings_and_share_the_evaluation_config(tmp_path):
     assert set(peer.MODELS) == {"bpr", "sasrec"}
     for spec in peer.MODELS.values():
-        assert spec["grid"] and spec["max_epochs"] > 0 and spec["patience"] > 0
+        assert spec["grid"] and spec["max_epochs"] > 0
         base = peer.base_config(spec["kind"], tmp_path)
         assert base["benchmark_filename"] == ["train", "valid", "test"] and base["valid_metric"] == "NDCG@10"
     assert peer.base_config("sequential", tmp_path)["alias_of_item_id"] == ["item_id_list"]

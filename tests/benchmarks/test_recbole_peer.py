@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from benchmarks import recbole_peer as peer
 from benchmarks.sasrec_alone_bench import list_metrics
@@ -172,6 +173,8 @@ def test_models_state_their_settings_and_share_the_evaluation_config(tmp_path):
         base = peer.base_config(spec["kind"], tmp_path)
         assert base["benchmark_filename"] == ["train", "valid", "test"] and base["valid_metric"] == "NDCG@10"
     assert peer.base_config("sequential", tmp_path)["alias_of_item_id"] == ["item_id_list"]
+    funnel = OmegaConf.load(peer.FUNNEL_CONF)  # the validation share recps' funnel and baselines use
+    assert funnel.validation_fraction == funnel.baselines.ease.validation_fraction == peer.VALIDATION_FRACTION
     args = peer.parse_args([])
     assert (args.models, args.threads, args.epochs) == ("bpr,sasrec", 1, 0)
     assert peer.check_args(argparse.Namespace(models="SASRec", ratings=None, movies=None, epochs=0, max_minutes=1,

@@ -89,7 +89,7 @@ def test_movielens_funnel_end_to_end(tmp_path):
     funnel, base = metrics["funnel"], metrics["baselines"]
     print(json.dumps({"funnel": funnel, "baselines": base, "recall": metrics["stages"]["recall"]}))
     assert metrics["stages"]["recall"]["recall@300"] > 0.4, metrics["stages"]["recall"]  # measured 0.425
-    # measured: funnel 0.0783, recall alone 0.0584, most-popular 0.0675, EASE 0.0820 (HR@10 0.367)
+    # measured: funnel 0.0796-0.0906, recall alone 0.0584-0.0590, most-popular 0.0675, EASE 0.0813 (HR@10 0.367-0.388)
     assert funnel["ndcg@10"] > 1.2 * base["recall_alone"]["ndcg@10"], (funnel, base)
     assert funnel["ndcg@10"] > 1.05 * base["most_popular"]["ndcg@10"], (funnel, base)
     assert funnel["hr@10"] > 0.3, funnel

@@ -28,6 +28,35 @@ if _CHECKOUT not in sys.path:
 
 from tests.helpers.cli import follow_launch  # noqa: E402 - after the sys.path entry above
 from tests.helpers.cluster import ps_servers, run_in_process  # noqa: E402
+from tests.helpers.schedule import LongestFirstLoadFile, unit_seconds  # noqa: E402
+
+# ------------------------------------------------------------------------------ scheduling
+
+_TEST_SECONDS: dict[str, float] = {}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--record-durations", metavar="PATH", default=None,
+                     help="write this run's seconds per scheduling unit (tests/helpers/schedule.py) to PATH, "
+                          "as tests/durations.json holds them")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile sends the longest files first (tests/helpers/schedule.py); other modes are xdist's."""
+    if config.getvalue("dist") == "loadfile":
+        return LongestFirstLoadFile(config, log)
+    return None
+
+
+def pytest_runtest_logreport(report):
+    _TEST_SECONDS[report.nodeid] = _TEST_SECONDS.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    path = session.config.getoption("record_durations", None)
+    if path and not hasattr(session.config, "workerinput"):  # the controller: every worker's reports
+        Path(path).write_text(json.dumps(unit_seconds(_TEST_SECONDS), indent=0) + "\n")
 
 # ------------------------------------------------------------------------------------ e2e
 

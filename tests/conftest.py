@@ -33,6 +33,7 @@ from tests.helpers.schedule import LongestFirstLoadFile, unit_seconds  # noqa: E
 # ------------------------------------------------------------------------------ scheduling
 
 _TEST_SECONDS: dict[str, float] = {}
+_SKIPPED: set[str] = set()
 
 
 def pytest_addoption(parser):
@@ -62,13 +63,17 @@ def pytest_configure(config):
 
 
 def pytest_runtest_logreport(report):
+    if report.skipped and not hasattr(report, "wasxfail"):  # a skip's seconds say nothing of the test's run
+        _SKIPPED.add(report.nodeid)
+        return
     _TEST_SECONDS[report.nodeid] = _TEST_SECONDS.get(report.nodeid, 0.0) + report.duration
 
 
 def pytest_sessionfinish(session):
     path = session.config.getoption("record_durations", None)
     if path and not hasattr(session.config, "workerinput"):  # the controller: every worker's reports
-        Path(path).write_text(json.dumps(unit_seconds(_TEST_SECONDS), indent=0) + "\n")
+        ran = {nodeid: s for nodeid, s in _TEST_SECONDS.items() if nodeid not in _SKIPPED}
+        Path(path).write_text(json.dumps(unit_seconds(ran), indent=0) + "\n")
 
 # ------------------------------------------------------------------------------------ e2e
 

@@ -28,6 +28,52 @@ if _CHECKOUT not in sys.path:
 
 from tests.helpers.cli import follow_launch  # noqa: E402 - after the sys.path entry above
 from tests.helpers.cluster import ps_servers, run_in_process  # noqa: E402
+from tests.helpers.schedule import LongestFirstLoadFile, unit_seconds  # noqa: E402
+
+# ------------------------------------------------------------------------------ scheduling
+
+_TEST_SECONDS: dict[str, float] = {}
+_SKIPPED: set[str] = set()
+
+
+def pytest_addoption(parser):
+    parser.addoption("--record-durations", metavar="PATH", default=None,
+                     help="write this run's seconds per scheduling unit (tests/helpers/schedule.py) to PATH, "
+                          "as tests/durations.json holds them")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile sends the longest files first (tests/helpers/schedule.py); other modes are xdist's."""
+    if config.getvalue("dist") == "loadfile":
+        return LongestFirstLoadFile(config, log)
+    return None
+
+
+def pytest_configure(config):
+    """An xdist worker uses its share of the cores for torch's intra-op threads (2 cores, 2 workers:
+    1 each). With torch's default (every core in each worker) the two workers' OpenMP teams contend
+    for the same cores: measured, a 2-second Trainer.fit test took 10-14 s beside a busy 2-thread
+    process, 2.5 s with 1 thread. Processes a test starts set their own thread counts."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if os.environ.get("PYTEST_XDIST_WORKER") and workers > 1:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and not hasattr(report, "wasxfail"):  # a skip's seconds say nothing of the test's run
+        _SKIPPED.add(report.nodeid)
+        return
+    _TEST_SECONDS[report.nodeid] = _TEST_SECONDS.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    path = session.config.getoption("record_durations", None)
+    if path and not hasattr(session.config, "workerinput"):  # the controller: every worker's reports
+        ran = {nodeid: s for nodeid, s in _TEST_SECONDS.items() if nodeid not in _SKIPPED}
+        Path(path).write_text(json.dumps(unit_seconds(ran), indent=0) + "\n")
 
 # ------------------------------------------------------------------------------------ e2e
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
 from recps.config import PROJECT_ROOT, register_resolvers
@@ -58,7 +59,10 @@ def api_run(tmp_path_factory) -> tuple[Path, dict]:
 @pytest.fixture(scope="module")
 def cli_run(tmp_path_factory, api_run) -> Path:
     out = tmp_path_factory.mktemp("cli")
-    recps_train(*BASE, *DUMP, "metrics.every_steps=4", f"hydra.run.dir={out}", timeout=400)
+    # The child's torch runs as many intra-op threads as this process (an xdist worker runs 1,
+    # tests/conftest.py): sums split over another number of threads round differently.
+    recps_train(*BASE, *DUMP, "metrics.every_steps=4", f"hydra.run.dir={out}", timeout=400,
+                env={"OMP_NUM_THREADS": str(torch.get_num_threads())})
     return out
 
 

@@ -31,8 +31,10 @@ MARGIN = 0.02
 RANKING = ("ctr_dnn", "deepfm", "lr", "fm", "wide_deep", "dcn", "dcn_v2", "xdeepfm", "autoint", "dlrm")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def learning_world_dir(tmp_path_factory):
+    """Generated once per pytest process: `make test` sends each test of this file on its own
+    (tests/helpers/schedule.py SPLIT), so they need not run one after another on one worker."""
     return tmp_path_factory.mktemp("learning_world")
 
 

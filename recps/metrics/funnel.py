@@ -18,7 +18,8 @@ The pair each function returns, as {name: (2,) float64 [numerator, denominator]}
 
     pass_through(received, kept, ...)   positives in `kept` / positives in `received` (the stage's
                                         input; None: every positive, for the first stage): the share
-                                        of positives that survive a stage, given they reached it
+                                        of positives that survive a stage, given they reached it;
+                                        with chance=name, also what keeping at random would pass
     recall_at_k(lists, ..., k)          sum over users of |top-k ∩ positives| / |positives|  /  users
                                         with a positive (users without one are skipped)
     ndcg_at_k(lists, ..., k)            sum of DCG@k / IDCG@k (binary gains, 1 / log2(1 + rank);
@@ -59,6 +60,7 @@ import math
 from typing import Any, ClassVar, Mapping, Sequence
 
 import torch
+from scipy.stats import binomtest
 from torch import Tensor
 
 from recps.errors import DataError
@@ -69,7 +71,6 @@ from recps.metrics.grouped import group_auc, pair_counts
 __all__ = [
     "hits",
     "pass_through",
-    "chance_pass_through",
     "wilson_interval",
     "recall_at_k",
     "ndcg_at_k",
@@ -141,48 +142,43 @@ def _n_positives(offsets: Tensor) -> Tensor:
 
 
 def pass_through(received: Tensor | None, kept: Tensor, offsets: Tensor, items: Tensor,
-                 name: str = "pass_through") -> Pairs:
+                 name: str = "pass_through", chance: str | None = None, pool: Tensor | None = None) -> Pairs:
     """Positives in `kept` (U, K2) / positives in `received` (U, K1), or / all positives when
     received is None (the first stage). A stage keeps a subset of what it received; positives it
-    kept that it never received are a caller's error (DataError)."""
-    kept_hits = hits(kept, offsets, items)  # (U, K2)
-    survived = kept_hits.sum()
-    if received is None:
-        reached = _n_positives(torch.as_tensor(offsets).to(torch.int64)).sum()
-    else:
-        reached = hits(received, offsets, items).sum()
-        if int(survived) > int(reached):
-            raise DataError(f"funnel metrics: {name}: kept holds {int(survived)} positives but received only "
-                            f"{int(reached)}; pass the stage's input as received and its output as kept")
-    return {name: _pair(survived, reached)}
+    kept that it never received are a caller's error (DataError).
 
-
-def chance_pass_through(received: Tensor | None, kept: Tensor, offsets: Tensor, items: Tensor,
-                        pool: Tensor | None = None, name: str = "chance") -> Pairs:
-    """The pass-through a stage keeping what it keeps at random would have: each positive that reached
-    the stage survives with probability kept / received of its request (received None: the first stage,
-    which chose from `pool` (U,) candidates per request). (sum over positives of that, positives)."""
-    size = _check_lists(kept, "kept")
-    offsets, items = _check_csr(offsets, items, size.shape[0])
-    n_kept = (kept >= 0).sum(1).to(torch.float64)  # (U,)
+    With `chance` (a name), also the pass-through a stage keeping as many candidates at random
+    would have: each positive that reached the stage survives with probability kept / received of
+    its request (received None: the first stage, which chose from `pool` (U,) candidates per
+    request); the pair (sum over positives of that, positives)."""
+    offsets, items = _check_csr(offsets, items, _check_lists(kept, "kept").shape[0])
+    survived = hits(kept, offsets, items).sum()
     if received is None:
         reached = _n_positives(offsets)  # (U,)
-        n_in = torch.as_tensor(pool, dtype=torch.float64)  # (U,)
     else:
         reached = hits(received, offsets, items).sum(1).to(torch.float64)  # (U,)
-        n_in = (received >= 0).sum(1).to(torch.float64)  # (U,)
-    share = torch.where(n_in > 0, n_kept / n_in.clamp(min=1.0), torch.zeros_like(n_in)).clamp(max=1.0)
-    return {name: _pair((reached * share).sum(), reached.sum())}
+        if int(survived) > int(reached.sum()):
+            raise DataError(f"funnel metrics: {name}: kept holds {int(survived)} positives but received only "
+                            f"{int(reached.sum())}; pass the stage's input as received and its output as kept")
+    out = {name: _pair(survived, reached.sum())}
+    if chance is not None:
+        if received is None and pool is None:
+            raise DataError(f"funnel metrics: {chance}: the first stage's chance level needs pool, the candidates "
+                             f"each request chose from")
+        n_kept = (kept >= 0).sum(1).to(torch.float64)  # (U,)
+        n_in = torch.as_tensor(pool, dtype=torch.float64) if received is None else \
+            (received >= 0).sum(1).to(torch.float64)  # (U,)
+        share = torch.where(n_in > 0, n_kept / n_in.clamp(min=1.0), torch.zeros_like(n_in)).clamp(max=1.0)
+        out[chance] = _pair((reached * share).sum(), reached.sum())
+    return out
 
 
-def wilson_interval(successes: float, trials: float, z: float = 1.96) -> tuple[float, float]:
-    """The Wilson score interval (95% at z = 1.96) of a proportion successes / trials ((0, 0) without trials)."""
+def wilson_interval(successes: float, trials: float, confidence: float = 0.95) -> tuple[float, float]:
+    """The Wilson score interval of a proportion successes / trials ((0, 0) without trials)."""
     if trials <= 0:
         return 0.0, 0.0
-    p = successes / trials
-    centre = (p + z * z / (2 * trials)) / (1 + z * z / trials)
-    half = z * ((p * (1 - p) / trials + z * z / (4 * trials * trials)) ** 0.5) / (1 + z * z / trials)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    ci = binomtest(round(successes), round(trials)).proportion_ci(confidence, method="wilson")
+    return float(ci.low), float(ci.high)
 
 
 def recall_at_k(lists: Tensor, offsets: Tensor, items: Tensor, k: int, name: str | None = None) -> Pairs:

@@ -187,9 +187,8 @@ def evaluate_funnel(funnel: Funnel, cfg: DictConfig, merger: Any = None, worker:
                                                          dtype=torch.float64)})
             kept = out.kept[s.name]
             received = None if s.upstream is None else out.kept[s.upstream]  # what reached the stage
-            tally.add(fm.pass_through(received, kept, po, pi, f"{s.name}.pass_through"))
             pool = None if received is not None else data.num_items - data.seen.rows(users).offsets.diff()  # (B,)
-            tally.add(fm.chance_pass_through(received, kept, po, pi, pool, f"{s.name}.chance"))
+            tally.add(fm.pass_through(received, kept, po, pi, f"{s.name}.pass_through", f"{s.name}.chance", pool))
             if s.upstream is not None:
                 cands = out.inputs[s.name]  # (B, K_in) what the ranker received
                 if shown is not None:  # only what the held-out requests showed has a label

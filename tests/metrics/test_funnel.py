@@ -48,15 +48,18 @@ def test_hits_of_a_slice_of_a_bigger_csr():
 def test_chance_pass_through_and_its_interval():
     """A random stage keeping k of a request's K candidates passes each positive with probability k / K:
     the chance level weights that by the positives that reached it; Wilson's interval brackets p."""
-    from recps.metrics.funnel import chance_pass_through, wilson_interval
+    from recps.metrics.funnel import wilson_interval
 
     received = torch.tensor([[1, 2, 3, 4], [5, 6, -1, -1]])  # request 0: 4 candidates, request 1: 2
     kept = torch.tensor([[1], [5]])
     offsets, items = torch.tensor([0, 2, 3]), torch.tensor([1, 2, 6])  # 2 positives reached 0, 1 reached 1
-    got = chance_pass_through(received, kept, offsets, items)["chance"]
-    assert got.tolist() == [2 * 1 / 4 + 1 * 1 / 2, 3.0]
-    first = chance_pass_through(None, kept, offsets, items, pool=torch.tensor([10, 5]))["chance"]
+    got = pass_through(received, kept, offsets, items, chance="chance")
+    assert got["chance"].tolist() == [2 * 1 / 4 + 1 * 1 / 2, 3.0]
+    assert got["pass_through"].tolist() == [1.0, 3.0]  # the same call: item 1 kept of the 3 that reached
+    first = pass_through(None, kept, offsets, items, chance="chance", pool=torch.tensor([10, 5]))["chance"]
     assert first.tolist() == [2 * 1 / 10 + 1 * 1 / 5, 3.0]
+    with pytest.raises(DataError, match="needs pool"):
+        pass_through(None, kept, offsets, items, chance="chance")
     lo, hi = wilson_interval(30, 100)
     assert lo < 0.3 < hi and abs(lo - 0.2189) < 1e-3 and abs(hi - 0.3958) < 1e-3
     assert wilson_interval(0, 0) == (0.0, 0.0)

@@ -213,17 +213,27 @@ class EaseBaseline:
     validation: dict[float, float]
     seconds: float
 
-    def lists(self, data: FunnelData, users: torch.Tensor, n: int) -> torch.Tensor:
-        """(B, n) each user's top n by EASE (funnel item ids), training-seen items excluded (-1 pads)."""
+    def _numbers(self, size: int) -> torch.Tensor:
+        """(size,) int64: EASE's number of each funnel item id below size, -1 for one it does not model."""
+        top = int(self.items.max()) + 1 if self.items.numel() else 0
+        local = torch.full((max(size, top),), -1, dtype=torch.int64)
+        local[self.items] = torch.arange(self.items.numel())
+        return local
+
+    def _queries(self, users: torch.Tensor) -> torch.Tensor:
+        """(B, T) the users' 0/1 interaction rows over the modelled items: EASE's X_u."""
         rows = self.history.rows(users)
         x = torch.zeros(users.numel(), self.model.n_items, dtype=self.model.weights.dtype)  # (B, T)
         x[rows.row_ids(), rows.items] = 1.0
+        return x
+
+    def lists(self, data: FunnelData, users: torch.Tensor, n: int) -> torch.Tensor:
+        """(B, n) each user's top n by EASE (funnel item ids), training-seen items excluded (-1 pads)."""
         seen = data.seen.rows(users)
-        local = torch.full((data.num_items,), -1, dtype=torch.int64)
-        local[self.items] = torch.arange(self.items.numel())
-        seen_local = local[seen.items]  # (V,) -1: an item EASE does not model (never listed anyway)
+        seen_local = self._numbers(data.num_items)[seen.items]  # (V,) -1: an item EASE does not model (never listed)
         modelled = seen_local >= 0
-        top = self.model.recommend(x, n, exclude=(seen.row_ids()[modelled], seen_local[modelled]))  # (B, n)
+        top = self.model.recommend(self._queries(users), n,
+                                   exclude=(seen.row_ids()[modelled], seen_local[modelled]))  # (B, n)
         out = torch.where(top >= 0, self.items[top.clamp(min=0)], torch.full_like(top, -1))
         if out.shape[1] < n:
             out = torch.cat([out, torch.full((out.shape[0], n - out.shape[1]), -1, dtype=out.dtype)], 1)
@@ -248,24 +258,19 @@ class EaseBaseline:
         out = torch.zeros(users.numel(), dtype=torch.float32)
         if not items.numel():
             return out
-        local = torch.full((max(int(self.items.max()), int(items.max())) + 1,), -1, dtype=torch.int64)
-        local[self.items] = torch.arange(self.items.numel())
-        col = local[items]  # (N,) EASE's number of each item, -1: not modelled
+        col = self._numbers(int(items.max()) + 1)[items]  # (N,) EASE's number of each item, -1: not modelled
         ok = col >= 0
         who, row = torch.unique(users[ok], return_inverse=True)  # (Ub,), (N',)
         which, slot = torch.unique(col[ok], return_inverse=True)  # (Ib,), (N',)
-        hist = self.history.rows(who)
-        x = torch.zeros(who.numel(), self.model.n_items, dtype=self.model.weights.dtype)  # (Ub, T)
-        x[hist.row_ids(), hist.items] = 1.0
-        scores = x @ self.model.weights[:, which]  # (Ub, Ib)
+        scores = self._queries(who) @ self.model.weights[:, which]  # (Ub, Ib)
         out[ok] = scores[row, slot].to(torch.float32)
         return out
 
 
-def fit_ease(data: FunnelData, settings: dict[str, Any], k: int) -> EaseBaseline:
+def fit_ease(data: FunnelData, settings: dict[str, Any], k: int, purpose: str = "EASE baseline") -> EaseBaseline:
     """EASE on data's training interactions: λ chosen on each user's latest validation_fraction of them
     (rows in each user's time order: train_time when the data has it, else the data's row order), then
-    fitted on all of them. The held-out requests are never read."""
+    fitted on all of them. The held-out requests are never read. `purpose` names the fit in the log."""
     start = time.perf_counter()
     dtype = getattr(torch, settings["dtype"])
     users, items = data.train_user, data.train_item
@@ -294,6 +299,6 @@ def fit_ease(data: FunnelData, settings: dict[str, Any], k: int) -> EaseBaseline
     model = EASE.fit((users, items), t, l2, dtype=dtype)
     history = csr_from_pairs(users, items, data.num_users)
     seconds = time.perf_counter() - start
-    log.info("EASE baseline: l2 %g chosen on the training data's validation split (ndcg@%d %s), %d items, %.1f s",
-             l2, k, {v: round(x, 4) for v, x in grid.items()}, t, seconds)
+    log.info("%s: l2 %g chosen on the training data's validation split (ndcg@%d %s), %d items, %.1f s",
+             purpose, l2, k, {v: round(x, 4) for v, x in grid.items()}, t, seconds)
     return EaseBaseline(model, modelled, history, l2, grid, seconds)

@@ -473,19 +473,19 @@ class Funnel:
         stages_read = [s for s in spec.scores if s != ITEM_CF]
         if spec.scores and upstream is not None and all(
                 s in upstream.outputs and self.stages[s].spec.upstream is not None for s in stages_read):
-            parts = []
-            for s in spec.scores:  # rankers above this stage: their probabilities of its candidates
-                if s == ITEM_CF:
-                    parts.append(self._item_cf(spec, flat_users, candidates[valid]).unsqueeze(1))  # (N, 1)
-                    continue
+            gathered: dict[str, torch.Tensor] | None = {}
+            for s in stages_read:  # rankers above this stage: their probabilities of its candidates
                 ids, probs = upstream.kept[s], upstream.outputs[s]  # (B, K_s), (B, K_s, T_s)
                 match = (candidates.unsqueeze(2) == ids.unsqueeze(1)) & valid.unsqueeze(2)  # (B, K, K_s)
                 if not bool((match.any(2) | ~valid).all()):
-                    parts = None  # a candidate that stage did not keep: score the pairs again
+                    gathered = None  # a candidate that stage did not keep: score the pairs again
                     break
                 where = match.to(torch.int8).argmax(2)  # (B, K): each candidate's place in that stage's list
                 kept = probs.gather(1, where.unsqueeze(2).expand(-1, -1, probs.shape[2]))  # (B, K, T_s)
-                parts.append(score_inputs(kept[valid]))  # (N, T_s)
+                gathered[s] = score_inputs(kept[valid])  # (N, T_s)
+            parts = None if gathered is None else [  # item_cf computed only once the gather holds
+                self._item_cf(spec, flat_users, candidates[valid]).unsqueeze(1) if s == ITEM_CF else gathered[s]
+                for s in spec.scores]
             dense = torch.cat(parts, 1) if parts else None  # (N, I)
             if dense is not None and spec.score_norm == "request":
                 dense = per_request(dense, flat_users)

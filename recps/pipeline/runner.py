@@ -266,7 +266,8 @@ def funnel_work(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -
     cf_settings = item_cf_settings(cfg, specs)
     if cf_settings is not None:  # a stage reads item_cf: EASE of the period's past for training, of all for serving
         top_n = int(cfg.pipeline.top_n)
-        train_cf, item_cf = fit_ease(train_world, cf_settings, top_n), fit_ease(world, cf_settings, top_n)
+        train_cf = fit_ease(train_world, cf_settings, top_n, "item_cf for training (the period's past)")
+        item_cf = fit_ease(world, cf_settings, top_n, "item_cf for serving and the EASE baseline (all training rows)")
     seed = int(cfg.seed)
     seed_everything(seed)
     if on_this_machine(role):  # the workers and the servers share the cores: one share is a worker's

@@ -56,7 +56,6 @@ import time
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 
 from recps.metrics import funnel as fm
 from recps.metrics.collection import MetricCollection
@@ -65,7 +64,7 @@ from recps.pipeline.data import Csr
 from recps.pipeline.ease import fit_ease
 from recps.pipeline.funnel import Funnel
 from recps.pipeline.sasrec_alone import fit_sasrec
-from recps.pipeline.stages import ease_settings, sasrec_baseline
+from recps.pipeline.stages import EvalSettings
 
 __all__ = ["evaluate_funnel", "hits", "most_popular", "LISTS", "verdicts"]
 
@@ -137,31 +136,29 @@ def verdicts(funnel_metrics: dict[str, float], baselines: dict[str, dict[str, fl
     return out
 
 
-def evaluate_funnel(funnel: Funnel, cfg: DictConfig, merger: Any = None, worker: int = 0,
+def evaluate_funnel(funnel: Funnel, settings: EvalSettings, merger: Any = None, worker: int = 0,
                     workers: int = 1) -> dict[str, Any]:
     """The metrics of the module docstring on the held-out requests of funnel.data: this worker's share
     (requests worker, worker + workers, ...), merged with the others' through `merger` (every worker calls
     this, a collective; None: one worker). Every worker returns the merged metrics; `final_lists` holds
     this worker's requests' final lists."""
     data = funnel.data
-    p = cfg.pipeline
-    n = int(p.top_n)
+    n = settings.top_n
     specs = funnel.specs
     first, final = specs[0], specs[-1]
     requests = torch.arange(data.test_users.numel())
-    if int(p.get("eval_users") or 0) > 0:
-        requests = requests[: int(p.eval_users)]
+    if settings.eval_users > 0:
+        requests = requests[: settings.eval_users]
     total_requests = int(requests.numel())
     requests = requests[worker::workers]
-    batch = int(p.get("eval_batch_users") or 256)
+    batch = settings.eval_batch_users
     skip = specs[1].name if len(specs) > 2 else None  # coarse: the baseline without it
     after_skip = specs[2].name if skip else None
     has_utility = data.utility_ndcg is not None
     logged_csr = data.logged_positives
-    settings = ease_settings(cfg)
-    sasrec = sasrec_baseline(cfg)
+    ease_fit, sasrec = settings.ease, settings.sasrec
     lists = [name for name in LISTS if (name != "without" or skip) and (name != "ideal" or data.ideal is not None)
-             and (name != "ease" or settings is not None) and (name != "sasrec" or sasrec is not None)]
+             and (name != "ease" or ease_fit is not None) and (name != "sasrec" or sasrec is not None)]
     names = ["positives", *(f"{s.name}.{m}" for s in specs for m in ("pass_through", "chance")),
              f"{first.name}.recall@{first.keep}", f"{first.name}.ndcg@{first.keep}", f"{first.name}.hr@{first.keep}",
              *(f"{s.name}.{m}" for s in specs[1:] for m in ("gauc", "pnr")),
@@ -219,12 +216,12 @@ def evaluate_funnel(funnel: Funnel, cfg: DictConfig, merger: Any = None, worker:
             tally.add(_list_pairs(name, lst, n, positives, logged, utility))
     fitted: dict[str, Any] = {}  # the full-catalogue baselines, fitted once per run: worker 0 scores every request
     info: dict[str, dict[str, Any]] = {}
-    if settings is not None and worker == 0:
+    if ease_fit is not None and worker == 0:
         # the funnel's item_cf is this very fit (pipeline.baselines.ease's settings, the same training rows)
-        ease = fitted["ease"] = funnel.item_cf if funnel.item_cf is not None else fit_ease(data, settings, n)
+        ease = fitted["ease"] = funnel.item_cf if funnel.item_cf is not None else fit_ease(data, ease_fit, n)
         info["ease"] = {"l2": ease.l2, "validation_ndcg@" + str(n): {str(k): v for k, v in ease.validation.items()},
                         "items": int(ease.items.numel()), "fit_seconds": ease.seconds,
-                        "interactions": settings["interactions"], "validation_fraction": settings["validation_fraction"]}
+                        "interactions": ease_fit["interactions"], "validation_fraction": ease_fit["validation_fraction"]}
     if sasrec is not None and worker == 0:
         model = fitted["sasrec"] = fit_sasrec(data, sasrec, n)
         info["sasrec"] = {"epochs": model.epochs, "validation_ndcg@" + str(n): {str(k): v for k, v in

@@ -215,7 +215,7 @@ class FunnelStreamWork:
     conf `metrics:`); `node`: the cluster's settings; `pipeline`: pipeline.name; `top_n`: pipeline.top_n;
     `index`: pipeline.index (plain), the recall stage's item index; `load_world()`: the world (called
     once the resume point is read); `evaluate(funnel, merger=, worker=, workers=)`:
-    recps.pipeline.held_out.evaluate_funnel with the config's pipeline.* knobs."""
+    recps.pipeline.held_out.evaluate_funnel with the config's EvalSettings."""
 
     config: StreamConfig
     specs: list[StageSpec]

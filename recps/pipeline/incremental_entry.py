@@ -21,7 +21,7 @@ from recps.pipeline.data import FunnelData
 from recps.pipeline.held_out import evaluate_funnel
 from recps.pipeline.incremental import FunnelStreamWork, funnel_stream_work, summary_lines
 from recps.pipeline.runner import load_world
-from recps.pipeline.stages import check_data, pipeline_specs, schedule
+from recps.pipeline.stages import check_data, eval_settings, pipeline_specs, schedule
 from recps.stream import StreamConfig, check_stream_out
 
 __all__ = ["run_funnel_stream"]
@@ -65,7 +65,7 @@ def _funnel_stream_worker(cfg: DictConfig, role, out_dir: Path, data=None, obser
         settings=build_settings(cfg), node=node_settings(cfg), pipeline=str(cfg.pipeline.name),
         top_n=int(cfg.pipeline.top_n), index=OmegaConf.to_container(cfg.pipeline.index, resolve=True),
         load_world=lambda: data if isinstance(data, FunnelData) else load_world(cfg),
-        evaluate=partial(evaluate_funnel, cfg=cfg))  # held_out reads pipeline.* itself
+        evaluate=partial(evaluate_funnel, settings=eval_settings(cfg)))
     return funnel_stream_work(work, role, Path(out_dir))
 
 

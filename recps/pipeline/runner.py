@@ -54,8 +54,8 @@ from recps.job.loop import Trainer, dense_parameters
 from recps.job.settings import node_settings
 from recps.metrics.ps_merger import PSMerger
 from recps.ps.fleet import DistributedStrategy
-from recps.pipeline.stages import (StageSpec, check_data, item_cf_settings, pipeline_specs, refresh_epochs,
-                                  schedule, validation_fraction)
+from recps.pipeline.stages import (StageSpec, check_data, eval_settings, item_cf_settings, pipeline_specs,
+                                  refresh_epochs, schedule, validation_fraction)
 from recps.pipeline.data import (HISTORY_FEATURES, FunnelData, ValidationPeriod, load_world, pair_examples,
                                  validation_period)
 from recps.pipeline.ease import fit_ease
@@ -319,8 +319,8 @@ def funnel_work(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -
 
         # every worker evaluates its share of the held-out requests; the tallies merge through the servers
         merger = PSMerger(fleet.channel(), prefix="pipeline.eval", timeout_s=max(timeout_s, _EVAL_TIMEOUT_S))
-        metrics = evaluate_funnel(Funnel(specs, stages, index, world, item_cf), cfg, merger=merger, worker=role.index,
-                                  workers=role.num_workers)
+        metrics = evaluate_funnel(Funnel(specs, stages, index, world, item_cf), eval_settings(cfg), merger=merger,
+                                  worker=role.index, workers=role.num_workers)
         lists = metrics.pop("final_lists")  # <run dir>/funnel/final_lists.json: what recommend must return
         log.info("%s: funnel evaluated: %d of its %d held-out requests here in %.1f s, merged through the servers",
                  role.name, len(lists["users"]), metrics["requests"], metrics["eval_seconds"])

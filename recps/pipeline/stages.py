@@ -22,7 +22,7 @@ from recps.config import MODEL_ENGINE_KEYS, MODEL_INJECTED, PS_MODES, TASK_ENGIN
 from recps.errors import ConfigError
 from recps.pipeline.sasrec_alone import sasrec_settings
 
-__all__ = ["StageSpec", "enabled", "pipeline_specs", "schedule", "check_data", "ease_settings", "validation_fraction",
+__all__ = ["StageSpec", "EvalSettings", "eval_settings", "enabled", "pipeline_specs", "schedule", "check_data", "ease_settings", "validation_fraction",
            "refresh_epochs", "sasrec_baseline", "item_cf_settings", "STAGE_KEYS", "INPUT_KEYS", "EASE_DEFAULTS",
            "ITEM_CF"]
 
@@ -495,6 +495,26 @@ def sasrec_baseline(cfg: DictConfig) -> dict[str, Any] | None:
     given = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
     out = sasrec_settings(given)
     return out if out["enabled"] and not _streaming(cfg) else None
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """What the held-out evaluation reads of pipeline.*: the final list's length, how many requests (0:
+    all) in batches of how many users, and the full-catalogue baselines' settings (None: not computed)."""
+
+    top_n: int
+    eval_users: int = 0
+    eval_batch_users: int = 256
+    ease: dict[str, Any] | None = None
+    sasrec: dict[str, Any] | None = None
+
+
+def eval_settings(cfg: DictConfig) -> EvalSettings:
+    """pipeline.top_n, eval_users, eval_batch_users and baselines.{ease,sasrec}, checked (ConfigError)."""
+    p = cfg.pipeline
+    return EvalSettings(top_n=int(p.top_n), eval_users=int(p.get("eval_users") or 0),
+                        eval_batch_users=int(p.get("eval_batch_users") or 256), ease=ease_settings(cfg),
+                        sasrec=sasrec_baseline(cfg))
 
 
 def check_data(specs: list[StageSpec], data) -> None:

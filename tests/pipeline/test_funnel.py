@@ -290,6 +290,7 @@ def test_evaluation_split_over_two_workers_merges_through_the_servers_to_the_one
 
     from recps.metrics.ps_merger import PSMerger
     from recps.pipeline.held_out import evaluate_funnel
+    from recps.pipeline.stages import eval_settings
     from recps.pipeline.recommend import load_funnel
     from tests.helpers.cluster import servers_and_workers
 
@@ -298,11 +299,12 @@ def test_evaluation_split_over_two_workers_merges_through_the_servers_to_the_one
     cfg.pipeline.eval_users = 64  # 32 requests each, in batches of 16: several rounds
     cfg.pipeline.eval_batch_users = 16
     funnel = load_funnel(run)  # read-only once built: both worker threads score with it (faiss search is too)
-    one = evaluate_funnel(funnel, cfg)
+    settings = eval_settings(cfg)
+    one = evaluate_funnel(funnel, settings)
     got: dict[int, dict] = {}
 
     def work(rank: int, client) -> None:
-        got[rank] = evaluate_funnel(funnel, cfg, merger=PSMerger(client, prefix="test.eval"), worker=rank,
+        got[rank] = evaluate_funnel(funnel, settings, merger=PSMerger(client, prefix="test.eval"), worker=rank,
                                     workers=2)
 
     servers_and_workers(work)

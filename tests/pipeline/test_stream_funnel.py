@@ -89,7 +89,7 @@ def _table(folder: str, table: str) -> tuple[torch.Tensor, torch.Tensor]:
 def test_streaming_funnel_on_hdfs_two_passes_across_a_restart(tmp_path, hdfs):
     """Pass 1 (day 1) in one run, pass 2 (day 2) in a second run of the same stream, which resumes from
     pass 1's checkpoint on HDFS: pass 2's evaluation is the model pass 1 trained, bit for bit."""
-    from recps.pipeline.stages import pipeline_specs
+    from recps.pipeline.stages import eval_settings, pipeline_specs
     from recps.pipeline.held_out import evaluate_funnel
     from recps.pipeline.funnel import Funnel, build_index, load_stage
     from recps.pipeline.runner import load_world
@@ -154,6 +154,6 @@ def test_streaming_funnel_on_hdfs_two_passes_across_a_restart(tmp_path, hdfs):
     view = funnel_view(world, history)
     index = build_index(stages["recall"].vectors(view, items=torch.arange(view.num_items)),
                         dict(cfg.pipeline.index))
-    again = flat_metrics(evaluate_funnel(Funnel(specs, stages, index, view), cfg))
+    again = flat_metrics(evaluate_funnel(Funnel(specs, stages, index, view), eval_settings(cfg)))
     assert {k: again[k] for k in e if k != "eval_seconds"} == pytest.approx(
         {k: v for k, v in e.items() if k != "eval_seconds"}, abs=1e-6)

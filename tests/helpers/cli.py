@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,7 +25,10 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["PROJECT_ROOT", "CliRun", "run_command", "run_module", "recps_train", "job_process", "follow_launch", "child_env"]
+from recps.cluster.launch import free_port
+
+__all__ = ["PROJECT_ROOT", "CliRun", "run_command", "run_module", "recps_train", "job_process", "follow_launch", "child_env",
+           "torchrun_command", "output_excerpt"]
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]  # the checkout: tests/helpers/cli.py
 TAIL_CHARS = 4000
@@ -107,6 +111,18 @@ def recps_train(*overrides: str, **kwargs) -> CliRun:
     return run_module("recps.train", *overrides, **kwargs)
 
 
+def torchrun_command(nproc: int, *args: str, max_restarts: int = 0) -> tuple[list[str], dict[str, str]]:
+    """The installed torchrun starting `args` in `nproc` processes on 127.0.0.1, and the variables it needs
+    beside the caller's: torchrun's store and recps' coordinator each on a port that was free a moment ago
+    (by default the coordinator takes MASTER_PORT + 1, which nobody checked: a client socket of another
+    test holding it fails every start-up of server 0, and each failure costs a restart)."""
+    exe = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    assert exe, f"torchrun is not beside {sys.executable}: torch installs it"
+    cmd = [exe, f"--max-restarts={max_restarts}", f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1",
+           f"--master-port={free_port()}", *args]
+    return cmd, {"RECPS_COORDINATOR_PORT": str(free_port())}
+
+
 @contextlib.contextmanager
 def job_process(cmd: Sequence[str], env: Mapping[str, str] | None = None,
                 cwd: str | os.PathLike = PROJECT_ROOT) -> Iterator[subprocess.Popen]:
@@ -141,5 +157,16 @@ def follow_launch(proc: subprocess.Popen, pattern: str, lines: list[str], pids: 
         if m := re.search(pattern, line):
             seen.add(m.group(1) if m.groups() else m.group(0))
     if len(seen) < count:
-        pytest.fail(f"never saw {pattern!r} {count} time(s) (saw {sorted(seen)}):\n" + "".join(lines[-60:]))
+        pytest.fail(f"never saw {pattern!r} {count} time(s) (saw {sorted(seen)}):\n" + output_excerpt(lines))
     return seen
+
+
+NOTABLE = re.compile(r"restart|Traceback|Error|FAILED|exit|killed|signal", re.IGNORECASE)
+
+
+def output_excerpt(lines: Sequence[str], tail: int = 60) -> str:
+    """A job's output for a failure message: every earlier line that tells of a failure or a restart
+    (an earlier attempt's, which the tail would drop), then the last `tail` lines."""
+    head = [line for line in lines[:-tail] if NOTABLE.search(line)]
+    skipped = len(lines) - tail - len(head) if len(lines) > tail else 0
+    return "".join(head) + (f"[... {skipped} other lines ...]\n" if skipped > 0 else "") + "".join(lines[-tail:])

@@ -110,6 +110,8 @@ class Role:
         token: the cluster token every server checks (never logged: see __repr__).
         server_endpoints: S "host:port" strings when known in advance (server i listens on the
             i-th), else None and the coordinator hands them out.
+        coordinator_from: where the coordinator's address came from and how to change it, for the
+            error when server 0 cannot listen there ("" when a launcher chose a free port).
     """
 
     kind: Literal["server", "worker"]
@@ -120,6 +122,7 @@ class Role:
     host: str = "127.0.0.1"
     token: str = ""
     server_endpoints: tuple[str, ...] | None = None
+    coordinator_from: str = ""
 
     def __post_init__(self) -> None:
         where = f"role {self.kind}{self.index}"
@@ -396,7 +399,8 @@ def _default_host(coordinator_host: str, source: str) -> str:
 
 
 def _rank_role(
-    env: _Env, rank: int, world_size: int, num_servers: int, coordinator: str, rank_name: str, size_name: str
+    env: _Env, rank: int, world_size: int, num_servers: int, coordinator: str, rank_name: str, size_name: str,
+    coordinator_from: str = "",
 ) -> Role:
     """Role of `rank` when the first `num_servers` ranks serve."""
     if rank >= world_size:
@@ -416,6 +420,7 @@ def _rank_role(
         host=env.host(coordinator),
         token=env.token(),
         server_endpoints=env.server_endpoints(),
+        coordinator_from=coordinator_from,
     )
 
 
@@ -469,13 +474,18 @@ class TorchrunRoleMaker:
         port_text = env.get(COORDINATOR_PORT_ENV)
         if port_text is not None:
             port = env.integer(COORDINATOR_PORT_ENV, "give a free TCP port", minimum=1, value=port_text)
+            origin = f"${COORDINATOR_PORT_ENV}={port}; set it to a free port"
         else:
             port = env.integer("MASTER_PORT", fix, minimum=1)
+            origin = f"$MASTER_PORT={port}"
             if (env.get("TORCHELASTIC_USE_AGENT_STORE") or "").lower() == "true":
                 port += 1  # torchrun's agent serves its own TCPStore on MASTER_PORT
+                origin = f"$MASTER_PORT + 1 = {port} (torchrun's agent store holds MASTER_PORT)"
+            origin += f"; set ${COORDINATOR_PORT_ENV} to a free port"
         coordinator = _join_host_port(master, port)
         split_host_port(coordinator, what=f"{env.source}: coordinator from MASTER_ADDR/MASTER_PORT")
-        return _rank_role(env, rank, world_size, env.num_servers(self._num_servers), coordinator, "RANK", "WORLD_SIZE")
+        return _rank_role(env, rank, world_size, env.num_servers(self._num_servers), coordinator, "RANK", "WORLD_SIZE",
+                          coordinator_from=origin)
 
 
 class MPIRoleMaker:
@@ -531,7 +541,11 @@ class SlurmRoleMaker:
                 port = env.integer(COORDINATOR_PORT_ENV, "give a free TCP port", minimum=1, value=port_text)
         coordinator = _join_host_port(first_host(nodelist), port)
         split_host_port(coordinator, what=f"{env.source}: coordinator")
-        return _rank_role(env, rank, world_size, env.num_servers(self._num_servers), coordinator, "SLURM_PROCID", "SLURM_NTASKS")
+        origin = (f"SlurmRoleMaker(coordinator_port={port})" if self._port is not None else
+                  f"${COORDINATOR_PORT_ENV}={port}" if env.get(COORDINATOR_PORT_ENV) is not None else
+                  f"Slurm's default coordinator port {port}") + f"; set ${COORDINATOR_PORT_ENV} to a free port"
+        return _rank_role(env, rank, world_size, env.num_servers(self._num_servers), coordinator, "SLURM_PROCID",
+                          "SLURM_NTASKS", coordinator_from=origin)
 
 
 class UserDefinedRoleMaker:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from recps.errors import ConfigError
+from recps.errors import ConfigError, PSError
 from recps.ps.roles import (
     DEFAULT_SLURM_COORDINATOR_PORT,
     EnvRoleMaker,
@@ -243,6 +243,22 @@ def test_torchrun_coordinator_port_steps_aside_from_the_agent_store():
     agent = TorchrunRoleMaker(1, torchrun_env(0, TORCHELASTIC_USE_AGENT_STORE="True")).role()
     chosen = TorchrunRoleMaker(1, torchrun_env(0, TORCHELASTIC_USE_AGENT_STORE="True", RECPS_COORDINATOR_PORT="4000")).role()
     assert (plain.coordinator, agent.coordinator, chosen.coordinator) == ("127.0.0.1:29500", "127.0.0.1:29501", "127.0.0.1:4000")
+
+
+def test_a_busy_torchrun_coordinator_port_names_where_it_came_from_and_the_fix():
+    """Under torchrun server 0 listens on MASTER_PORT + 1, a port nobody checked: when another socket
+    holds it, the error says so and names RECPS_COORDINATOR_PORT, instead of only 'pick another port'."""
+    import socket
+
+    from recps.ps.node.join import ServerNode
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        master = held.getsockname()[1] - 1
+        role = TorchrunRoleMaker(1, torchrun_env(0, MASTER_PORT=str(master), TORCHELASTIC_USE_AGENT_STORE="True")).role()
+        with pytest.raises(PSError, match=rf"MASTER_PORT \+ 1 = {master + 1} .*set \$RECPS_COORDINATOR_PORT to a free port"):
+            ServerNode(role, num_threads=1).start()
 
 
 def test_mpi_prefers_open_mpi_variables_over_pmi():

@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 
-from recps.errors import ConfigError
+from recps.errors import ConfigError, PSError
 from recps.ps.node.client import PSClient
 from recps.ps.node.coordinator import DEFAULT_DEAD_AFTER_S, Coordinator, CoordinatorClient, tcp_endpoint
 from recps.ps.node.server import PSServer, ServerHalfFactory
@@ -78,7 +78,12 @@ class ServerNode:
 
     def start(self) -> "ServerNode":
         if self.coordinator is not None:
-            self.coordinator.start()
+            try:
+                self.coordinator.start()
+            except PSError as e:
+                if not self.role.coordinator_from:
+                    raise
+                raise PSError(f"{e} (the coordinator's address came from {self.role.coordinator_from})") from None
         self.server.start()
         try:
             self.link.register("server", self.role.index, self.server.endpoint, timeout_s=self._timeout_s)

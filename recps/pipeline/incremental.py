@@ -69,7 +69,7 @@ from recps.job.loop import Trainer, dense_parameters
 from recps.job.settings import JobSettings, NodeSettings
 from recps.metrics.ps_merger import PSMerger
 from recps.pipeline.stages import StageSpec
-from recps.pipeline.data import FunnelData, csr_from_pairs, exposure_bucket
+from recps.pipeline.data import FunnelData, History, csr_from_pairs, exposure_bucket
 from recps.pipeline.funnel import (EXPORT_DIR, Funnel, build_index, build_stage_model, dense_width, export_stage,
                                    load_stage, stage_collection)
 from recps.pipeline.runner import load_world, training_examples
@@ -93,22 +93,25 @@ _EVAL_TIMEOUT_S = 3600.0  # how long a worker waits for the others to merge a pa
 
 @dataclass(frozen=True)
 class Impressions:
-    """Impressions: users (N,), items (N,) int64, labels (N, 2) float32 (click, long_view)."""
+    """Impressions: users (N,), items (N,) int64, labels (N, 2) float32 (click, long_view), times (N,) int64
+    (the world's seconds; what a pass's history features are taken as of)."""
 
     users: torch.Tensor
     items: torch.Tensor
     labels: torch.Tensor
+    times: torch.Tensor
 
     @staticmethod
     def empty() -> "Impressions":
-        return Impressions(torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64), torch.zeros(0, 2))
+        none = torch.zeros(0, dtype=torch.int64)
+        return Impressions(none, none, torch.zeros(0, 2), none)
 
     def __len__(self) -> int:
         return int(self.users.numel())
 
     def __add__(self, other: "Impressions") -> "Impressions":
-        return Impressions(torch.cat([self.users, other.users]), torch.cat([self.items, other.items]),
-                           torch.cat([self.labels, other.labels]))
+        return Impressions(*(torch.cat([a, b]) for a, b in ((self.users, other.users), (self.items, other.items),
+                                                            (self.labels, other.labels), (self.times, other.times))))
 
 
 def write_world_passes(world_dir: str, root: str, start_day: str, days: int, hours: int, split_interval: int = 60,
@@ -169,7 +172,8 @@ def read_pass(files: Sequence[str], num_users: int, num_items: int) -> Impressio
                             f"{num_users} users and {num_items} items; stream.root holds another world's passes "
                             "than pipeline.world: write them from this world")
         labels = np.stack([frame["click"].to_numpy(np.float32), frame["long_view"].to_numpy(np.float32)], 1)
-        parts.append(Impressions(torch.from_numpy(users), torch.from_numpy(items), torch.from_numpy(labels)))
+        parts.append(Impressions(torch.from_numpy(users), torch.from_numpy(items), torch.from_numpy(labels),
+                                 torch.from_numpy(frame["time"].to_numpy(np.int64))))
     out = Impressions.empty()
     for p in parts:
         out = out + p
@@ -177,16 +181,20 @@ def read_pass(files: Sequence[str], num_users: int, num_items: int) -> Impressio
 
 
 def funnel_view(world: FunnelData, history: Impressions, current: Impressions | None = None) -> FunnelData:
-    """The world as the funnel knows it at a pass: seen items and the `exposures` item statistics from
-    `history` (+ `current`), training impressions `current` (None: `history`, what evaluation's
-    most-popular baseline counts). Users, items, held-out requests and the world's ideal are the world's."""
+    """The world as the funnel knows it at a pass: seen items, the `exposures` item statistics and the
+    users' behaviour history (the history features, `History`) from `history` (+ `current`), training
+    impressions `current` (None: `history`, what evaluation's most-popular baseline counts). A training
+    row's history holds what came strictly before its time; a held-out request's, everything read so far:
+    never a later pass. Users, items, held-out requests and the world's ideal are the world's."""
     known = history if current is None else history + current
     train = history if current is None else current
     item_features = dict(world.item_features)
     if "exposures" in item_features:
         item_features["exposures"] = exposure_bucket(known.items, world.num_items)
     return replace(world, item_features=item_features, train_user=train.users, train_item=train.items,
-                   train_labels=train.labels, seen=csr_from_pairs(known.users, known.items, world.num_users))
+                   train_labels=train.labels, seen=csr_from_pairs(known.users, known.items, world.num_users),
+                   train_time=train.times,
+                   history=History.of(known.users, known.items, known.times, known.labels, world.num_users))
 
 
 def flat_metrics(metrics: dict[str, Any]) -> dict[str, float]:

@@ -67,6 +67,31 @@ def test_a_leaked_future_would_score_auc_one_the_point_in_time_history_scores_ch
     assert abs(honest - 0.5) < 0.03, honest  # measured 0.50x: past repeats say nothing of the next request
 
 
+def test_the_streams_history_grows_pass_by_pass_and_never_sees_a_later_pass():
+    """The streaming funnel's view of a pass (recps.pipeline.incremental.funnel_view): its training rows'
+    history is what came strictly before each row (earlier passes and this pass's earlier requests), so the
+    leak world scores at chance; evaluation before a pass sees every earlier pass and nothing of it."""
+    from recps.pipeline.incremental import Impressions, funnel_view
+
+    world = _leak_world(users=90, length=5)  # times 100 r + u, u < 90: request r of every user inside [100 r, 100 r + 90)
+    rows = lambda m: Impressions(world.train_user[m], world.train_item[m], world.train_labels[m],  # noqa: E731
+                                 world.train_time[m])
+    first, second = rows(world.train_time < 600), rows(world.train_time >= 600)  # requests 0-5, then 6-11
+    view = funnel_view(world, first, second)
+    assert torch.equal(view.train_time, second.times)
+    label = view.train_labels[:, 0].numpy()
+    leaky = _exact_auc(_target_in_history(view, view.train_time + 150), label)
+    honest = _exact_auc(_target_in_history(view, view.train_time), label)
+    assert leaky > 0.95 and abs(honest - 0.5) < 0.05, (leaky, honest)
+    lengths, entries = view.history.at(view.train_user, view.train_time, 5)
+    assert (lengths == 5).all()  # request 6's history is request 5, from the first pass
+    assert (view.history.time[entries] < torch.repeat_interleave(view.train_time, lengths)).all()
+    before = funnel_view(world, first)  # evaluation before the second pass: the first pass only
+    users = torch.arange(90)
+    held = before.history_at(users, before.request_times(users), ["history_item_id"])["history_item_id"][0]
+    assert (held == 5).all() and int(before.history.time.max()) < 600
+
+
 def test_no_history_entry_is_at_or_after_its_exposure_and_none_is_its_own_row():
     data = _leak_world(length=7)
     lengths, entries = data.history.at(data.train_user, data.train_time, 7)

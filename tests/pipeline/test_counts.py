@@ -5,7 +5,7 @@ Checked: bad input fails before any process starts, naming the stage, the key an
 on a stage whose tables have no accessor, on a batch stage trained on exposures, an unknown feature, recall);
 the dense columns follow their formula; end to end through the CLI, the statistics the batch funnel's
 validation stages trained with equal a recount (pandas) of the exposures before the validation period, and
-those it serves with a recount of every training exposure; on a file:// stream of three passes, each pass read
+those it serves with a recount of every training exposure (recommend serves the evaluation's lists with them); on a file:// stream of three passes, each pass read
 the counts of the passes before it (the first: none) and the servers end with every pass counted."""
 
 from __future__ import annotations
@@ -145,6 +145,12 @@ def test_batch_funnel_counts_equal_a_recount_of_the_exposures_before_the_period_
     saved = torch.load(tmp_path / "run" / "funnel" / "fine.pt", weights_only=True)
     assert saved["num_dense"] == 3 + 6 and torch.load(tmp_path / "run" / "funnel" / "fusion.pt",
                                                       weights_only=True)["num_dense"] == 4 + 3
+    # recommend (no cluster) reads funnel/counts.pt and returns the evaluation's lists
+    from recps.pipeline.recommend import load_funnel, recommend
+
+    lists = json.loads((tmp_path / "run" / "funnel" / "final_lists.json").read_text())
+    served = recommend(load_funnel(tmp_path / "run", data=world), torch.tensor(lists["users"][:20]))
+    assert [row["items"] for row in served] == [[i for i in x if i >= 0] for x in lists["items"][:20]]
 
 
 @pytest.mark.e2e
@@ -182,3 +188,38 @@ def test_stream_pass_reads_the_counts_of_the_passes_before_it(tmp_path):
                    ["item_id", "user_category"], "after the last pass")
     records = [json.loads(x) for x in (tmp_path / "run" / "stream_metrics.jsonl").read_text().splitlines()]
     assert [r["stages"]["fine"]["mode"] for r in records if "pass" in r] == ["async"] * 3
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_stream_restart_reads_the_counts_the_checkpoint_holds(tmp_path):
+    """A stream stopped after day 1 and resumed for day 2 (another process, the servers started afresh):
+    day 2's pass reads the counts of day 1's impressions, loaded with the pass checkpoint (decayed once by
+    the day end's shrink, the accessor's show_click_decay_rate; rows below its delete_threshold deleted)."""
+    from recps.pipeline.counts import counts_from_bytes
+    from recps.pipeline.incremental import read_pass, write_world_passes
+    from recps.pipeline.runner import load_world
+    from recps.stream.source import pass_files
+    from tests.pipeline.test_stream_funnel import DAY, DAY2, TINY
+
+    stream = [*TINY, f"pipeline.world.dir={tmp_path / 'world'}", f"stream.root=file://{tmp_path}/impressions",
+              f"stream.out=file://{tmp_path}/out", "+pipeline.stages.fine.inputs.counts=[item_id]",
+              "stream.shrink=true", "stream.hours=1"]
+    world = load_world(compose_config(stream))
+    write_world_passes(str(tmp_path / "world"), f"file://{tmp_path}/impressions", DAY, days=2, hours=1)
+    recps_train(*stream, f"stream.end_day={DAY}", f"hydra.run.dir={tmp_path / 'run1'}", timeout=600)
+    run = recps_train(*stream, f"stream.end_day={DAY2}", f"hydra.run.dir={tmp_path / 'run2'}", timeout=600)
+    assert "resumes the streaming funnel" in run.output, run.output[-3000:]
+    day1 = read_pass(pass_files([f"file://{p}" for p in sorted((tmp_path / "impressions" / DAY).iterdir())]),
+                     world.num_users, world.num_items)
+    cat = world.item_features["category"].numpy()
+    shows, clicks = _recount(day1.users.numpy(), day1.items.numpy(), day1.labels[:, 0].numpy(), cat,
+                             world.num_users, world.num_items)["item_id"]
+    decay, delete = 0.98, 0.8  # stream=hourly's accessor (conf/stream/hourly.yaml)
+    shows, clicks = shows * np.float32(decay), clicks * np.float32(decay)
+    kept = 0.1 * (shows - clicks) + 1.0 * clicks >= delete  # the accessor's score after the decay
+    read = [counts_from_bytes(p.read_bytes()) for p in sorted((tmp_path / "run2" / "funnel").glob("pass-*/counts.pt"))]
+    assert len(read) == 1, sorted((tmp_path / "run2" / "funnel").iterdir())
+    np.testing.assert_allclose(read[0]["fine"].shows["item_id"].numpy(), np.where(kept, shows, 0), rtol=1e-6)
+    np.testing.assert_allclose(read[0]["fine"].clicks["item_id"].numpy(), np.where(kept, clicks, 0), rtol=1e-6)
+    assert kept.sum() > 10 and (~kept & (shows > 0)).sum() > 0  # both cases occur

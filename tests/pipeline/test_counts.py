@@ -22,8 +22,8 @@ from recps.config import compose_config
 from recps.errors import ConfigError
 from tests.helpers.cli import recps_train
 
-COUNTS = ["+pipeline.stages.fine.inputs.counts=[item_id,user_category]",
-          "+pipeline.stages.fusion.inputs.counts=[item_id]",
+COUNTS = ["pipeline.stages.fine.inputs.counts=[item_id,user_category]",
+          "pipeline.stages.fusion.inputs.counts=[item_id]",
           "pipeline.stages.fine.ps.table.accessor={}", "pipeline.stages.fusion.ps.table.accessor={}"]
 TINY_MOVIELENS = [
     "pipeline=movielens_funnel", "pipeline.world.max_users=60",
@@ -39,18 +39,18 @@ TINY_MOVIELENS = [
 
 
 @pytest.mark.parametrize("extra, key, fix", [
-    (["+pipeline.stages.fine.inputs.counts=[item_id]"],
+    (["pipeline.stages.fine.inputs.counts=[item_id]"],
      "pipeline.stages.fine.inputs.counts=['item_id']: counting features are the statistics of the CTR accessor",
      "give it one, e.g. 'pipeline.stages.fine.ps.table.accessor={}'"),
     (["+pipeline.stages.coarse.inputs.counts=[item_id]", "pipeline.stages.coarse.ps.table.accessor={}"],
      "pipeline.stages.coarse.inputs.counts=['item_id'] but train_on=['exposures', 'candidates']",
      "trains on [validation] only"),
-    (["+pipeline.stages.fine.inputs.counts=[item_id,creator_id]", "pipeline.stages.fine.ps.table.accessor={}"],
+    (["pipeline.stages.fine.inputs.counts=[item_id,creator_id]", "pipeline.stages.fine.ps.table.accessor={}"],
      "pipeline.stages.fine.inputs.counts=['item_id', 'creator_id']: ['creator_id']",
      "the counting features are ['item_id', 'user_category']"),
     (["+pipeline.stages.recall.inputs.counts=[item_id]", "pipeline.stages.recall.ps.table.accessor={}"],
      "pipeline.stages.recall.inputs.counts=['item_id']: the recall stage", "give counting features to a ranker"),
-    (["+pipeline.stages.fine.inputs.counts=[item_id]", "pipeline.stages.fine.ps.table.accessor={}",
+    (["pipeline.stages.fine.inputs.counts=[item_id]", "pipeline.stages.fine.ps.table.accessor={}",
       "+pipeline.stages.fine.inputs.count_prior=-1"], "pipeline.stages.fine.inputs.count_prior=-1", ">= 0"),
 ])
 def test_bad_counting_features_fail_before_any_process_starts(tmp_path, extra, key, fix):

@@ -34,6 +34,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 from recps import fs as rfs
 from recps.config import MODEL_ENGINE_KEYS
 from recps.errors import DataError, PSError
+from recps.pipeline.counts import COLUMNS, Counts
 from recps.pipeline.stages import ITEM_CF, StageSpec
 from recps.pipeline.data import HISTORY_FEATURES, Csr, FunnelData, pair_examples
 from recps.ps.embedding import PSEmbeddingBagCollection, PSEmbeddingCollection
@@ -175,9 +176,10 @@ class SharedBagCollection(torch.nn.Module):
 
 
 def dense_width(spec: StageSpec, specs: Sequence[StageSpec]) -> int:
-    """I: the stage's dense inputs, one column per output of each stage in its `scores` (item_cf: one)."""
+    """I: the stage's dense inputs, one column per output of each stage in its `scores` (item_cf: one), then
+    three per counting feature (recps.pipeline.counts.COLUMNS)."""
     by_name = {s.name: s for s in specs}
-    return sum(1 if s == ITEM_CF else outputs_of(by_name[s]) for s in spec.scores)
+    return sum(1 if s == ITEM_CF else outputs_of(by_name[s]) for s in spec.scores) + len(COLUMNS) * len(spec.counts)
 
 
 def outputs_of(spec: StageSpec) -> int:
@@ -349,7 +351,7 @@ class StageModel:
 
     @property
     def is_two_tower(self) -> bool:
-        return hasattr(self.model, "encode") and hasattr(self.model, "score_pairs") and not self.spec.scores
+        return hasattr(self.model, "encode") and hasattr(self.model, "score_pairs") and not self.spec.reads_dense
 
     @torch.no_grad()
     def towers(self, data: FunnelData) -> tuple[torch.Tensor, torch.Tensor]:
@@ -411,22 +413,37 @@ class Funnel:
 
     `stages`: StageModel by name (a prefix of `specs` may be given: `run` stops at the last one present);
     `index`: the recall stage's ItemIndex over the item vectors; `item_cf`: EASE fitted on `data`'s training
-    rows (recps.pipeline.ease.EaseBaseline), for the stages whose scores read item_cf."""
+    rows (recps.pipeline.ease.EaseBaseline), for the stages whose scores read item_cf; `counts`: stage ->
+    the Counts its counting features read (recps.pipeline.counts: the servers' statistics as of the time the
+    funnel serves, e.g. the end of the previous pass)."""
 
     def __init__(self, specs: Sequence[StageSpec], stages: dict[str, StageModel], index, data: FunnelData,
-                 item_cf: Any = None) -> None:
+                 item_cf: Any = None, counts: dict[str, Counts] | None = None) -> None:
         self.specs = [s for s in specs if s.name in stages]
         self.stages, self.index, self.data, self.item_cf = stages, index, data, item_cf
+        self.counts = dict(counts or {})
 
     def dense_inputs(self, spec: StageSpec, users: torch.Tensor, items: torch.Tensor,
                      times: torch.Tensor | None = None) -> torch.Tensor:
-        """(N, I) what a stage with `scores` reads of pairs: each `scores` stage's probabilities as logits
-        (`score_inputs`; its own `scores` in turn), item_cf's score as it is."""
+        """(N, I) what a stage with `scores` or `counts` reads of pairs: each `scores` stage's probabilities as
+        logits (`score_inputs`; its own `scores` in turn), item_cf's score as it is, then its counting
+        features' columns (`count_inputs`)."""
         by_name = {x.name: x for x in self.specs}
         dense = torch.cat([self._item_cf(spec, users, items).unsqueeze(1) if s == ITEM_CF
                            else score_inputs(self.score_pairs(by_name[s], users, items, times=times)[0])
-                           for s in spec.scores], 1)  # (N, I)
+                           for s in spec.scores] + [self.count_inputs(spec, users, items)], 1)  # (N, I)
         return per_request(dense, users) if spec.score_norm == "request" else dense
+
+    def count_inputs(self, spec: StageSpec, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        """(N, 3F) the stage's counting features of pairs, from the Counts the funnel was given for it."""
+        if not spec.counts:
+            return torch.zeros(int(users.numel()), 0)
+        counts = self.counts.get(spec.name)
+        if counts is None:
+            raise DataError(f"pipeline.stages.{spec.name}.inputs.counts={spec.counts}, but this funnel holds no "
+                            "counts for the stage; build the Funnel with counts={stage: recps.pipeline.counts."
+                            "read_counts(...)} (a run folder's funnel/counts.pt)")
+        return counts.columns(self.data, spec.counts, users, items)
 
     def _item_cf(self, spec: StageSpec, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
         if self.item_cf is None:
@@ -447,7 +464,7 @@ class Funnel:
         stages' probabilities of the same pairs as its dense inputs (`dense` (N, I) when the caller has them).
         `times` (N,): the pairs' times, as of which history features are read (training rows: their
         exposure's time, never later; None: the held-out request's, the whole training history)."""
-        if spec.scores and dense is None:  # before any chunking: a request's candidates are normalised together
+        if spec.reads_dense and dense is None:  # before any chunking: a request's candidates are normalised together
             dense = self.dense_inputs(spec, users, items, times)
         if users.numel() > PAIRS_PER_CALL:  # bounded memory: the pairs in chunks
             cut = lambda x, i: None if x is None else x[i:i + PAIRS_PER_CALL]  # noqa: E731
@@ -471,7 +488,7 @@ class Funnel:
         flat_users = users.repeat_interleave(k)[valid.flatten()]
         dense = None
         stages_read = [s for s in spec.scores if s != ITEM_CF]
-        if spec.scores and upstream is not None and all(
+        if spec.reads_dense and upstream is not None and all(
                 s in upstream.outputs and self.stages[s].spec.upstream is not None for s in stages_read):
             gathered: dict[str, torch.Tensor] | None = {}
             for s in stages_read:  # rankers above this stage: their probabilities of its candidates
@@ -485,7 +502,7 @@ class Funnel:
                 gathered[s] = score_inputs(kept[valid])  # (N, T_s)
             parts = None if gathered is None else [  # item_cf computed only once the gather holds
                 self._item_cf(spec, flat_users, candidates[valid]).unsqueeze(1) if s == ITEM_CF else gathered[s]
-                for s in spec.scores]
+                for s in spec.scores] + [self.count_inputs(spec, flat_users, candidates[valid])]  # (N, 3F) last
             dense = torch.cat(parts, 1) if parts else None  # (N, I)
             if dense is not None and spec.score_norm == "request":
                 dense = per_request(dense, flat_users)

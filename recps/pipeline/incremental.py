@@ -32,7 +32,12 @@ servers hold the dense optimizer's state and save it with the dense table). A re
 as the single-model stream's (with one worker these are its values after the pass's final sync).
 
 Item statistics (the `exposures` feature) and the seen filter come from the passes read so far: what a
-production funnel knows at that time. Shapes: N impressions, U users, I items.
+production funnel knows at that time. Counting features (a ranker's `inputs.counts`, recps.pipeline.counts) are
+the servers' statistics in the stage's counting table `<stage>_counts`: each pass reads them as of the end of
+the previous pass (its evaluation and its training alike; <run dir>/funnel/pass-NNNNN/counts.pt), and counts
+its own impressions once every stage trained on it (<run dir>/funnel/counts.pt, for recommend: as of the end
+of the latest pass). The counting tables are saved, loaded and shrunk (day end: decayed) with the others.
+Shapes: N impressions, U users, I items.
 """
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ from recps.job.checkpoint import read_recorded, verify_ps_checkpoint
 from recps.job.loop import Trainer, dense_parameters
 from recps.job.settings import JobSettings, NodeSettings
 from recps.metrics.ps_merger import PSMerger
+from recps.pipeline.counts import COUNTS_EXPORT, count_exposures, counts_table, counts_to_bytes, read_counts
 from recps.pipeline.stages import StageSpec
 from recps.pipeline.data import FunnelData, History, csr_from_pairs, exposure_bucket
 from recps.pipeline.funnel import (EXPORT_DIR, Funnel, build_index, build_stage_model, dense_width, export_stage,
@@ -455,12 +461,14 @@ class FunnelLoop(PassLoop):
 
     def __init__(self, work: FunnelStreamWork, role, out_dir: Path, fleet, strategy, resume, tables, *, world,
                  trainers: dict[str, _StageTrainer], history: Impressions, steps: int) -> None:
-        super().__init__(work.settings, role, out_dir, _FunnelJob(_Tables({t: 0 for t in tables["sparse"]}), steps),
-                         _FunnelFleet(fleet, trainers), strategy, work.config, resume,
-                         [*tables["sparse"], *tables["dense"]])
+        sparse = [*tables["sparse"], *tables["counts"]]  # saved, counted and shrunk at day end alike
+        super().__init__(work.settings, role, out_dir, _FunnelJob(_Tables({t: 0 for t in sparse}), steps),
+                         _FunnelFleet(fleet, trainers), strategy, work.config, resume, [*sparse, *tables["dense"]])
         self.work = work
         self.specs, self.world, self.trainers = work.specs, world, trainers
         self.history = history
+        self.counted = [s for s in self.specs if s.counts]
+        self.counts: dict[str, Any] = {}  # stage -> Counts as of the end of the previous pass (recps.pipeline.counts)
         self.stages: dict[str, Any] = {}
         self.index = None
         self.model_pass: str | None = None  # the pass whose training the current exports hold
@@ -491,7 +499,8 @@ class FunnelLoop(PassLoop):
         if not self.stages:
             self.pending = {"evaluated_model": None}  # a fresh stream's first pass: no model yet
             return {}
-        funnel = Funnel(self.specs, self.stages, self.index, funnel_view(self.world, self.history))
+        view = funnel_view(self.world, self.history)
+        funnel = Funnel(self.specs, self.stages, self.index, view, counts=self._read_counts(view))
         metrics = self.work.evaluate(funnel, merger=self.funnel_merger, worker=self.role.index,
                                      workers=self.role.num_workers)
         if self.role.index != 0:
@@ -507,17 +516,26 @@ class FunnelLoop(PassLoop):
                  self.model_pass)
         return out
 
+    def _read_counts(self, view: FunnelData) -> dict[str, Any]:
+        """The counting stages' statistics as the servers hold them: the end of the previous pass (this pass
+        counts its impressions only after every stage trained on it)."""
+        self.counts = {s.name: read_counts(self.fleet, s, view, self.timeout_s) for s in self.counted}
+        return self.counts
+
     def _train(self, source: _PassData) -> _PassStats:
         current = source.impressions
         pass_name = f"{self.passes_done + 1}"
         view = funnel_view(self.world, self.history, current)
+        counts = self._read_counts(view)  # as of the end of the previous pass: what the evaluation read
         seed = self.settings.seed
         stages: dict[str, Any] = {}
         index = None
         trained: dict[str, Any] = {}
         folder = rfs.join(self.export_root, f"pass-{self.passes_done + 1:05d}")
+        if counts and self.role.index == 0:  # what this pass's rankers read (tests recount it)
+            rfs.write_atomic(rfs.join(folder, COUNTS_EXPORT), counts_to_bytes(counts), overwrite=True)
         for s in self.specs:
-            funnel = Funnel(self.specs, stages, index, view) if stages else None
+            funnel = Funnel(self.specs, stages, index, view, counts=counts) if stages else None
             t = time.perf_counter()
             examples = training_examples(s, self.specs, view, funnel, seed + s.index + 1000 * self.passes_done)
             prepare_s = time.perf_counter() - t
@@ -534,6 +552,12 @@ class FunnelLoop(PassLoop):
                 index = build_index(vectors, self.work.index)
                 if self.role.index == 0:
                     index.save(rfs.join(self.export_root, "items.ann"), overwrite=True)
+        if self.counted:  # the pass's impressions counted once every stage trained on them: the next pass reads them
+            count_exposures(self.fleet, self.counted, view, torch.arange(len(current)), self.role.index,
+                            self.role.num_workers, self.timeout_s, f"pipeline.stream.{pass_name}.counted")
+            if self.role.index == 0:  # serving (recommend) reads the counts as of the end of this pass
+                latest = {s.name: read_counts(self.fleet, s, view, self.timeout_s) for s in self.counted}
+                rfs.write_atomic(rfs.join(self.export_root, COUNTS_EXPORT), counts_to_bytes(latest), overwrite=True)
         self.history = self.history + current
         self.stages, self.index = stages, index
         self.model_sha = {n: t["export_sha256"] for n, t in trained.items()}
@@ -571,8 +595,11 @@ class FunnelLoop(PassLoop):
 
 
 def _stage_tables(specs: Sequence[StageSpec]) -> dict[str, list[str]]:
+    """The stages' sparse tables (their collections'), counting tables (recps.pipeline.counts; saved, loaded
+    and shrunk with the others) and dense tables."""
     sparse = [t for s in specs for t in stage_collection(s).table_dims()]
-    return {"sparse": sparse, "dense": [f"{s.name}_dense" for s in specs]}
+    return {"sparse": sparse, "counts": [counts_table(s.name) for s in specs if s.counts],
+            "dense": [f"{s.name}_dense" for s in specs]}
 
 
 def _passes_before(config, stop) -> list:
@@ -599,7 +626,7 @@ def funnel_stream_work(work: FunnelStreamWork, role, out_dir: Path) -> dict[str,
     timeout_s = max(float(s.mode.timeout_s) for s in specs) * 10
     manifest = None
     if resume.folder:
-        manifest = verify_ps_checkpoint(resume.folder, needed=[*tables["sparse"], *tables["dense"]],
+        manifest = verify_ps_checkpoint(resume.folder, needed=[*tables["sparse"], *tables["counts"], *tables["dense"]],
                                         worker_states=False)
     history = Impressions.empty()
     plan = StreamPlan(config)
@@ -613,10 +640,13 @@ def funnel_stream_work(work: FunnelStreamWork, role, out_dir: Path) -> dict[str,
         fleet.init_worker(strategy, load_from=resume.folder)  # every stage's sparse tables, loaded if resumed
         for t in trainers.values():
             t.create_table()
+        for s in specs:
+            if s.counts:
+                fleet.create_counting_table(counts_table(s.name), s.mode.table.accessor, timeout=timeout_s)
         fleet.wait_for_workers("pipeline.stream.tables", timeout=timeout_s)
         if manifest is not None:
-            if role.index == 0:  # the stages' dense tables of the checkpoint (init_worker loads the sparse ones)
-                fleet.load(resume.folder, tables=tables["dense"], timeout=timeout_s)
+            if role.index == 0:  # the stages' dense and counting tables of the checkpoint (init_worker: the others)
+                fleet.load(resume.folder, tables=[*tables["dense"], *tables["counts"]], timeout=timeout_s)
             fleet.wait_for_workers("pipeline.stream.loaded", timeout=timeout_s)
         for t in trainers.values():
             t.start()

@@ -31,6 +31,7 @@ from recps.errors import ConfigError, RecpsError
 from recps.pipeline.ann import ItemIndex
 from recps.pipeline.data import load_world
 from recps.pipeline.ease import EaseBaseline
+from recps.pipeline.counts import COUNTS_EXPORT, counts_from_bytes
 from recps.pipeline.stages import ITEM_CF, pipeline_specs
 from recps.pipeline.funnel import EXPORT_DIR, ITEM_CF_EXPORT, Funnel, load_stage
 
@@ -63,7 +64,14 @@ def load_funnel(run_dir: str | Path, data=None) -> Funnel:
             raise ConfigError(f"{path} is missing: a stage reads {ITEM_CF} and the run writes its EASE there before "
                               "training; give the folder of a finished run")
         item_cf = EaseBaseline.from_bytes(rfs.read_bytes(path))
-    funnel = Funnel(specs, stages, index, data, item_cf)
+    counts = None
+    if any(s.counts for s in specs):  # the counting features' statistics as of the end of training
+        path = rfs.join(exports, COUNTS_EXPORT)
+        if not rfs.exists(path):
+            raise ConfigError(f"{path} is missing: a stage reads counting features (inputs.counts) and the run writes "
+                              "their statistics there after training; give the folder of a finished run")
+        counts = counts_from_bytes(rfs.read_bytes(path))
+    funnel = Funnel(specs, stages, index, data, item_cf, counts)
     funnel.top_n = int(cfg.pipeline.top_n)
     return funnel
 

@@ -58,6 +58,7 @@ from recps.pipeline.stages import (StageSpec, check_data, eval_settings, item_cf
                                   refresh_epochs, schedule, validation_fraction)
 from recps.pipeline.data import (HISTORY_FEATURES, FunnelData, ValidationPeriod, load_world, pair_examples,
                                  validation_period)
+from recps.pipeline.counts import COUNTS_EXPORT, COUNTS_TRAIN_EXPORT, count_exposures, counts_table, counts_to_bytes, read_counts
 from recps.pipeline.ease import fit_ease
 from recps.pipeline.held_out import evaluate_funnel, hits
 from recps.pipeline.funnel import (EXPORT_DIR, ITEM_CF_EXPORT, Funnel, build_index, build_stage_model, candidate_times, dense_width,
@@ -149,7 +150,7 @@ def training_examples(spec: StageSpec, specs, data: FunnelData, funnel: Funnel |
         times.append(data.request_times(owner[valid]))
     users, items, labels = torch.cat(users), torch.cat(items), torch.cat(labels)
     times = None if any(t is None for t in times) else torch.cat(times)
-    dense = funnel.dense_inputs(spec, users, items, times) if spec.scores else None
+    dense = funnel.dense_inputs(spec, users, items, times) if spec.reads_dense else None
     return pair_examples(data, spec.features, users, items, labels=labels, dense=dense,
                          times=pair_times(spec, data, users, times))
 
@@ -285,10 +286,23 @@ def funnel_work(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -
         for s in specs:
             fleet.add_collection(collections[s.name], mode=s.mode)
         fleet.init_worker(DistributedStrategy(mode=specs[0].mode, threads=threads))
+        counted = [s for s in specs if s.counts]
+        train_counts = counts = {}
+        if counted:  # counting features: the period's past counted on the servers, read back before training
+            for s in counted:
+                fleet.create_counting_table(counts_table(s.name), s.mode.table.accessor, timeout=timeout_s)
+            fleet.wait_for_workers("pipeline.counts.tables", timeout=timeout_s)
+            past = torch.arange(train_world.train_user.numel())
+            count_exposures(fleet, counted, train_world, past, role.index, role.num_workers, timeout_s,
+                            "pipeline.counts.past")
+            train_counts = {s.name: read_counts(fleet, s, train_world, timeout_s) for s in counted}
+            if role.index == 0:  # what the validation stages train with (tests recount it)
+                rfs.write_atomic(rfs.join(export_dir, COUNTS_TRAIN_EXPORT), counts_to_bytes(train_counts),
+                                 overwrite=True)
         stages: dict = {}
         index = train_index = None
         for group in schedule(cfg, specs):  # one stage after another, or a group's stages at the same time
-            funnel = Funnel(specs, stages, train_index, train_world, train_cf) if stages else None
+            funnel = Funnel(specs, stages, train_index, train_world, train_cf, train_counts) if stages else None
             examples = {}
             for s in group:  # the group's stages read only earlier groups' exports (config.schedule checked it)
                 t = time.perf_counter()
@@ -304,10 +318,18 @@ def funnel_work(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -
                     index = train_index = _index(cfg, s, stages, world, role, export_dir, trained)
                     if period is not None:  # the training funnel retrieves over the period's item features
                         train_index = _index(cfg, s, stages, train_world)
+        if counted:  # the validation period counted too: the held-out requests and serving see every exposure
+            count_exposures(fleet, counted, world, period.rows, role.index, role.num_workers, timeout_s,
+                            "pipeline.counts.period")
+            counts = {s.name: read_counts(fleet, s, world, timeout_s) for s in counted}
+            if role.index == 0:
+                rfs.write_atomic(rfs.join(export_dir, COUNTS_EXPORT),
+                                 counts_to_bytes(counts), overwrite=True)
         for s in (x for x in specs if x.name in refresh):  # trained on the period's past: now on all of it
             t = time.perf_counter()
             again = dataclasses.replace(s, epochs=refresh[s.name])
-            rows = training_examples(again, specs, world, Funnel(specs, stages, index, world, item_cf), seed + s.index)
+            rows = training_examples(again, specs, world, Funnel(specs, stages, index, world, item_cf, counts),
+                                     seed + s.index)
             result = _train_stage(fleet, again, models[s.name], collections[s.name], rows, role, timeout_s, ".refresh")
             trained[s.name]["refresh"] = {**result, "prepare_seconds": time.perf_counter() - t - result["seconds"]}
             _export(s, specs, fleet, models, collections, world, role, export_dir, stages)
@@ -319,8 +341,8 @@ def funnel_work(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -
 
         # every worker evaluates its share of the held-out requests; the tallies merge through the servers
         merger = PSMerger(fleet.channel(), prefix="pipeline.eval", timeout_s=max(timeout_s, _EVAL_TIMEOUT_S))
-        metrics = evaluate_funnel(Funnel(specs, stages, index, world, item_cf), eval_settings(cfg), merger=merger,
-                                  worker=role.index, workers=role.num_workers)
+        metrics = evaluate_funnel(Funnel(specs, stages, index, world, item_cf, counts), eval_settings(cfg),
+                                  merger=merger, worker=role.index, workers=role.num_workers)
         lists = metrics.pop("final_lists")  # <run dir>/funnel/final_lists.json: what recommend must return
         log.info("%s: funnel evaluated: %d of its %d held-out requests here in %.1f s, merged through the servers",
                  role.name, len(lists["users"]), metrics["requests"], metrics["eval_seconds"])

@@ -24,11 +24,11 @@ from recps.pipeline.sasrec_alone import sasrec_settings
 
 __all__ = ["StageSpec", "EvalSettings", "eval_settings", "enabled", "pipeline_specs", "schedule", "check_data", "ease_settings", "validation_fraction",
            "refresh_epochs", "sasrec_baseline", "item_cf_settings", "STAGE_KEYS", "INPUT_KEYS", "EASE_DEFAULTS",
-           "ITEM_CF"]
+           "ITEM_CF", "COUNT_FEATURES", "COUNT_PRIOR"]
 
 STAGE_KEYS = ("model", "task", "optimizer", "trainer", "ps", "keep", "inputs", "score_weights")
 INPUT_KEYS = ("features", "upstream", "train_on", "candidates_per_user", "candidate_users", "scores", "share",
-              "score_norm")
+              "score_norm", "counts", "count_prior")
 # How a ranker reads its `scores`: none (as they are: logits, item_cf's score) or request (each column
 # standardised over the request's candidates, (x - mean) / sd: what the ranker learns then survives a
 # shift of an upstream's scale, e.g. a stage trained again on more data, or EASE fitted on more history).
@@ -45,6 +45,10 @@ TRAIN_ON = ("positives", "exposures", "candidates", "validation")
 # pipeline.baselines.ease's settings. Read as of the data's training rows, so only a stage trained on the
 # validation period may read it (its requests come after every row EASE saw).
 ITEM_CF = "item_cf"
+# Counting features a ranker may read as dense inputs (inputs.counts; recps.pipeline.counts): the item's and the
+# user x category's shows and clicks, from the stage's counting table's CTR accessor on the servers.
+COUNT_FEATURES = ("item_id", "user_category")
+COUNT_PRIOR = 10.0  # inputs.count_prior: pseudo-shows at the feature's CTR in the smoothed CTR
 # The features a model reads, by constructor argument (zoo models name them so).
 _FEATURE_ARGS = ("query_features", "candidate_features", "user_features", "item_features", "features")
 # ... and by a behaviour-history model (models/_behaviour.py), defaults included: a DIN without
@@ -79,6 +83,8 @@ class StageSpec:
     candidate_users: int = 0  # training users whose upstream candidates it trains on (0: all)
     scores: list[str] = field(default_factory=list)
     score_norm: str = "none"
+    counts: list[str] = field(default_factory=list)  # counting features read as dense inputs (recps.pipeline.counts)
+    count_prior: float = COUNT_PRIOR
     share: dict[str, str] = field(default_factory=dict)  # feature -> the earlier stage whose table it reads (frozen)
     score_weights: list[float] | None = None
     epochs: int = 1
@@ -93,6 +99,11 @@ class StageSpec:
     @property
     def is_retrieval(self) -> bool:
         return self.upstream is None
+
+    @property
+    def reads_dense(self) -> bool:
+        """Whether the stage's model reads dense inputs: its `scores` and / or its counting features."""
+        return bool(self.scores or self.counts)
 
     @property
     def sequence(self) -> bool:
@@ -255,6 +266,7 @@ def pipeline_specs(cfg: DictConfig) -> list[StageSpec]:
         if score_norm not in SCORE_NORMS:
             raise ConfigError(f"{where}.inputs.score_norm={score_norm!r}; use one of {list(SCORE_NORMS)}")
         takes = inspect.signature(model_cls).parameters
+        counts, count_prior = _counts(cfg, name, where, index, node, inputs, takes)
         if scores and "dense_in_features" not in takes:
             raise ConfigError(f"{where}.inputs.scores={scores}: {node.model._target_} takes no dense inputs; "
                               "use a model with dense_in_features (models.CTRDNN, models.DeepFM) or drop scores")
@@ -286,6 +298,11 @@ def pipeline_specs(cfg: DictConfig) -> list[StageSpec]:
                               "user's latest pipeline.validation_fraction of the TRAINING exposures)")
         if not train_on or any(t not in TRAIN_ON for t in train_on):
             raise ConfigError(f"{where}.inputs.train_on={train_on}: give some of {list(TRAIN_ON)}")
+        if counts and train_on != ["validation"] and not _streaming(cfg):
+            raise ConfigError(f"{where}.inputs.counts={counts} but train_on={train_on}: the batch funnel reads the "
+                              "counts as of the end of the period its stages train on, so a training exposure's own "
+                              "label would be in its counts; a stage reading counts trains on [validation] only (or "
+                              "drop inputs.counts; a streaming funnel reads the previous pass's counts)")
         if ITEM_CF in scores and train_on != ["validation"]:
             raise ConfigError(f"{where}.inputs.scores reads {ITEM_CF} but train_on={train_on}: EASE is fitted on the "
                               "training rows, so a training exposure's own future would be in its score; a stage "
@@ -325,6 +342,7 @@ def pipeline_specs(cfg: DictConfig) -> list[StageSpec]:
             keep=keep, features=features, upstream=None if upstream is None else str(upstream), train_on=train_on,
             candidates_per_user=int(inputs.get("candidates_per_user") or 0),
             candidate_users=int(inputs.get("candidate_users") or 0), scores=scores, score_norm=score_norm, share=share, score_weights=weights,
+            counts=counts, count_prior=count_prior,
             epochs=_int(trainer, "epochs", f"{where}.trainer", 1) if "epochs" in trainer else 1,
             batch_size=_int(trainer, "batch_size", f"{where}.trainer", 1) if "batch_size" in trainer else 256,
             threads=threads, max_steps=max_steps,
@@ -342,6 +360,41 @@ def pipeline_specs(cfg: DictConfig) -> list[StageSpec]:
     sasrec_baseline(cfg)  # and pipeline.baselines.sasrec
     validation_fraction(cfg, specs)  # and pipeline.validation_fraction
     return specs
+
+
+def _counts(cfg: DictConfig, name: str, where: str, index: int, node: DictConfig, inputs: DictConfig,
+            takes) -> tuple[list[str], float]:
+    """inputs.counts (counting features, checked) and inputs.count_prior of a stage."""
+    given = inputs.get("counts")
+    prior = inputs.get("count_prior")
+    prior = COUNT_PRIOR if prior is None else prior
+    if isinstance(prior, bool) or not isinstance(prior, (int, float)) or not prior >= 0:
+        raise ConfigError(f"{where}.inputs.count_prior={prior!r}; give the smoothed CTR's pseudo-shows, a number "
+                          f">= 0 (default {COUNT_PRIOR:g})")
+    if given is None:
+        return [], float(prior)
+    counts = [str(f) for f in (_plain(given) if isinstance(given, ListConfig) else [given])]
+    unknown = [f for f in counts if f not in COUNT_FEATURES]
+    if unknown or len(set(counts)) != len(counts):
+        raise ConfigError(f"{where}.inputs.counts={counts}: {unknown or 'a repeated name'}; the counting features are "
+                          f"{list(COUNT_FEATURES)} (each once)")
+    if not counts:
+        return [], float(prior)
+    if index == 0:
+        raise ConfigError(f"{where}.inputs.counts={counts}: the recall stage retrieves by its towers and reads no "
+                          "dense inputs; give counting features to a ranker")
+    if "dense_in_features" not in takes:
+        raise ConfigError(f"{where}.inputs.counts={counts}: {node.model._target_} takes no dense inputs; use a model "
+                          "with dense_in_features (models.DIN, models.DeepFM, models.LR) or drop inputs.counts")
+    accessor = (node.ps.get("table") or {}).get("accessor")
+    if accessor is None and _streaming(cfg):  # a streaming funnel's stages take ps.table.accessor when null
+        accessor = ((cfg.get("ps") or {}).get("table") or {}).get("accessor")
+    if accessor is None:
+        raise ConfigError(f"{where}.inputs.counts={counts}: counting features are the statistics of the CTR "
+                          f"accessor of the stage's tables (its counting table {name}_counts), and "
+                          f"{where}.ps.table.accessor is null: give it one, e.g. '{where}.ps.table.accessor={{}}' "
+                          "(recps.ps.table.accessor.CtrAccessor's defaults), or drop inputs.counts")
+    return counts, float(prior)
 
 
 def _streaming(cfg: DictConfig) -> bool:
@@ -521,6 +574,9 @@ def check_data(specs: list[StageSpec], data) -> None:
     """The stages against the loaded data (launcher, before any process starts)."""
     for s in specs:
         data.check_features(s.name, s.features)
+        if "user_category" in s.counts and "category" not in data.item_features:
+            raise ConfigError(f"{s.where}.inputs.counts names user_category, but the data {data.name!r} has no item "
+                              f"feature category (it has {list(data.item_features)}); drop user_category there")
         if s.is_retrieval and s.keep > data.num_items:
             raise ConfigError(f"{s.where}.keep={s.keep} is larger than its input: the catalogue holds "
                               f"{data.num_items} items; lower {s.where}.keep")

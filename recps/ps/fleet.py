@@ -42,6 +42,8 @@ What each call does:
   (into parameters); `save` / `load` / `shrink` / `table_mode` on the servers' tables;
   `channel()`: the narrow view observers and metric mergers get. Orchestration (recps.pipeline,
   recps.stream, recps.cluster) uses these, never `fleet.client` (tests/test_layers.py).
+- Counting tables (a funnel's counting features): `create_counting_table` (width 1, an accessor, nothing
+  trained), `count` (shows and clicks of keys), `pull_statistics` (any accessor table's show and click).
 - `read_servers()`: the model reads what the servers hold (evaluation after training).
 """
 
@@ -384,6 +386,35 @@ class Fleet:
         """Copy dense table `name`'s values into `params` (the table's order, as it was created from
         them; no autograd): `pull_dense` then an in-place copy. Returns when the copy is done."""
         assign_flat(list(params), self.pull_dense(name, timeout))
+
+    # -- counting tables: the accessor's show/click statistics of keys, nothing trained ----------------
+
+    def create_counting_table(self, name: str, accessor: dict, timeout: float | None = None) -> dict:
+        """Create sparse table `name` that only counts: width 1, zeros, no entry policy (every key counted),
+        the CTR accessor `accessor` (CtrAccessor fields; its decay and deletion rules apply at `shrink`),
+        tagged "geo" so that a push adds its (zero) rows, never an update rule. Every worker may call it
+        (idempotent); wait_for_workers before another worker counts into it."""
+        client = self._worker_client("create_counting_table")
+        if accessor is None:
+            raise ConfigError(f"create_counting_table {name!r}: no accessor; its statistics are the accessor's: give "
+                              "CtrAccessor fields ({} for its defaults)")
+        return client.create_sparse_table(name, 1, optimizer={"name": "sgd", "lr": 1.0},  # never applied: geo adds
+                                          initializer={"kind": "zeros"}, accessor=dict(accessor), mode="geo",
+                                          timeout=timeout)
+
+    def count(self, name: str, keys: torch.Tensor, shows: torch.Tensor, clicks: torch.Tensor):
+        """Add (K,) shows and clicks to the statistics of (K,) keys of counting table `name` (duplicates
+        summed; a new key gets a row). Returns a handle: `wait(timeout)` returns once every server added
+        them. Thread-safe."""
+        client = self._worker_client("count")
+        keys = torch.as_tensor(keys, dtype=torch.int64).reshape(-1)
+        return client.push(name, keys, torch.zeros(keys.numel(), 1), shows=shows, clicks=clicks)
+
+    def pull_statistics(self, name: str, keys: torch.Tensor, timeout: float | None = None) -> torch.Tensor:
+        """(K, 2) float32 show and click of (K,) keys of sparse table `name` (it has an accessor), as the
+        servers hold them now: zeros for a key without a row; nothing is created. Blocks (PSTimeoutError
+        after `timeout`, default the client's). Thread-safe."""
+        return self._worker_client("pull_statistics").pull_statistics(name, keys).wait(timeout)
 
     def table_mode(self, name: str) -> str:
         """The PS mode table `name` is tagged with on the servers ("sync", "async", "geo")."""

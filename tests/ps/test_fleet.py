@@ -438,3 +438,56 @@ def test_the_table_verbs_orchestration_uses_beside_the_optimizer():
         assert got[w]["stats"].tolist() == [3.0, 3.0, 3.0]  # 1 + 2: a geo table adds what arrives
         assert got[w]["modes"] == ("sync", "geo")
         assert got[w]["place"] == (w, 2)
+
+
+def test_counting_table_adds_the_workers_shows_and_clicks_and_trains_nothing():
+    """A counting table (create_counting_table: width 1, an accessor, tagged geo) holds, after both workers
+    counted their shares (duplicates inside a push too), each key's shows and clicks summed: pull_statistics
+    equals the arithmetic; its rows stay 0 (nothing trained); a key never counted reads (0, 0) and gets no row;
+    pull_statistics of a table without an accessor fails naming it and the fix."""
+    server_role, worker_roles = roles(2, token="fleet-counts")
+    got: dict = {}
+    errors: list = []
+    keys = {0: torch.tensor([5, 7, 5, 9]), 1: torch.tensor([7, 7, 11])}
+    shows = {0: torch.tensor([1.0, 1.0, 1.0, 2.0]), 1: torch.tensor([1.0, 1.0, 1.0])}
+    clicks = {0: torch.tensor([1.0, 0.0, 1.0, 1.0]), 1: torch.tensor([1.0, 0.0, 0.0])}
+
+    def work(w: int) -> None:
+        try:
+            with Fleet(worker_roles[w], connect_timeout_s=60) as fleet:
+                fleet.init_worker(DistributedStrategy(mode=SyncMode()))
+                fleet.create_counting_table("fine_counts", {})
+                fleet.create_dense_table("plain", 2)
+                fleet.wait_for_workers("test.counts.created", timeout=60)
+                fleet.count("fine_counts", keys[w], shows[w], clicks[w]).wait(60)
+                fleet.wait_for_workers("test.counts.counted", timeout=60)
+                got[w] = {"stats": fleet.pull_statistics("fine_counts", torch.tensor([5, 7, 9, 11, 13]), 60),
+                          "rows": fleet.channel().pull("fine_counts", torch.tensor([5, 7, 13])).wait(60),
+                          "mode": fleet.table_mode("fine_counts")}
+                if w == 0:
+                    with pytest.raises(ConfigError, match="create_counting_table 'x': no accessor"):
+                        fleet.create_counting_table("x", None)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    serve_while(server_role, work, 2)
+    assert not errors, errors
+    for w in (0, 1):
+        assert got[w]["stats"].tolist() == [[2.0, 2.0], [3.0, 1.0], [2.0, 1.0], [1.0, 0.0], [0.0, 0.0]]
+        assert got[w]["rows"].tolist() == [[0.0], [0.0], [0.0]]
+        assert got[w]["mode"] == "geo"
+
+
+def test_pull_statistics_of_a_table_without_an_accessor_names_the_table_and_the_fix():
+    from recps.ps.modes import server_halves
+    from recps.ps.node.client import PSClient
+    from recps.ps.node.server import PSServer
+
+    with PSServer(token="t", halves=server_halves()) as server, PSClient([server.endpoint], token="t") as client:
+        client.create_sparse_table("plain", dim=2)
+        client.create_sparse_table("counted", dim=1, accessor={}, initializer={"kind": "zeros"})
+        client.push("counted", torch.tensor([3, 3]), torch.zeros(2, 1), shows=torch.ones(2), clicks=torch.ones(2)).wait()
+        assert client.pull_statistics("counted", torch.tensor([3, 4, 3])).wait().tolist() == [[2.0, 2.0], [0.0, 0.0],
+                                                                                            [2.0, 2.0]]
+        with pytest.raises(Exception, match=r"table 'plain' keeps no show/click statistics \(no accessor\).*ps.table.accessor"):
+            client.pull_statistics("plain", torch.tensor([1])).wait()

@@ -320,29 +320,39 @@ class PSClient:
     def pull(self, table: str, keys: torch.Tensor, *, create: bool = True, assume_unique: bool = False) -> PSHandle[torch.Tensor]:
         """Rows of (K,) int64 keys -> handle of (K, D) float32, in `keys` order. Rows missing on a
         server are created (initial value, entry policy) unless create=False (then zeros)."""
-        where = f"pull {table!r}"
-        keys = as_keys(keys, where)
         dim = self._info(table, "sparse").dim
+        return self._gather("pull", table, keys, dim, None if create else {"create": False}, assume_unique)
+
+    def pull_statistics(self, table: str, keys: torch.Tensor) -> PSHandle[torch.Tensor]:
+        """The CTR accessor's statistics of (K,) int64 keys -> handle of (K, 2) float32 (show, click), in
+        `keys` order, as the servers hold them when each server answers: zeros for a key without a row;
+        nothing is created or counted. A table without an accessor: the handle raises ConfigError."""
+        self._info(table, "sparse")
+        return self._gather("pull_statistics", table, keys, 2, None, False)
+
+    def _gather(self, verb: str, table: str, keys: torch.Tensor, width: int, meta, assume_unique: bool
+                ) -> PSHandle[torch.Tensor]:
+        """(K, width) float32 of (K,) keys from the servers holding them (`verb`'s reply), in `keys` order."""
+        keys = as_keys(keys, f"{verb} {table!r}")
         uniq, inverse = (keys, None) if assume_unique else unique_inverse(keys)
-        meta = None if create else {"create": False}
         order, counts = self._route(uniq)
         if order is None:
             if uniq.numel() == 0:
-                return _done(torch.zeros(keys.numel(), dim))
-            handle = self._transport.request(0, "pull", table, {"keys": uniq}, meta)
+                return _done(torch.zeros(keys.numel(), width))
+            handle = self._transport.request(0, verb, table, {"keys": uniq}, meta)
             return PSHandle([handle], lambda r: r[0].tensors[0] if inverse is None else r[0].tensors[0][inverse], self.timeout_s)
         grouped = uniq[order]  # (U,) keys grouped by server
         handles, pos = [], 0
         for s, n in enumerate(counts):
             if n:
-                handles.append(self._transport.request(s, "pull", table, {"keys": grouped[pos : pos + n]}, meta))
+                handles.append(self._transport.request(s, verb, table, {"keys": grouped[pos : pos + n]}, meta))
             pos += n
 
         def finish(replies: list[Reply]) -> torch.Tensor:
-            out = torch.empty(uniq.numel(), dim)  # (U, D)
+            out = torch.empty(uniq.numel(), width)  # (U, width)
             if replies:
                 out[order] = torch.cat([r.tensors[0] for r in replies]) if len(replies) > 1 else replies[0].tensors[0]
-            return out if inverse is None else out[inverse]  # (K, D)
+            return out if inverse is None else out[inverse]  # (K, width)
 
         return PSHandle(handles, finish, self.timeout_s)
 

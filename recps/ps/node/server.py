@@ -19,6 +19,7 @@ Verbs (request fields -> reply tensors; `table` is the transport's text field):
     create_dense    meta spec, {values (N_s,)}?      -> meta spec       idempotent; first values win
     describe                                         -> meta spec
     pull            {keys (K,)}, meta create?        -> [rows (K, D)]   rows created on first pull
+    pull_statistics {keys (K,)}                      -> [(K, 2) show, click]   the accessor's; 0 without a row
     push            {keys, rows (K, D), shows?, clicks?}, meta ...      the table's mode's server half
     pull_dense                                       -> [values (N_s,)]
     push_dense      {values (N_s,)}, meta ...        -> the mode's reply (e.g. [values])
@@ -246,6 +247,7 @@ class PSServer:
             "create_dense": self._create_dense,
             "describe": self._describe,
             "pull": self._pull,
+            "pull_statistics": self._pull_statistics,
             "push": self._push,
             "pull_dense": self._pull_dense,
             "push_dense": self._push_dense,
@@ -397,6 +399,14 @@ class PSServer:
     def _pull(self, name, fields, meta):
         shard = self._get(name).sparse_shard("pull")
         return [shard.pull(fields["keys"], create=bool(meta.get("create", True)))]
+
+    def _pull_statistics(self, name, fields, meta):
+        shard = self._get(name).sparse_shard("pull_statistics")
+        if shard.accessor is None:
+            raise ConfigError(f"server {self.index}: table {name!r} keeps no show/click statistics (no accessor); "
+                              "create it with an accessor (ps.table.accessor) to read them")
+        stats = shard.stats(fields["keys"])
+        return [torch.stack([stats["show"], stats["click"]], 1)]  # (K, 2), zeros for keys without a row
 
     def _push(self, name, fields, meta):
         table = self._get(name)

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from recps import quiet_libraries
 from recps.errors import ConfigError, RecpsError
 
 JOB_CONFIG = "recps-job.yaml"  # what recps.cluster writes into a run folder
@@ -47,7 +48,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="requests that may wait for the model; one more is answered 503")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads of the model")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # force: importing the package (torch, fbgemm) may have configured the root logger at WARNING already
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    quiet_libraries()
     for name, value, low in (("--poll-seconds", args.poll_seconds, 0.01), ("--max-candidates", args.max_candidates, 1),
                              ("--max-queue", args.max_queue, 1), ("--threads", args.threads, 1)):
         if value < low:

@@ -3,7 +3,8 @@
 The argument is the stream's `stream.out` (any fsspec URL: hdfs://, a path, ...) or the run folder
 of the `python -m recps.train stream=...` run that writes it (its recps-job.yaml names it). The
 server waits for the first committed export (GET /healthz answers 503 meanwhile), then follows the
-donefiles: docs/serving.md.
+donefiles: docs/serving.md. The run folder of a funnel run (`pipeline=...`) is served through
+POST /v1/recommend, as `python -m recps.pipeline.recommend` serves it.
 """
 
 from __future__ import annotations
@@ -20,21 +21,22 @@ from recps.errors import ConfigError, RecpsError
 JOB_CONFIG = "recps-job.yaml"  # what recps.cluster writes into a run folder
 
 
-def stream_out(target: str) -> str:
-    """The stream.out to follow: `target` itself, or the one a run folder's recps-job.yaml names."""
+def what_to_serve(target: str) -> tuple[str, bool]:
+    """(what to serve, whether it is a funnel run): `target` itself (a stream.out), the stream.out a
+    run folder's recps-job.yaml names, or a funnel run's folder (`pipeline=...`)."""
     job = Path(target) / JOB_CONFIG
     if "://" in target or not job.is_file():
-        return target
+        return target, False
     from omegaconf import OmegaConf  # deferred: only for a run folder
 
     cfg = OmegaConf.load(job)
-    out = OmegaConf.select(cfg, "stream.out") if bool(OmegaConf.select(cfg, "stream.enabled", default=False)) else None
-    if out is None:
-        what = "a funnel run (pipeline=...)" if OmegaConf.select(cfg, "pipeline") is not None else "not a stream run"
-        raise ConfigError(f"{target} is {what}: recps.serve follows a stream's exports; give the stream.out of a "
-                          "`python -m recps.train stream=...` run, or its run folder (serving a funnel: "
-                          "python -m recps.pipeline.recommend)")
-    return str(out)
+    if bool(OmegaConf.select(cfg, "stream.enabled", default=False)):
+        return str(OmegaConf.select(cfg, "stream.out")), False
+    if str(OmegaConf.select(cfg, "pipeline.name", default="none")) != "none":
+        return target, True
+    raise ConfigError(f"{target} is the folder of a single-model run trained once: recps.serve follows a stream's "
+                      "exports (give the stream.out of a `python -m recps.train stream=...` run, or its run folder) "
+                      "or serves a funnel run (pipeline=...); evaluate this one with python -m recps.evaluate")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -44,6 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--poll-seconds", type=float, default=1.0, help="how often the donefiles are read")
     parser.add_argument("--max-candidates", type=int, default=4096, help="candidates a /v1/score request may hold")
+    parser.add_argument("--max-users", type=int, default=256, help="users a /v1/recommend request may hold")
     parser.add_argument("--max-queue", type=int, default=64,
                         help="requests that may wait for the model; one more is answered 503")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads of the model")
@@ -52,12 +55,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     quiet_libraries()
     for name, value, low in (("--poll-seconds", args.poll_seconds, 0.01), ("--max-candidates", args.max_candidates, 1),
-                             ("--max-queue", args.max_queue, 1), ("--threads", args.threads, 1)):
+                             ("--max-users", args.max_users, 1), ("--max-queue", args.max_queue, 1),
+                             ("--threads", args.threads, 1)):
         if value < low:
             print(f"recps.serve: {name}={value}; it must be at least {low}", file=sys.stderr)
             return 2
     try:
-        out = stream_out(args.target)
+        out, funnel = what_to_serve(args.target)
     except RecpsError as exc:
         print(f"recps.serve: {exc}", file=sys.stderr)
         return 2
@@ -67,9 +71,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from recps.serve.app import ServeSettings, build_app
 
     torch.set_num_threads(args.threads)
-    settings = ServeSettings(out=out, poll_s=args.poll_seconds, max_candidates=args.max_candidates,
-                             max_queue=args.max_queue)
-    logging.getLogger("recps.serve").info("serve: following %s on http://%s:%d", out, args.host, args.port)
+    settings = ServeSettings(out=out, funnel=funnel, poll_s=args.poll_seconds, max_candidates=args.max_candidates,
+                             max_users=args.max_users, max_queue=args.max_queue)
+    logging.getLogger("recps.serve").info("serve: %s %s on http://%s:%d", "the funnel run" if funnel else "following",
+                                          out, args.host, args.port)
     uvicorn.run(build_app(settings), host=args.host, port=args.port, log_level="info", access_log=False)
     return 0
 

@@ -3,9 +3,11 @@
     POST /v1/score   {"user": {feature: value}, "candidates": [{feature: value}, ...]}
                      -> {"version": {day, pass, base_key, deltas, committed_unix}, "probs": [...],
                          "unknown_keys": n}
+    POST /v1/recommend  {"users": [id, ...]} -> {"lists": [{"user", "items", "scores": {stage: [...]}}]}
+                     (a funnel run: FunnelServing, recps.pipeline.recommend's load_funnel and recommend)
     GET  /healthz    200 {"ready": true, "version": {... with its folders}, "refused": ...}
                      503 {"ready": false, "reason": ...} until a version is served
-    GET  /metrics    Prometheus text, every name prefixed recps_ (Serving.collect)
+    GET  /metrics    Prometheus text, every name prefixed recps_
 
 Threads. The follower polls the donefiles on its own thread and publishes each version by one
 reference assignment (recps.serve.versions). Requests are scored on one inference thread: each
@@ -14,8 +16,12 @@ parameters are switched to a new version only between two requests. At most `max
 wait for it; one more is answered 503 at once (bounded memory, never a crash), so a load generator
 sees overload as it is. The event loop only parses, validates and queues.
 
-Errors: malformed JSON 400; an unknown field, a value of the wrong type, an unknown feature 422;
-more candidates than `max_candidates` 413; not ready or overloaded 503. Each names what was wrong.
+Errors: malformed JSON 400; an unknown field, a value of the wrong type, an unknown feature or user
+422; more candidates than `max_candidates` (users than `max_users`) 413; the route of the other kind
+of run 404; not ready or overloaded 503. Each names what was wrong.
+
+A funnel run (`pipeline=...`) is served as `python -m recps.pipeline.recommend` serves it: its exports
+are loaded once (they do not follow a stream yet) and `recommend` answers on the inference thread.
 """
 
 from __future__ import annotations
@@ -36,10 +42,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 
+from recps.errors import ConfigError
 from recps.serve.model import RequestError, Scorer
 from recps.serve.versions import Follower, Version
 
-__all__ = ["ServeSettings", "Serving", "build_app"]
+__all__ = ["ServeSettings", "Serving", "FunnelServing", "build_app"]
 
 log = logging.getLogger("recps.serve")
 
@@ -59,38 +66,91 @@ class ScoreRequest(BaseModel):
     candidates: list[dict[str, _Value]] = Field(min_length=1)
 
 
+class RecommendRequest(BaseModel):
+    """Users (ids of the funnel run's data) to recommend to."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    users: list[StrictInt] = Field(min_length=1)
+
+
 @dataclass(frozen=True)
 class ServeSettings:
-    """`out`: the stream's output (any recps.fs URL); `poll_s`: how often its donefiles are read;
-    `max_candidates`: per request; `max_queue`: requests waiting for the inference thread."""
+    """`out`: the stream's output (any recps.fs URL), or the run folder of a funnel run (`funnel`);
+    `poll_s`: how often the donefiles are read; `max_candidates`, `max_users`: per request;
+    `max_queue`: requests waiting for the inference thread."""
 
     out: str
+    funnel: bool = False
     poll_s: float = 1.0
     max_candidates: int = 4096
+    max_users: int = 256
     max_queue: int = 64
 
 
-class Serving:
-    """The follower, the scorer and the request bookkeeping behind the routes."""
+class _Base:
+    """What both kinds of serving share: the metrics registry, the request counts, one inference
+    thread with a bounded queue, and a background thread (`_background`) started and stopped with the app."""
 
     def __init__(self, settings: ServeSettings) -> None:
         self.settings = settings
-        self.scorer: Scorer | None = None
-        self.follower = Follower(settings.out, accept=self._accept)
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter("recps_requests", "HTTP requests answered, by route and status code",
                                 ["route", "code"], registry=self.registry)
         self.latency = Histogram("recps_request_seconds", "time from a request's arrival to its answer, by route",
                                  ["route"], buckets=_LATENCY_BUCKETS, registry=self.registry)
-        self.candidates = Counter("recps_scored_candidates", "candidates scored", registry=self.registry)
-        self.unknown = Counter("recps_unknown_keys", "keys of scored requests the served version does not hold "
-                               "(served as zero rows)", registry=self.registry)
         self.queued = 0  # requests submitted to the inference thread and not answered yet
-        self.registry.register(_FollowerCollector(self))
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="recps-serve-infer")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    def _background(self) -> None:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._background, name="recps-serve-follow", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _infer(self, fn, request, refused: type[Exception]) -> tuple[int, dict[str, Any]]:
+        """fn(request) on the inference thread: (200, its body); 503 when `max_queue` requests wait
+        already; 422 for a `refused` error (what the request got wrong)."""
+        with self._lock:
+            if self.queued >= self.settings.max_queue:
+                return 503, {"detail": f"overloaded: {self.queued} requests are waiting (recps.serve --max-queue="
+                                       f"{self.settings.max_queue}); retry later"}
+            self.queued += 1
+        try:
+            return 200, await asyncio.wrap_future(self._pool.submit(fn, request))
+        except refused as e:
+            return 422, {"detail": str(e)}
+        finally:
+            with self._lock:
+                self.queued -= 1
+
+    def _queued_metric(self):
+        queued = GaugeMetricFamily("recps_queued_requests", "requests waiting for the inference thread")
+        queued.add_metric([], float(self.queued))
+        return queued
+
+
+class Serving(_Base):
+    """A stream's model: the follower, the scorer and the request bookkeeping behind the routes."""
+
+    def __init__(self, settings: ServeSettings) -> None:
+        super().__init__(settings)
+        self.scorer: Scorer | None = None
+        self.follower = Follower(settings.out, accept=self._accept)
+        self.candidates = Counter("recps_scored_candidates", "candidates scored", registry=self.registry)
+        self.unknown = Counter("recps_unknown_keys", "keys of scored requests the served version does not hold "
+                               "(served as zero rows)", registry=self.registry)
+        self.registry.register(_FollowerCollector(self))
 
     # -- following -----------------------------------------------------------------------------------
 
@@ -99,23 +159,13 @@ class Serving:
             self.scorer = Scorer(version.config_yaml)  # the first version builds the model
         self.scorer.check(version)
 
-    def _follow(self) -> None:
+    def _background(self) -> None:
         while not self._stop.is_set():
             try:
                 self.follower.poll()
             except Exception:  # noqa: BLE001 - the thread outlives any one poll; the log has the cause
                 log.exception("serve: polling %s failed; trying again", self.settings.out)
             self._stop.wait(self.settings.poll_s)
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._follow, name="recps-serve-follow", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-        self._pool.shutdown(wait=False, cancel_futures=True)
 
     # -- scoring -------------------------------------------------------------------------------------
 
@@ -134,19 +184,7 @@ class Serving:
         if len(request.candidates) > self.settings.max_candidates:
             return 413, {"detail": f"{len(request.candidates)} candidates; at most {self.settings.max_candidates} "
                                    "a request (recps.serve --max-candidates): split the list"}
-        with self._lock:
-            if self.queued >= self.settings.max_queue:
-                return 503, {"detail": f"overloaded: {self.queued} requests are waiting (recps.serve --max-queue="
-                                       f"{self.settings.max_queue}); retry later"}
-            self.queued += 1
-        try:
-            body = await asyncio.wrap_future(self._pool.submit(self._score, request))
-        except RequestError as e:
-            return 422, {"detail": str(e)}
-        finally:
-            with self._lock:
-                self.queued -= 1
-        return 200, body
+        return await self._infer(self._score, request, RequestError)
 
     def health(self) -> tuple[int, dict[str, Any]]:
         f = self.follower
@@ -157,6 +195,61 @@ class Serving:
             return 503, {"ready": False, "reason": f.waiting if not refused else f"{f.waiting}; {refused['error']}",
                          "refused": refused}
         return 200, {"ready": True, "version": f.current.describe(folders=True), "refused": refused}
+
+
+class FunnelServing(_Base):
+    """A funnel run (`pipeline=...`): its exports loaded once, `recommend` on the inference thread."""
+
+    def __init__(self, settings: ServeSettings) -> None:
+        super().__init__(settings)
+        self.funnel = None
+        self.error = ""  # why the funnel could not be loaded
+        self.users = Counter("recps_recommended_users", "users recommended to", registry=self.registry)
+        self.registry.register(_FunnelCollector(self))
+
+    def _background(self) -> None:
+        from recps.pipeline.recommend import load_funnel  # deferred: the funnel's code (faiss, its data)
+
+        t = time.perf_counter()
+        try:
+            self.funnel = load_funnel(self.settings.out)
+        except Exception as e:  # noqa: BLE001 - not ready, and /healthz says why
+            self.error = f"{type(e).__name__}: {e}"
+            log.error("serve: cannot load the funnel of %s: %s", self.settings.out, self.error)
+            return
+        log.info("serve: serving the funnel of %s (stages %s, loaded in %.1f s)", self.settings.out,
+                 [spec.name for spec in self.funnel.specs], time.perf_counter() - t)
+
+    def _recommend(self, request: RecommendRequest) -> dict[str, Any]:
+        from recps.pipeline.recommend import recommend
+
+        lists = recommend(self.funnel, request.users)
+        self.users.inc(len(lists))
+        return {"run": self.settings.out, "lists": lists}
+
+    async def recommend(self, request: RecommendRequest) -> tuple[int, dict[str, Any]]:
+        if self.funnel is None:
+            return 503, {"detail": f"not ready: {self.error or 'the funnel is being loaded'}"}
+        if len(request.users) > self.settings.max_users:
+            return 413, {"detail": f"{len(request.users)} users; at most {self.settings.max_users} a request "
+                                   "(recps.serve --max-users): split the list"}
+        return await self._infer(self._recommend, request, ConfigError)  # recommend's: an unknown user
+
+    def health(self) -> tuple[int, dict[str, Any]]:
+        if self.funnel is None:
+            return 503, {"ready": False, "reason": self.error or "the funnel is being loaded"}
+        return 200, {"ready": True, "run": self.settings.out, "stages": [spec.name for spec in self.funnel.specs]}
+
+
+class _FunnelCollector:
+    def __init__(self, serving: FunnelServing) -> None:
+        self.serving = serving
+
+    def collect(self):
+        ready = GaugeMetricFamily("recps_ready", "1 once the funnel is loaded")
+        ready.add_metric([], 1.0 if self.serving.funnel is not None else 0.0)
+        yield ready
+        yield self.serving._queued_metric()
 
 
 class _FollowerCollector:
@@ -204,9 +297,7 @@ class _FollowerCollector:
                                     "version is kept")
         waiting.add_metric([], 1.0 if f.refusal is not None else 0.0)
         yield waiting
-        queued = GaugeMetricFamily("recps_queued_requests", "requests waiting for the inference thread")
-        queued.add_metric([], float(s.queued))
-        yield queued
+        yield s._queued_metric()
 
 
 def _message(errors: list[dict]) -> tuple[int, str]:
@@ -222,15 +313,15 @@ def _message(errors: list[dict]) -> tuple[int, str]:
             parts.append("the body must be a JSON object {\"user\": {...}, \"candidates\": [...]} sent as "
                          "Content-Type: application/json")
         elif e.get("type") == "extra_forbidden":
-            parts.append(f"unknown field {loc!r} (a request has 'user' and 'candidates')")
+            parts.append(f"unknown field {loc!r} (/v1/score takes 'user' and 'candidates', /v1/recommend 'users')")
         else:
             parts.append(f"{loc or 'body'}: {e.get('msg')}")
     return 422, "; ".join(parts)
 
 
-def build_app(settings: ServeSettings, serving: Serving | None = None) -> FastAPI:
+def build_app(settings: ServeSettings) -> FastAPI:
     """The ASGI app of `settings` (uvicorn runs it: recps.serve.__main__)."""
-    serving = serving or Serving(settings)
+    serving: Serving | FunnelServing = FunnelServing(settings) if settings.funnel else Serving(settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -261,8 +352,20 @@ def build_app(settings: ServeSettings, serving: Serving | None = None) -> FastAP
 
     @app.post("/v1/score")
     async def score(request: Request, body: ScoreRequest) -> JSONResponse:
+        if not isinstance(serving, Serving):
+            return answer("/v1/score", request.state.started, 404, {
+                "detail": f"{settings.out} is a funnel run: POST /v1/recommend {{\"users\": [...]}}"})
         code, out = await serving.score(body)
         return answer("/v1/score", request.state.started, code, out)
+
+    @app.post("/v1/recommend")
+    async def recommend(request: Request, body: RecommendRequest) -> JSONResponse:
+        if not isinstance(serving, FunnelServing):
+            return answer("/v1/recommend", request.state.started, 404, {
+                "detail": f"{settings.out} is a stream's model: POST /v1/score (a funnel run's folder serves "
+                          "/v1/recommend)"})
+        code, out = await serving.recommend(body)
+        return answer("/v1/recommend", request.state.started, code, out)
 
     @app.get("/healthz")
     async def healthz(request: Request) -> JSONResponse:

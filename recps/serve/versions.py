@@ -151,29 +151,34 @@ class Follower:
             key, base = int(patches[0]["key"]), None
         else:
             return self.current
-        chain = [self.done.export_folder(p) for p in patches if int(p["key"]) == key]
         start = self.current
-        if start is not None and (start.base_key, start.base) == (key, base) and \
-                list(start.deltas) != chain[:len(start.deltas)]:
-            log.warning("serve: the patch records of base %d no longer begin with the %d deltas served (%s); "
-                        "reloading from the base", key, len(start.deltas), start.name)
-            start = None
         if start is None or (start.base_key, start.base) != (key, base):
-            if base is not None:
-                made = self._step(base, "base", lambda: self._load(base, None, key, base))
-                if made is None:
-                    return self.current
+            made = self._base(key, base)  # None: refused (or no base: deltas from empty tables)
+            if made is not None or base is None:
                 start = made
-            else:
-                start = None  # deltas only: the first one starts the chain
-        applied = len(start.deltas) if start is not None else 0
-        for folder in chain[applied:]:
+            elif start is None:
+                return None
+            else:  # the newer base is refused: the served chain goes on with what its key still adds
+                key, base = start.base_key, start.base
+        chain = [self.done.export_folder(p) for p in patches if int(p["key"]) == key]
+        if start is not None and list(start.deltas) != chain[:len(start.deltas)]:
+            log.warning("serve: the patch records of base key %d no longer begin with the %d deltas served (%s); "
+                        "starting again from the base", key, len(start.deltas), start.name)
+            start = self._base(key, base)
+            if start is None and base is not None:
+                return self.current
+        for folder in chain[len(start.deltas) if start is not None else 0:]:
             prev = start
-            made = self._step(folder, "delta", lambda: self._load(folder, prev, key, base))
-            if made is None:
+            start = self._step(folder, "delta", lambda: self._load(folder, prev, key, base))
+            if start is None:
                 break
-            start = made
         return self.current
+
+    def _base(self, key: int, base: str | None) -> Version | None:
+        """The version of base `base` alone (published), or None (refused; or no base)."""
+        if base is None:
+            return None
+        return self._step(base, "base", lambda: self._load(base, None, key, base))
 
     def _step(self, folder: str, kind: str, make: Callable[[], Version]) -> Version | None:
         """Makes, checks and publishes one version (a base or a delta applied), or refuses `folder`."""

@@ -11,12 +11,14 @@ donefiles from before the first record (module fixture, shared by the tests). Wh
 - every delta the server applied, it applied once (its log), and /metrics names the final version;
 - a corrupted delta is refused and the previous version kept (in /healthz, /metrics and the log),
   applied once repaired; a folder without its manifest (a save cut short) is refused; a server
-  killed with SIGKILL and started again comes back at the newest version the records name;
+  killed with SIGKILL and started again comes back at the newest version the records name; a newer
+  base of another model is refused, naming it, and the served version kept;
 - bad requests get 400 / 413 / 422 naming what was wrong.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -356,5 +358,26 @@ def test_a_corrupt_delta_is_refused_and_the_last_good_version_kept(followed):
         body = server.wait(lambda b: b.get("ready") and b["version"]["deltas"] == 2, "the newest version")
         assert body["version"]["delta_folders"] == [Donefiles.export_folder(good[0]), copy]
         assert server.metrics()["recps_deltas_applied_total"] == 2
+
+        # A newer base of another model (its config.yaml's model differs, its manifest agrees): refused, named
+        other = f"{out}/20261203/base"
+        _copy(f"{followed.out}/20261203/base", other)
+        config = fs.cat_file(rfs.resolve(f"{other}/config.yaml")[1])
+        assert b"embedding_lr: 0.01\n" in config
+        config = config.replace(b"embedding_lr: 0.01\n", b"embedding_lr: 0.02\n")
+        fs.pipe_file(rfs.resolve(f"{other}/config.yaml")[1], config)
+        manifest = json.loads(fs.cat_file(rfs.resolve(f"{other}/manifest.json")[1]))
+        manifest["files"]["config.yaml"] = {"bytes": len(config), "sha256": hashlib.sha256(config).hexdigest()}
+        fs.pipe_file(rfs.resolve(f"{other}/manifest.json")[1], json.dumps(manifest).encode())
+        rfs.write_atomic(f"{out}/base_donefile.txt", json.dumps(base) + "\n" + json.dumps(
+            dict(base, id="1", key="1", input=other)) + "\n", overwrite=True)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while server.metrics()['recps_refused_total{kind="base"}'] < 1:
+            assert time.monotonic() < deadline, server.log.read_text()[-3000:]
+            time.sleep(0.2)
+        assert re.search(rf"base {re.escape(other)} refused \(attempt 1\): ConfigError: .* another model or schema",
+                         server.log.read_text())
+        answer = server.score({"user": followed.user, "candidates": followed.candidates}).json()
+        assert (answer["version"]["base_key"], answer["version"]["deltas"]) == (base["key"], 2)  # kept
     finally:
         stop(server)

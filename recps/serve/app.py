@@ -123,8 +123,8 @@ class _Base:
         already; 422 for a `refused` error (what the request got wrong)."""
         with self._lock:
             if self.queued >= self.settings.max_queue:
-                return 503, {"detail": f"overloaded: {self.queued} requests are waiting (recps.serve --max-queue="
-                                       f"{self.settings.max_queue}); retry later"}
+                return 503, {"detail": f"overloaded: the queue holds its {self.queued} requests (recps.serve "
+                                       f"--max-queue={self.settings.max_queue}); retry later"}
             self.queued += 1
         try:
             return 200, await asyncio.wrap_future(self._pool.submit(fn, request))

@@ -19,8 +19,9 @@ reference assignment, so a request that took `current` is answered by that versi
 that fails (a checksum, a missing file, a manifest not yet written, a model that is not the served
 one) is refused: nothing of it is applied, the version before it goes on being served, the refusal
 is logged and counted, and the folder is tried again after a back-off (1 s doubling to 60 s); the
-deltas after it wait for it. A newer base starts a new chain. A restarted follower reads the records
-anew and comes back at the newest version they name.
+deltas after it wait for it. A newer base starts a new chain; while it is refused the served chain
+goes on. A restarted follower reads the records anew and comes back at the newest version they name
+(if the newest base is refused, at the newest earlier base that loads, with its deltas).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import torch
 
 from recps import fs as rfs
 from recps.errors import ConfigError, RecpsError
-from recps.job.checkpoint import MANIFEST, SparseRows, read_ps_checkpoint
+from recps.job.checkpoint import MANIFEST, SparseRows, read_ps_checkpoint, read_recorded
 from recps.stream.donefile import Donefiles
 
 __all__ = ["Version", "Follower", "Refusal", "apply_delta"]
@@ -156,10 +157,16 @@ class Follower:
             made = self._base(key, base)  # None: refused (or no base: deltas from empty tables)
             if made is not None or base is None:
                 start = made
-            elif start is None:
-                return None
-            else:  # the newer base is refused: the served chain goes on with what its key still adds
+            elif start is not None:  # the newer base is refused: the served chain goes on with what its key adds
                 key, base = start.base_key, start.base
+            else:  # nothing served yet (a restart): the newest earlier base that loads, and its deltas
+                for record in reversed(bases[:-1]):
+                    key, base = int(record["key"]), self.done.export_folder(record)
+                    start = self._base(key, base)
+                    if start is not None:
+                        break
+                else:
+                    return None
         chain = [self.done.export_folder(p) for p in patches if int(p["key"]) == key]
         if start is not None and list(start.deltas) != chain[:len(start.deltas)]:
             log.warning("serve: the patch records of base key %d no longer begin with the %d deltas served (%s); "
@@ -217,7 +224,7 @@ class Follower:
         tables); every file is checked against the export's manifest as it is read."""
         tables = read_ps_checkpoint(folder)  # verifies the manifest's sizes and sha256 as it reads
         manifest = json.loads(rfs.read_bytes(rfs.join(folder, MANIFEST)))
-        config_yaml = rfs.read_bytes(rfs.join(folder, "config.yaml")).decode()  # (its sha256 was just checked)
+        config_yaml = read_recorded(folder, manifest, "config.yaml").decode()  # checked against the manifest
         is_base = folder == base
         on = prev if prev is not None and not is_base else None
         sparse: dict[str, SparseRows] = dict(on.sparse) if on is not None else {}

@@ -12,7 +12,8 @@ donefiles from before the first record (module fixture, shared by the tests). Wh
 - a corrupted delta is refused and the previous version kept (in /healthz, /metrics and the log),
   applied once repaired; a folder without its manifest (a save cut short) is refused; a server
   killed with SIGKILL and started again comes back at the newest version the records name; a newer
-  base of another model is refused, naming it, and the served version kept;
+  base of another model is refused, naming it, and the served version kept (a restart takes it); a
+  server restarted while the newest base is corrupt serves the newest earlier base with its deltas;
 - bad requests get 400 / 413 / 422 naming what was wrong.
 """
 
@@ -379,5 +380,21 @@ def test_a_corrupt_delta_is_refused_and_the_last_good_version_kept(followed):
                          server.log.read_text())
         answer = server.score({"user": followed.user, "candidates": followed.candidates}).json()
         assert (answer["version"]["base_key"], answer["version"]["deltas"]) == (base["key"], 2)  # kept
+        stop(server, signal.SIGKILL)
+
+        # A restart is how a server takes another model: it serves the newest base, the other model's
+        server = start_server(out, followed.tmp / "corrupt-restarted-2.log")
+        body = server.wait(lambda b: b.get("ready"), "the other model's base")
+        assert (body["version"]["base"], body["version"]["base_key"]) == (other, "1")
+        stop(server, signal.SIGKILL)
+
+        # Restarted while the newest base is corrupt: the newest earlier base that loads, with its deltas
+        fs, values = rfs.resolve(f"{other}/{TABLE}/shard-00000-of-00001/values.bin")
+        data = fs.cat_file(values)
+        fs.pipe_file(values, data[:7] + bytes([data[7] ^ 1]) + data[8:])
+        server = start_server(out, followed.tmp / "corrupt-restarted-3.log")
+        body = server.wait(lambda b: b.get("ready") and b["version"]["deltas"] == 2, "the earlier base's chain")
+        assert body["version"]["base"] == Donefiles.export_folder(base)
+        assert re.search(rf"base {re.escape(other)} refused \(attempt 1\).*checksum mismatch", server.log.read_text())
     finally:
         stop(server)

@@ -46,7 +46,7 @@ from fsspec.implementations.local import LocalFileSystem
 from recps import fs as rfs
 from recps.errors import ConfigError
 from recps.ps.modes.dense import load_optimizer_state
-from recps.ps.table.checkpoint import read_table
+from recps.ps.table.checkpoint import SparseRows, read_table
 
 if TYPE_CHECKING:
     from recps.job.parts import Job
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = ["save_checkpoint", "load_checkpoint", "checkpoint_file", "find_checkpoint", "commit_ps_checkpoint",
            "verify_ps_checkpoint", "read_recorded", "committed_checkpoints", "prune_step_checkpoints",
-           "read_ps_checkpoint", "MANIFEST", "LOCAL_RECORD", "FORMAT_VERSION"]
+           "read_ps_checkpoint", "SparseRows", "MANIFEST", "LOCAL_RECORD", "FORMAT_VERSION"]
 
 log = logging.getLogger(__name__)
 

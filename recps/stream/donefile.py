@@ -5,8 +5,14 @@
                                model <out>/<day+1>/0/), as Paddle's write_model_donefile
     <out>/base_donefile.txt    one JSON object a line per base <out>/<day+1>/base/
     <out>/patch_donefile.txt   one JSON object a line per delta <out>/<day>/delta-<pass>/
-                               (id, key, input = <fs><path>/000, record_count, monitor_data, ...
-                               as Paddle's write_xbox_donefile)
+                               (id, key, input, record_count, monitor_data, ... as Paddle's
+                               write_xbox_donefile)
+
+A base/patch record's `input` is the committed folder itself, `<fs name><path>` (hdfs://host:port/
+model/20261202/delta-3; a plain path for a local disk): the folder that recps.serve and
+recps.job.checkpoint.read_ps_checkpoint open. Paddle names `<fs><path>/000`, a part folder its
+own saves have and recps' do not; records an earlier recps wrote so are still read as their
+folder (`export_folder`), so a stream begun before keeps its history.
 
 Paddle rewrites a donefile by deleting it and uploading the new one: a crash in between loses
 its history. Here a record is appended by writing the whole new file beside the old one and
@@ -35,6 +41,7 @@ MODEL_DONEFILE = "donefile.txt"
 BASE_DONEFILE = "base_donefile.txt"
 PATCH_DONEFILE = "patch_donefile.txt"
 DAY_MODEL_PASS = -1  # donefile.txt's pass_id of a day model (Paddle's)
+LEGACY_PART = "/000"  # what records written before named after the folder (Paddle's part folder)
 
 
 @dataclass(frozen=True)
@@ -131,13 +138,24 @@ class Donefiles:
 
     @staticmethod
     def input_of(folder: str) -> str:
-        """The `input` a base/patch record names for `folder` (Paddle: <fs name><path>/000)."""
-        return fs_name(folder) + url_path(folder).rstrip("/") + "/000"
+        """The `input` a base/patch record names for `folder`: the folder, `<fs name><path>`."""
+        return fs_name(folder) + url_path(folder).rstrip("/")
+
+    @staticmethod
+    def export_folder(record: dict) -> str:
+        """The committed folder a base/patch record names: its `input` (one an earlier recps wrote
+        with Paddle's `/000` suffix names the folder holding that part)."""
+        folder = str(record["input"]).rstrip("/")
+        return folder[: -len(LEGACY_PART)] if folder.endswith(LEGACY_PART) else folder
+
+    def record_of(self, name: str, folder: str) -> dict | None:
+        """Base/patch donefile `name`'s record of `folder`, or None."""
+        wanted = self.input_of(folder)
+        return next((r for r in self._json_records(name) if self.export_folder(r) == wanted), None)
 
     def published(self, name: str, folder: str) -> bool:
         """Whether base/patch donefile `name` has a record of `folder`."""
-        wanted = self.input_of(folder)
-        return any(r["input"] == wanted for r in self._json_records(name))
+        return self.record_of(name, folder) is not None
 
     def add_export(self, name: str, folder: str, base_key: int, *, rows: int, data_path: str,
                    monitor: dict[str, Any], workers: int) -> dict:

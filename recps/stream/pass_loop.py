@@ -195,8 +195,7 @@ def resume_point(config: StreamConfig) -> Resume:
             published = (done.published(BASE_DONEFILE, base), (next_day(last.day), batch.rstrip("/")) in day_models)
             resume.day_end, resume.day_end_published = last, published
             if published[0]:  # the base's key, which the day model and the next day's records carry
-                wanted = done.input_of(base)
-                resume.base_key = int(next(b["key"] for b in done.bases() if b["input"] == wanted))
+                resume.base_key = int(done.record_of(BASE_DONEFILE, base)["key"])
     return resume
 
 

@@ -92,13 +92,12 @@ def check_records(out: str) -> None:
         assert r[2].rstrip("/").endswith(expected), r
         assert rfs.exists(rfs.join(r[2], "manifest.json")), r
     patches = [json.loads(x) for x in rfs.read_bytes(rfs.join(out, "patch_donefile.txt")).decode().splitlines()]
-    assert [p["input"].rsplit("/", 2)[-2] for p in patches] == [f"delta-{p}" for _ in DAYS for p in range(1, HOURS + 1)]
+    assert [p["input"].rsplit("/", 1)[-1] for p in patches] == [f"delta-{p}" for _ in DAYS for p in range(1, HOURS + 1)]
     bases = [json.loads(x) for x in rfs.read_bytes(rfs.join(out, "base_donefile.txt")).decode().splitlines()]
-    assert [b["input"].rsplit("/", 3)[-3:] for b in bases] == [["20261202", "base", "000"], ["20261203", "base", "000"]]
+    assert [b["input"].rsplit("/", 2)[-2:] for b in bases] == [["20261202", "base"], ["20261203", "base"]]
     for record in patches + bases:
         assert {"id", "key", "input", "record_count", "monitor_data"} <= set(record)
-        folder = record["input"][: -len("/000")]
-        assert rfs.exists(rfs.join(folder, "manifest.json")), record
+        assert rfs.exists(rfs.join(record["input"], "manifest.json")), record  # `input` is the committed folder
     assert all("auc" in p["monitor_data"] for p in patches)
     # the day model's base key is the one its base published; the next day's records carry it
     assert [r[1] for r in day_models] == [b["key"] for b in bases]

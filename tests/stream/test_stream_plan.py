@@ -110,11 +110,19 @@ def test_donefiles_append_atomically_and_refuse_a_bad_line(tmp_path):
     assert lines == [f"20261201\t7\t{tmp_path}/20261201/1\t1\t0", f"20261201\t7\t{tmp_path}/20261201/2\t2\t0"]
     record = done.add_export(PATCH_DONEFILE, f"{tmp_path}/20261201/delta-1", 7, rows=5, data_path="/r",
                              monitor={"auc": 0.7}, workers=2)
-    assert record["input"] == f"{tmp_path}/20261201/delta-1/000" and record["key"] == "7"
+    # `input` names the folder itself (recps.serve and read_ps_checkpoint open it), not Paddle's `/000`
+    assert record["input"] == f"{tmp_path}/20261201/delta-1" and record["key"] == "7"
     assert json.loads((tmp_path / PATCH_DONEFILE).read_text())["monitor_data"] == {"auc": 0.7}
     assert done.published(PATCH_DONEFILE, f"{tmp_path}/20261201/delta-1")
     assert not done.published(BASE_DONEFILE, f"{tmp_path}/20261201/delta-1")
-    assert Donefiles.input_of("hdfs://127.0.0.1:9000/model/20261202/base") == "hdfs://127.0.0.1:9000/model/20261202/base/000"
+    assert Donefiles.input_of("hdfs://127.0.0.1:9000/model/20261202/base") == "hdfs://127.0.0.1:9000/model/20261202/base"
+    # a record an earlier recps wrote with Paddle's `/000` still names its folder: a stream begun before resumes
+    legacy = {"input": "hdfs://127.0.0.1:9000/model/20261202/base/000"}
+    assert Donefiles.export_folder(legacy) == "hdfs://127.0.0.1:9000/model/20261202/base"
+    old = dict(record, input=f"{tmp_path}/20261201/delta-2/000")
+    with open(tmp_path / PATCH_DONEFILE, "a") as f:
+        f.write(json.dumps(old) + "\n")
+    assert done.record_of(PATCH_DONEFILE, f"{tmp_path}/20261201/delta-2") == old
     assert not list(tmp_path.glob(".*tmp*"))  # no temporary left beside them
     with open(tmp_path / "donefile.txt", "a") as f:
         f.write("20261201\tseven\t/x\t3\t0\n")

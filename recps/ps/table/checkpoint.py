@@ -384,11 +384,14 @@ class ShardReader:
 @dataclass(frozen=True)
 class SparseRows:
     """A sparse table as a checkpoint holds it, read without a server: `keys` (N,) int64 ascending,
-    `values` (N, D) float32 and, when asked for, the optimizer `state` (N, S)."""
+    `values` (N, D) float32 and, when asked for, the optimizer `state` (N, S). A delta save also
+    has `deleted` (X,) int64 ascending: the keys deleted since the save before it, which a reader
+    applying the delta removes after writing its rows (as SparseTable.load does); None otherwise."""
 
     keys: torch.Tensor
     values: torch.Tensor
     state: torch.Tensor | None = None
+    deleted: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.keys.numel())
@@ -415,7 +418,7 @@ def read_table(path: str | os.PathLike, with_state: bool = False) -> SparseRows 
             for name, spec in r.manifest["params"].items():
                 params[name] = r.read(f"value.{spec['file']}").reshape(spec["shape"])
         return params
-    keys, values, state = [], [], []
+    keys, values, state, deleted = [], [], [], []
     for r in readers:
         keys.append(r.read("keys"))
         values.append(r.read("values").to(torch.float32))
@@ -424,9 +427,12 @@ def read_table(path: str | os.PathLike, with_state: bool = False) -> SparseRows 
                 raise CheckpointError(f"load: {r.dir} holds no optimizer state (a {r.manifest['mode']!r} save); "
                                       "read it with with_state=False")
             state.append(r.read("state"))
+        if r.manifest.get("mode") == "delta" and r.has("deleted"):
+            deleted.append(r.read("deleted"))
     all_keys = torch.cat(keys)
     order = torch.argsort(all_keys)
-    return SparseRows(all_keys[order], torch.cat(values)[order], torch.cat(state)[order] if with_state else None)
+    gone = torch.sort(torch.cat(deleted)).values if deleted else None
+    return SparseRows(all_keys[order], torch.cat(values)[order], torch.cat(state)[order] if with_state else None, gone)
 
 
 def _read_into(f, view: memoryview) -> int:

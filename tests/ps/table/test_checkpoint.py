@@ -100,6 +100,8 @@ def test_delta_chain_reproduces_the_table(tmp_path):
     assert man["rows"] == len(expect)
     assert set(read_table(tmp_path / "delta1").keys.tolist()) == expect
     assert man["files"]["deleted"]["shape"] == [10]
+    assert read_table(tmp_path / "delta1").deleted.tolist() == sorted(gone)  # a reader applying it removes them
+    assert read_table(tmp_path / "base").deleted is None  # a base starts the chain: nothing to delete
     # Nothing changed since: the next delta is empty (its rows' delta_score was reset to 0 < 0.25).
     assert table.save(tmp_path / "delta2", "delta")["rows"] == 0
     serving.load(tmp_path / "delta1")

@@ -129,19 +129,30 @@ def pytest_runtest_setup(item):
     return (yield)
 
 
+def _stop_watching(item) -> list[str]:
+    """Restore what _watch_spawns patched; returns what `item` started meanwhile."""
+    saved = item.stash.get(_SAVED_STARTS, None)
+    if saved is None:
+        return []
+    del item.stash[_SAVED_STARTS]
+    for mod, name, start in saved:
+        setattr(mod, name, start)
+    spawned, _SPAWNED[:] = sorted(set(_SPAWNED)), []
+    return spawned
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item, nextitem):
+    # The last test of a module (or of the run) also tears down module- and session-scoped fixtures, which
+    # an earlier e2e test may have used (the session's HDFS is stopped by a script): not this test's processes.
+    spawned = _stop_watching(item) if nextitem is None or nextitem.module is not item.module else []
     try:
         return (yield)
     finally:
-        saved = item.stash.get(_SAVED_STARTS, None)
-        if saved is not None:
-            for mod, name, start in saved:
-                setattr(mod, name, start)
-            if _SPAWNED:
-                spawned, _SPAWNED[:] = sorted(set(_SPAWNED)), []
-                pytest.fail(f"{item.nodeid} started a process ({', '.join(spawned)}) but is not marked e2e: "
-                            "add @pytest.mark.e2e (make test-fast runs -m 'not e2e')", pytrace=False)
+        spawned += _stop_watching(item)
+        if spawned:
+            pytest.fail(f"{item.nodeid} started a process ({', '.join(spawned)}) but is not marked e2e: "
+                        "add @pytest.mark.e2e (make test-fast runs -m 'not e2e')", pytrace=False)
 
 
 _HDFS_SCRIPTS = Path(__file__).resolve().parent / "hdfs"

@@ -203,12 +203,15 @@ class FunnelServing(_Base):
     def __init__(self, settings: ServeSettings) -> None:
         super().__init__(settings)
         self.funnel = None
+        self._lists = None  # recps.pipeline.recommend.recommend, once the funnel's code is imported
         self.error = ""  # why the funnel could not be loaded
         self.users = Counter("recps_recommended_users", "users recommended to", registry=self.registry)
         self.registry.register(_FunnelCollector(self))
 
     def _background(self) -> None:
-        from recps.pipeline.recommend import load_funnel  # deferred: the funnel's code (faiss, its data)
+        from recps.pipeline.recommend import load_funnel, recommend  # deferred: the funnel's code (faiss, its data)
+
+        self._lists = recommend
 
         t = time.perf_counter()
         try:
@@ -221,9 +224,7 @@ class FunnelServing(_Base):
                  [spec.name for spec in self.funnel.specs], time.perf_counter() - t)
 
     def _recommend(self, request: RecommendRequest) -> dict[str, Any]:
-        from recps.pipeline.recommend import recommend
-
-        lists = recommend(self.funnel, request.users)
+        lists = self._lists(self.funnel, request.users)
         self.users.inc(len(lists))
         return {"run": self.settings.out, "lists": lists}
 

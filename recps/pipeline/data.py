@@ -261,11 +261,13 @@ class ValidationPeriod:
     them) and, as its requests, the users with a click in their latest `fraction` of training exposures
     (`fit.test_users`; their clicks `fit.test_positives`): the stages that train on `validation` learn to
     rank what the funnel trained on `fit` retrieves for them, the way the held-out requests are served.
-    `labels[j]` (a Csr over those requests): the period's items whose label column j is set."""
+    `labels[j]` (a Csr over those requests): the period's items whose label column j is set; `shown`: every
+    item the period showed them (clicked or not)."""
 
     fit: FunnelData
     labels: tuple[Csr, ...]
     fraction: float
+    shown: Csr | None = None
 
 
 def latest_share(users: np.ndarray | torch.Tensor, fraction: float, spare_one: bool = True) -> np.ndarray:
@@ -315,7 +317,7 @@ def validation_period(data: FunnelData, fraction: float) -> ValidationPeriod:
     log.info("validation period: each user's latest %.0f%% of training exposures, %d rows, %d requests (%d clicks); "
              "%d exposures before it", 100 * float(fraction), int(period_rows.numel()), int(requests.numel()),
              int(labels[0].items.numel()), int(fit_rows.numel()))
-    return ValidationPeriod(fit, labels, float(fraction))
+    return ValidationPeriod(fit, labels, float(fraction), period_csr(torch.ones_like(asked)))
 
 
 def pair_examples(data: FunnelData, features: Sequence[str], users: torch.Tensor, items: torch.Tensor,

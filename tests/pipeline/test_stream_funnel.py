@@ -69,6 +69,9 @@ def _train(args: list[str]) -> CliRun:
     (["stream.end_day=20261130"], "stream.end_day=20261130 is before stream.start_day", "stream.end_day"),
     (["pipeline.stages.fine.keep=100"], "pipeline.stages.fine.keep=100 is larger than its input",
      "lower pipeline.stages.fine.keep"),
+    # video_funnel.yaml's fusion trains on the validation period, which a stream does not have
+    (["pipeline.stages.fusion.inputs.train_on=[validation_exposures]"],
+     "pipeline.stages.fusion.inputs.train_on names validation", "use [exposures, candidates] there"),
 ])
 def test_bad_combinations_fail_before_any_process_starts(tmp_path, extra, key, fix):
     from recps.pipeline import run_pipeline

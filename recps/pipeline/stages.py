@@ -345,6 +345,10 @@ def pipeline_specs(cfg: DictConfig) -> list[StageSpec]:
     ease_settings(cfg)  # pipeline.baselines.ease too
     sasrec_baseline(cfg)  # and pipeline.baselines.sasrec
     validation_fraction(cfg, specs)  # and pipeline.validation_fraction
+    if _streaming(cfg) and ((cfg.pipeline.get("world") or {}).get("tune") or False):
+        raise ConfigError("pipeline.world.tune=true with stream.enabled: a stream trains on the world's passes (its "
+                          "training impressions, whole) and would be evaluated on the tune split's requests; drop "
+                          "pipeline.world.tune (choose settings on a run without stream=hourly)")
     return specs
 
 

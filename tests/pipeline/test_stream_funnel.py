@@ -72,6 +72,7 @@ def _train(args: list[str]) -> CliRun:
     # video_funnel.yaml's fusion trains on the validation period, which a stream does not have
     (["pipeline.stages.fusion.inputs.train_on=[validation_exposures]"],
      "pipeline.stages.fusion.inputs.train_on names validation", "use [exposures, candidates] there"),
+    (["pipeline.world.tune=true"], "pipeline.world.tune=true with stream.enabled", "drop pipeline.world.tune"),
 ])
 def test_bad_combinations_fail_before_any_process_starts(tmp_path, extra, key, fix):
     from recps.pipeline import run_pipeline

@@ -40,7 +40,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from recps.data.generators.video_world import VideoWorldConfig, ensure_world, load
+from recps.data.generators.video_world import VideoWorldConfig, ensure_world, load, tune_split
 from recps.data.interactions import read_catalogue, read_ratings
 from recps.data.reader import Examples
 from recps.errors import ConfigError
@@ -261,13 +261,15 @@ class ValidationPeriod:
     them) and, as its requests, the users with a click in their latest `fraction` of training exposures
     (`fit.test_users`; their clicks `fit.test_positives`): the stages that train on `validation` learn to
     rank what the funnel trained on `fit` retrieves for them, the way the held-out requests are served.
-    `labels[j]` (a Csr over those requests): the period's items whose label column j is set; `rows` (P,): the
-    period's exposures, indices into the data's train_* rows."""
+    `labels[j]` (a Csr over those requests): the period's items whose label column j is set; `shown`: every
+    item the period showed them (clicked or not); `rows` (P,): the period's exposures, indices into the
+    data's train_* rows."""
 
     fit: FunnelData
     labels: tuple[Csr, ...]
     fraction: float
     rows: torch.Tensor | None = None
+    shown: Csr | None = None
 
 
 def latest_share(users: np.ndarray | torch.Tensor, fraction: float, spare_one: bool = True) -> np.ndarray:
@@ -317,7 +319,7 @@ def validation_period(data: FunnelData, fraction: float) -> ValidationPeriod:
     log.info("validation period: each user's latest %.0f%% of training exposures, %d rows, %d requests (%d clicks); "
              "%d exposures before it", 100 * float(fraction), int(period_rows.numel()), int(requests.numel()),
              int(labels[0].items.numel()), int(fit_rows.numel()))
-    return ValidationPeriod(fit, labels, float(fraction), period_rows)
+    return ValidationPeriod(fit, labels, float(fraction), period_rows, period_csr(torch.ones_like(asked)))
 
 
 def pair_examples(data: FunnelData, features: Sequence[str], users: torch.Tensor, items: torch.Tensor,
@@ -421,19 +423,22 @@ def movielens(ratings: str, movies: str, test_fraction: float = 0.2, click_ratin
     )
 
 
-def video_world(dir: str, **config) -> FunnelData:
+def video_world(dir: str, tune: bool = False, **config) -> FunnelData:
     """The generated video world (recps.data.generators.video_world) under `dir` (generated there once, by the
     launcher, when its world.json is not of this config) as funnel data: users (user_id, age, region,
     activity), items (item_id, category, creator, duration), train impressions with labels click and
     long_view, held-out requests (the test impressions the user clicked), the train-seen items, and the
     world's ideal list (`ideal_topn`, seen items excluded). With a random bucket (`random_items_per_user` > 0)
-    the held-out positives are its clicks (`logged_positives`: the logged test clicks), else the test clicks."""
+    the held-out positives are its clicks (`logged_positives`: the logged test clicks), else the test clicks.
+    `tune`: for choosing settings without the test split, the world is held out inside its training impressions
+    (`tune_split`: each user's last train requests held out, a random bucket of their own drawn for them); the
+    test requests and the random bucket are never read."""
     try:
         wcfg = VideoWorldConfig(**config)
     except TypeError as exc:
         raise ConfigError(f"pipeline.world: {exc}; its keys are recps.data.generators.video_world.VideoWorldConfig's fields") from exc
     ensure_world(dir, wcfg)
-    world = load(dir)
+    world = tune_split(load(dir)) if tune else load(dir)
     t = lambda frame, col: torch.from_numpy(frame[col].to_numpy(np.int64, copy=True))  # noqa: E731
     users, items, train, test = world.users, world.items, world.train, world.test
     clicked = test[test["click"].to_numpy() > 0]
@@ -461,11 +466,12 @@ def video_world(dir: str, **config) -> FunnelData:
         return torch.from_numpy(world.utility_ndcg(user_ids.numpy(), lists.clamp(min=0).numpy(), world.seen))
 
     labels = torch.from_numpy(np.stack([train["click"].to_numpy(np.float32), train["long_view"].to_numpy(np.float32)], 1))
-    log.info("funnel data video_world: %d users, %d items, %d impressions, %d held-out requests (%d positives, %s)",
+    log.info("funnel data video_world%s: %d users, %d items, %d impressions, %d held-out requests (%d positives, %s)",
+             " (tune: held out inside the training impressions, the test requests dropped)" if tune else "",
              len(users), len(items), len(train), test_users.size, int(positives.items.numel()),
              "random bucket" if len(bucket) else "logged")
     return FunnelData(
-        name="video_world",
+        name="video_world (tune)" if tune else "video_world",
         user_features={f: t(users, f) for f in ("user_id", "age", "region", "activity")},
         item_features={**{f: t(items, f) for f in ("item_id", "category", "creator", "duration")},
                        "exposures": exposure_bucket(t(train, "item_id"), len(items))},

@@ -148,6 +148,15 @@ def training_examples(spec: StageSpec, specs, data: FunnelData, funnel: Funnel |
         items.append(kept[valid])
         labels.append(torch.stack([hits(kept, csr, data.num_items)[valid] for csr in period.labels], 1).float())
         times.append(data.request_times(owner[valid]))
+    if "validation_exposures" in spec.train_on:  # what the period showed its requests, labelled by it
+        shown = period.shown
+        owner = period.fit.test_users[shown.row_ids()]  # (P,)
+        users.append(owner)
+        items.append(shown.items)
+        labels.append(torch.stack([torch.isin(shown.row_ids() * data.num_items + shown.items,
+                                              csr.row_ids() * data.num_items + csr.items) for csr in period.labels],
+                                  1).float())
+        times.append(data.request_times(owner))
     users, items, labels = torch.cat(users), torch.cat(items), torch.cat(labels)
     times = None if any(t is None for t in times) else torch.cat(times)
     dense = funnel.dense_inputs(spec, users, items, times) if spec.reads_dense else None

@@ -38,8 +38,11 @@ PIPELINE_KEYS = ("name", "world", "top_n", "eval_users", "eval_batch_users", "in
                  "schedule", "baselines", "validation_fraction", "refresh")
 # What a stage trains on: positives (recall: the clicked exposures); exposures (labelled) and candidates
 # (unexposed upstream candidates, label 0); validation: the upstream's candidates of the validation period's
-# requests, labelled by what the user did in that period (recps.pipeline.data.validation_period).
-TRAIN_ON = ("positives", "exposures", "candidates", "validation")
+# requests, labelled by what the user did in that period (recps.pipeline.data.validation_period);
+# validation_exposures: what the period showed those requests, with its labels (where the unexposed have no
+# label, e.g. the video world, which would click many of them).
+VALIDATION = ("validation", "validation_exposures")
+TRAIN_ON = ("positives", "exposures", "candidates", *VALIDATION)
 # A score a ranker may read beside the stages' (inputs.scores): the item-item score X_u·B[:, item] of EASE
 # fitted on the rows the stage's data holds (recps.pipeline.ease.EaseBaseline.pair_scores), with
 # pipeline.baselines.ease's settings. Read as of the data's training rows, so only a stage trained on the
@@ -298,15 +301,17 @@ def pipeline_specs(cfg: DictConfig) -> list[StageSpec]:
                               "user's latest pipeline.validation_fraction of the TRAINING exposures)")
         if not train_on or any(t not in TRAIN_ON for t in train_on):
             raise ConfigError(f"{where}.inputs.train_on={train_on}: give some of {list(TRAIN_ON)}")
-        if counts and train_on != ["validation"] and not _streaming(cfg):
+        if counts and not set(train_on) <= set(VALIDATION) and not _streaming(cfg):
             raise ConfigError(f"{where}.inputs.counts={counts} but train_on={train_on}: the batch funnel reads the "
                               "counts as of the end of the period its stages train on, so a training exposure's own "
-                              "label would be in its counts; a stage reading counts trains on [validation] only (or "
-                              "drop inputs.counts; a streaming funnel reads the previous pass's counts)")
-        if ITEM_CF in scores and train_on != ["validation"]:
+                              "label would be in its counts; a stage reading counts trains on [validation] and/or "
+                              "[validation_exposures] only (or drop inputs.counts; a streaming funnel reads the "
+                              "previous pass's counts)")
+        if ITEM_CF in scores and not set(train_on) <= set(VALIDATION):
             raise ConfigError(f"{where}.inputs.scores reads {ITEM_CF} but train_on={train_on}: EASE is fitted on the "
                               "training rows, so a training exposure's own future would be in its score; a stage "
-                              f"reading {ITEM_CF} trains on [validation] only (or drop {ITEM_CF})")
+                              f"reading {ITEM_CF} trains on [validation] only (and/or [validation_exposures]; or drop "
+                              f"{ITEM_CF})")
         if index == 0 and train_on != ["positives"]:
             raise ConfigError(f"{where}.inputs.train_on={train_on}: the recall stage trains on [positives] (its "
                               "softmax takes the other rows' items as negatives)")
@@ -359,6 +364,10 @@ def pipeline_specs(cfg: DictConfig) -> list[StageSpec]:
     ease_settings(cfg)  # pipeline.baselines.ease too
     sasrec_baseline(cfg)  # and pipeline.baselines.sasrec
     validation_fraction(cfg, specs)  # and pipeline.validation_fraction
+    if _streaming(cfg) and ((cfg.pipeline.get("world") or {}).get("tune") or False):
+        raise ConfigError("pipeline.world.tune=true with stream.enabled: a stream trains on the world's passes (its "
+                          "training impressions, whole) and would be evaluated on the tune split's requests; drop "
+                          "pipeline.world.tune (choose settings on a run without stream=hourly)")
     return specs
 
 
@@ -407,7 +416,7 @@ def validation_fraction(cfg: DictConfig, specs: list[StageSpec]) -> float | None
     With a validation stage every stage trains on the earlier part of the training data (the period is what
     the funnel trained on the rest retrieves and ranks); the held-out requests are never read for it.
     `pipeline.refresh` ({stage: epochs}) is checked too (`refresh_epochs`)."""
-    users = [s.name for s in specs if "validation" in s.train_on]
+    users = [s.name for s in specs if set(VALIDATION) & set(s.train_on)]
     value = cfg.pipeline.get("validation_fraction")
     refresh_epochs(cfg, specs)
     if not users:
@@ -429,7 +438,7 @@ def refresh_epochs(cfg: DictConfig, specs: list[StageSpec]) -> dict[str, int]:
     `validation`, and only when one does. {} when unset."""
     node = cfg.pipeline.get("refresh")
     plain = _plain(node) if node is not None else {}
-    validation_stages = [s.name for s in specs if "validation" in s.train_on]
+    validation_stages = [s.name for s in specs if set(VALIDATION) & set(s.train_on)]
     if not plain:
         return {}
     names = {s.name: s for s in specs}

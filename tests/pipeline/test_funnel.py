@@ -70,7 +70,7 @@ def _cfg(*extra: str):
       "pipeline.stages.recall.inputs.features=[user_id,age,region,activity,item_id,category,creator,duration]",
       "pipeline.stages.coarse.model.embedding_dim=16", "pipeline.stages.coarse.inputs.share={exposures:recall}"],
      "stage recall has no 'exposures' table", "share a feature it trains"),
-    (["+pipeline.stages.fusion.inputs.score_norm=rank"], "pipeline.stages.fusion.inputs.score_norm='rank'",
+    (["++pipeline.stages.fusion.inputs.score_norm=rank"], "pipeline.stages.fusion.inputs.score_norm='rank'",
      "use one of ['none', 'request']"),
 ])
 def test_bad_stage_config_fails_before_any_process_starts(tmp_path, override, stage_key, fix):

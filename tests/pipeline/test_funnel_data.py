@@ -163,6 +163,30 @@ def test_video_world_history_is_point_in_time(tmp_path):
                     impressions_per_user=60, history_length=0, seed=2)
 
 
+def test_video_world_tune_holds_out_inside_the_training_impressions(tmp_path):
+    """pipeline.world.tune=true: the funnel data of generators.video_world.tune_split (each user's last train
+    request held out, a random bucket of its own), never the world's test requests or random bucket."""
+    kw = dict(users=80, items=2000, creators=200, metric_users=20, impressions_per_user=60, random_items_per_user=400,
+              seed=2)
+    data = video_world(str(tmp_path / "w"), **kw)
+    tuned = video_world(str(tmp_path / "w"), tune=True, **kw)
+    assert (data.name, tuned.name) == ("video_world", "video_world (tune)")
+    assert tuned.train_user.numel() == 80 * 50 and data.train_user.numel() == 80 * 60
+    # its training rows are the world's, without each user's last request; its requests come after them
+    last = torch.zeros(80, dtype=torch.int64).scatter_reduce(0, data.train_user, data.train_time, "amax")
+    assert (tuned.train_time < last[tuned.train_user]).all()
+    assert ((data.train_time == last[data.train_user]).sum() == 80 * 10)
+    # the held-out positives are its own bucket's clicks: unseen in its training, not the world's bucket
+    rows = tuned.test_positives.row_ids()
+    pairs = tuned.test_users[rows] * 2000 + tuned.test_positives.items
+    seen = tuned.seen.rows(torch.arange(80))
+    assert not torch.isin(pairs, seen.row_ids() * 2000 + seen.items).any()
+    world_pairs = data.test_users[data.test_positives.row_ids()] * 2000 + data.test_positives.items
+    assert torch.isin(pairs, world_pairs).float().mean() < 0.5
+    assert tuned.utility_ndcg(tuned.test_users[:5], tuned.ideal(tuned.test_users[:5], 10, tuned.seen)).allclose(
+        torch.ones(5, dtype=torch.float64))
+
+
 @pytest.mark.skipif(ML is None, reason="MovieLens latest-small is not here (datasets/movielens_latest_small)")
 def test_movielens_history_uses_timestamps_and_never_a_same_second_row():
     data = movielens(str(ML / "ratings.csv"), str(ML / "movies.csv"), max_users=60, history_length=30)
@@ -205,6 +229,11 @@ def test_the_validation_period_is_each_users_latest_exposures_and_the_fit_view_n
     assert fit.test_users.tolist() == sorted({a for a, _ in clicks})
     got = {(int(fit.test_users[r]), int(i)) for r, i in zip(period.labels[0].row_ids(), period.labels[0].items)}
     assert got == clicks and torch.equal(fit.test_positives.items, period.labels[0].items)
+    # shown: every period row of those requests, clicked or not (validation_exposures trains on them)
+    asked = set(fit.test_users.tolist())
+    rows = {(a, b) for a, b, p in zip(u, data.train_item.tolist(), is_period) if p and a in asked}
+    assert {(int(fit.test_users[r]), int(i)) for r, i in zip(period.shown.row_ids(), period.shown.items)} == rows
+    assert len(rows) > len(clicks)
     # the fit view: seen items, exposure buckets and every history (a request's too) hold no period row
     assert len({(int(a), int(b)) for a, b in zip(fit.seen.row_ids(), fit.seen.items)}) == len(
         set(zip(fit.train_user.tolist(), fit.train_item.tolist())))

@@ -28,6 +28,12 @@ pytestmark = pytest.mark.slow
 
 DAY, DAY2, DAY3 = "20261201", "20261202", "20261203"
 STAGES = {"recall": "geo", "coarse": "async", "fine": "async", "fusion": "sync"}
+# A stream has no validation period (each pass trains on what arrived): fusion trains on the pass's exposures,
+# reading the stages' scores, as before video_funnel.yaml's fusion moved to the period (docs/funnel.md)
+STREAM_FUSION = ["pipeline.stages.fusion.inputs.train_on=[exposures]",
+                 "pipeline.stages.fusion.inputs.scores=[recall,coarse,fine]",
+                 "pipeline.stages.fusion.inputs.score_norm=none", "pipeline.validation_fraction=null",
+                 "pipeline.refresh=null"]
 TINY = [
     "pipeline=video_funnel", "stream=hourly", "cluster.workers=1",
     "pipeline.world.users=120", "pipeline.world.items=600", "pipeline.world.creators=60",
@@ -42,6 +48,7 @@ TINY = [
     "pipeline.stages.recall.trainer.epochs=1", "pipeline.stages.coarse.trainer.epochs=1",
     "pipeline.stages.fine.trainer.epochs=1", "pipeline.stages.fusion.trainer.epochs=1",
     "pipeline.eval_users=0", "pipeline.eval_batch_users=128",
+    *STREAM_FUSION,
     f"stream.start_day={DAY}", "stream.hours=1", "stream.data_sleep_second=0.2", "stream.wait_timeout_s=60",
     "stream.shrink=false",  # the day end keeps every row: the resumed model is pass 1's exactly
 ]
@@ -62,6 +69,10 @@ def _train(args: list[str]) -> CliRun:
     (["stream.end_day=20261130"], "stream.end_day=20261130 is before stream.start_day", "stream.end_day"),
     (["pipeline.stages.fine.keep=100"], "pipeline.stages.fine.keep=100 is larger than its input",
      "lower pipeline.stages.fine.keep"),
+    # video_funnel.yaml's fusion trains on the validation period, which a stream does not have
+    (["pipeline.stages.fusion.inputs.train_on=[validation_exposures]"],
+     "pipeline.stages.fusion.inputs.train_on names validation", "use [exposures, candidates] there"),
+    (["pipeline.world.tune=true"], "pipeline.world.tune=true with stream.enabled", "drop pipeline.world.tune"),
 ])
 def test_bad_combinations_fail_before_any_process_starts(tmp_path, extra, key, fix):
     from recps.pipeline import run_pipeline

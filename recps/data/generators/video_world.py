@@ -165,6 +165,7 @@ __all__ = [
     "read_info",
     "ensure_split",
     "ensure_world",
+    "tune_split",
     "prepare_recall",
     "ideal_metrics",
     "topn_metrics",
@@ -193,7 +194,7 @@ _USER_BLOCK = 1024
 _SCALE_PAIRS = 65536
 # purposes of the seeded generators (each its own stream)
 (_P_CENTERS, _P_CREATORS, _P_ITEMS, _P_USERS, _P_SCALE, _P_EXPOSE, _P_LABELS, _P_TIMES, _P_RANDOM, _P_RANDOM_LABELS,
- _P_CROSS) = range(1, 12)
+ _P_CROSS, _P_TUNE_RANDOM, _P_TUNE_RANDOM_LABELS) = range(1, 14)
 DAY_S = 86400
 RANDOM_COLUMNS = ("user_id", "item_id", "click", "long_view", "p_click", "p_long_view")
 
@@ -837,11 +838,11 @@ def _sequential_clicks(world: VideoWorld, shown: np.ndarray, times: np.ndarray, 
     return click
 
 
-def _random_bucket(world: VideoWorld) -> pd.DataFrame:
+def _random_bucket(world: VideoWorld, purposes: tuple[int, int] = (_P_RANDOM, _P_RANDOM_LABELS)) -> pd.DataFrame:
     """Each user's random-bucket impressions (RANDOM_COLUMNS, rows by user): M = random_items_per_user
     distinct items drawn uniformly from the items the user did not see in training, labelled by the
-    label model (user blocks of 1,024; draws from the (seed, _P_RANDOM, block) stream, labels from
-    (seed, _P_RANDOM_LABELS, block)).
+    label model as of the user's held-out request (user blocks of 1,024; draws from the (seed, purposes[0],
+    block) stream, labels from (seed, purposes[1], block); `tune_split` passes its own two).
 
     Sampler (vectorized per block): M + 2M²/I + impressions_per_user + 64 uniform draws per user, with
     replacement (the expected repeats are M²/2I); a draw that repeats an earlier one or hits a seen item is
@@ -855,7 +856,7 @@ def _random_bucket(world: VideoWorld) -> pd.DataFrame:
     for b in range(-(-cfg.users // _USER_BLOCK)):
         lo = b * _USER_BLOCK
         users = np.arange(lo, min(cfg.users, lo + _USER_BLOCK), dtype=np.int64)  # (B,)
-        draws = _rng(cfg.seed, _P_RANDOM, b).integers(0, num, (users.shape[0], k))  # (B, k)
+        draws = _rng(cfg.seed, purposes[0], b).integers(0, num, (users.shape[0], k))  # (B, k)
         order = np.argsort(draws, axis=1, kind="stable")  # equal items: the earlier draw first
         ranked = np.take_along_axis(draws, order, 1)
         repeat = np.zeros_like(ranked, dtype=bool)
@@ -874,7 +875,7 @@ def _random_bucket(world: VideoWorld) -> pd.DataFrame:
         z_click, z_lv = (np.concatenate(z) for z in zip(*(world._pair_logits(uu[i:i + 128], shown[i:i + 128])
                                                           for i in range(0, uu.shape[0], 128))))  # (B, M) each
         p_click, p_lv_after = _sigmoid(z_click), _sigmoid(z_lv)
-        rl = _rng(cfg.seed, _P_RANDOM_LABELS, b)
+        rl = _rng(cfg.seed, purposes[1], b)
         u1, u2 = rl.random(shown.shape), rl.random(shown.shape)
         click = (u1 < p_click).astype(np.int32)
         parts.append({"user_id": uu.ravel().astype(np.int64), "item_id": shown.ravel().astype(np.int64),
@@ -882,6 +883,38 @@ def _random_bucket(world: VideoWorld) -> pd.DataFrame:
                       "p_click": p_click.ravel().astype(np.float32),
                       "p_long_view": (p_click * p_lv_after).ravel().astype(np.float32)})
     return pd.DataFrame({c: np.concatenate([p[c] for p in parts]) for c in RANDOM_COLUMNS})
+
+
+def tune_split(world: VideoWorld) -> VideoWorld:
+    """The world held out inside its training impressions, for choosing settings without the test split: each
+    user's last `test_requests_per_user` train requests become its held-out requests (`test`), the requests
+    before them its training impressions (`train`, `seen`), and its random bucket is drawn afresh (its own
+    streams, (seed, _P_TUNE_RANDOM / _P_TUNE_RANDOM_LABELS, block)) among the items unseen in that training,
+    labelled as of the first held-out request. The world's test requests and random bucket are never read;
+    the ideal list, utility and short-term state follow from the new train / test (as of the new request
+    time). `metrics` and `rates` are the whole world's (not recomputed)."""
+    cfg = world.config
+    held = cfg.test_requests_per_user * cfg.request_size  # impressions held out per user
+    if held == 0 or cfg.impressions_per_user <= held:
+        raise ConfigError(f"video_world tune split: test_requests_per_user={cfg.test_requests_per_user} x "
+                          f"request_size={cfg.request_size} must be >= 1 impression and fewer than "
+                          f"impressions_per_user={cfg.impressions_per_user} (the train requests it holds out)")
+    train = world.train  # rows by (user, time); each user has impressions_per_user of them
+    user = train["user_id"].to_numpy(np.int64)
+    counts = np.bincount(user, minlength=cfg.users)  # (U,)
+    position = np.arange(user.shape[0]) - (np.cumsum(counts) - counts)[user]  # (N,) rank in the user's time order
+    is_test = position >= (counts - held)[user]  # (N,) the last `held` impressions: whole requests
+    new_train = train[~is_test].reset_index(drop=True)
+    tu, ti = user[~is_test], train["item_id"].to_numpy(np.int64)[~is_test]
+    order = np.lexsort((ti, tu))
+    offsets = np.zeros(cfg.users + 1, np.int64)
+    np.cumsum(np.bincount(tu, minlength=cfg.users), out=offsets[1:])
+    tuned = VideoWorld(cfg, world.users, world.items, world.user_factors, world.item_factors, new_train,
+                       train[is_test].reset_index(drop=True), offsets, ti[order], dict(world.metrics),
+                       dict(world.rates), world.seconds)
+    if cfg.random_items_per_user:
+        tuned.random = _random_bucket(tuned, (_P_TUNE_RANDOM, _P_TUNE_RANDOM_LABELS))
+    return tuned
 
 
 def topn_metrics(lists: np.ndarray, user_ids: np.ndarray, test: pd.DataFrame, k: int = 10) -> dict[str, float]:

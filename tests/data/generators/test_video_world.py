@@ -394,3 +394,34 @@ def test_same_seed_same_labels_and_generation_is_fast(world):
     np.testing.assert_array_equal(again.test["p_click"].to_numpy(), world.test["p_click"].to_numpy())
     times = world.train.groupby("user_id")["time"].apply(lambda x: np.diff(np.unique(x)).min())
     assert (times > 0).all()  # requests strictly ordered in time per user
+
+
+def test_the_tune_split_holds_out_inside_the_training_impressions_and_never_reads_the_test():
+    """tune_split: each user's last train request held out, the rest its training impressions; its random bucket
+    drawn afresh among the items unseen in that training, labelled as of the held-out request from the train
+    clicks strictly before it; the world's test requests and random bucket appear nowhere."""
+    world = vw.generate(vw.VideoWorldConfig(**{**SMALL.to_dict(), "random_items_per_user": 500}))
+    tuned = vw.tune_split(world)
+    c, held = SMALL, SMALL.request_size
+    assert len(tuned.train) == c.users * (c.impressions_per_user - held) and len(tuned.test) == c.users * held
+    pd_both = tuned.train.merge(tuned.test, how="outer")
+    assert pd_both.sort_values(["user_id", "time", "item_id"]).reset_index(drop=True).equals(
+        world.train.sort_values(["user_id", "time", "item_id"]).reset_index(drop=True))  # the train rows, split
+    last = world.train.groupby("user_id")["time"].max()
+    assert (tuned.test["time"].to_numpy() == last[tuned.test["user_id"]].to_numpy()).all()  # the last request
+    assert (tuned.request_time() == last.to_numpy()).all()
+    r = tuned.random
+    keys = r["user_id"].to_numpy() * c.items + r["item_id"].to_numpy()
+    seen = np.repeat(np.arange(c.users), np.diff(tuned.seen_offsets)) * c.items + tuned.seen_items
+    assert not np.isin(keys, seen).any() and len(r) == c.users * 500
+    assert np.unique(keys).size == keys.size
+    world_keys = world.random["user_id"].to_numpy() * c.items + world.random["item_id"].to_numpy()
+    assert np.isin(keys, world_keys).mean() < 0.25  # another draw (overlap ~ 500 / 4000 by chance)
+    # labels: the world's model as of the held-out request, its short-term state from the clicks before it
+    expected = world.click_prob(r["user_id"], r["item_id"], tuned.request_time()[r["user_id"]])
+    np.testing.assert_allclose(r["p_click"].to_numpy(), expected, rtol=1e-5)
+    assert abs(r["click"].mean() - r["p_click"].mean()) < 0.01
+    ideal = tuned.ideal_topn(np.arange(20), 10, tuned.seen)  # excludes the tune training's items only
+    assert not np.isin(np.arange(20)[:, None] * c.items + ideal, seen).any()
+    with pytest.raises(ConfigError, match="test_requests_per_user=0"):
+        vw.tune_split(vw.generate(vw.VideoWorldConfig(**{**SMALL.to_dict(), "test_requests_per_user": 0})))

@@ -44,7 +44,7 @@ TINY_MOVIELENS = [
      "give it one, e.g. 'pipeline.stages.fine.ps.table.accessor={}'"),
     (["+pipeline.stages.coarse.inputs.counts=[item_id]", "pipeline.stages.coarse.ps.table.accessor={}"],
      "pipeline.stages.coarse.inputs.counts=['item_id'] but train_on=['exposures', 'candidates']",
-     "trains on [validation] only"),
+     "trains on [validation] and/or [validation_exposures] only"),
     (["pipeline.stages.fine.inputs.counts=[item_id,creator_id]", "pipeline.stages.fine.ps.table.accessor={}"],
      "pipeline.stages.fine.inputs.counts=['item_id', 'creator_id']: ['creator_id']",
      "the counting features are ['item_id', 'user_category']"),

@@ -145,7 +145,7 @@ def _stop_watching(item) -> list[str]:
 def pytest_runtest_teardown(item, nextitem):
     # The last test of a module (or of the run) also tears down module- and session-scoped fixtures, which
     # an earlier e2e test may have used (the session's HDFS is stopped by a script): not this test's processes.
-    spawned = _stop_watching(item) if nextitem is None or nextitem.module is not item.module else []
+    spawned = _stop_watching(item) if nextitem is None or nextitem.path != item.path else []  # (doctests: no .module)
     try:
         return (yield)
     finally:

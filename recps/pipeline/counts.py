@@ -35,6 +35,7 @@ from __future__ import annotations
 import io
 import logging
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Sequence
 
 import torch
@@ -95,13 +96,17 @@ class Counts:
     clicks: dict[str, torch.Tensor]
     prior: float
 
+    @cached_property
+    def rates(self) -> dict[str, float]:
+        """feature -> its CTR over every key (the smoothed CTR's prior mean), once per snapshot."""
+        return {f: float(self.clicks[f].sum()) / total if (total := float(s.sum())) > 0 else 0.0
+                for f, s in self.shows.items()}
+
     def columns(self, data, features: Sequence[str], users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
         """(N, 3F) float32 the dense columns of `features` for pairs (users, items): per feature `COLUMNS`."""
         out = []
         for f in features:
-            shows, clicks = self.shows[f], self.clicks[f]  # (K,)
-            total = float(shows.sum())
-            p = float(clicks.sum()) / total if total > 0 else 0.0  # the feature's CTR over every key
+            shows, clicks, p = self.shows[f], self.clicks[f], self.rates[f]  # (K,), (K,), the feature's CTR
             key = count_keys(data, f, users, items)  # (N,)
             s, c = shows[key].to(torch.float64), clicks[key].to(torch.float64)  # (N,)
             a, b = self.prior * p, self.prior * (1.0 - p)
@@ -110,7 +115,6 @@ class Counts:
         if not out:
             return torch.zeros(int(users.numel()), 0)
         return torch.stack(out, 1).to(torch.float32)  # (N, 3F)
-
 
 
 def counts_to_bytes(counts: dict[str, Counts]) -> bytes:

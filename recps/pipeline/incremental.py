@@ -468,7 +468,9 @@ class FunnelLoop(PassLoop):
         self.specs, self.world, self.trainers = work.specs, world, trainers
         self.history = history
         self.counted = [s for s in self.specs if s.counts]
-        self.counts: dict[str, Any] = {}  # stage -> Counts as of the end of the previous pass (recps.pipeline.counts)
+        # stage -> Counts as of the end of the previous pass (recps.pipeline.counts); None: not read since the
+        # servers' statistics last changed (a pass counted its impressions, a day end shrank, a restart)
+        self.counts: dict[str, Any] | None = None
         self.stages: dict[str, Any] = {}
         self.index = None
         self.model_pass: str | None = None  # the pass whose training the current exports hold
@@ -518,8 +520,10 @@ class FunnelLoop(PassLoop):
 
     def _read_counts(self, view: FunnelData) -> dict[str, Any]:
         """The counting stages' statistics as the servers hold them: the end of the previous pass (this pass
-        counts its impressions only after every stage trained on it)."""
-        self.counts = {s.name: read_counts(self.fleet, s, view, self.timeout_s) for s in self.counted}
+        counts its impressions only after every stage trained on it). Read once a pass: its evaluation and
+        its training share them."""
+        if self.counts is None:
+            self.counts = {s.name: read_counts(self.fleet, s, view, self.timeout_s) for s in self.counted}
         return self.counts
 
     def _train(self, source: _PassData) -> _PassStats:
@@ -555,6 +559,7 @@ class FunnelLoop(PassLoop):
         if self.counted:  # the pass's impressions counted once every stage trained on them: the next pass reads them
             count_exposures(self.fleet, self.counted, view, torch.arange(len(current)), self.role.index,
                             self.role.num_workers, self.timeout_s, f"pipeline.stream.{pass_name}.counted")
+            self.counts = None  # changed: the next pass reads them again (after any day-end shrink)
             if self.role.index == 0:  # serving (recommend) reads the counts as of the end of this pass
                 latest = {s.name: read_counts(self.fleet, s, view, self.timeout_s) for s in self.counted}
                 rfs.write_atomic(rfs.join(self.export_root, COUNTS_EXPORT), counts_to_bytes(latest), overwrite=True)
@@ -588,7 +593,6 @@ class FunnelLoop(PassLoop):
                 self.index = build_index(vectors, self.work.index)
         self.model_pass = "/".join(str(self.resume.folder).rstrip("/").split("/")[-2:])  # <day>/<pass>
         self.model_from = self.resume.folder
-
 
 
 # ---------------------------------------------------------------------------------- the processes

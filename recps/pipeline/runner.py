@@ -153,8 +153,8 @@ def training_examples(spec: StageSpec, specs, data: FunnelData, funnel: Funnel |
         owner = period.fit.test_users[shown.row_ids()]  # (P,)
         users.append(owner)
         items.append(shown.items)
-        labels.append(torch.stack([torch.isin(shown.row_ids() * data.num_items + shown.items,
-                                              csr.row_ids() * data.num_items + csr.items) for csr in period.labels],
+        lists = shown.padded()  # (R, longest), -1 after each request's end: its entries in shown's order
+        labels.append(torch.stack([hits(lists, csr, data.num_items)[lists >= 0] for csr in period.labels],
                                   1).float())
         times.append(data.request_times(owner))
     users, items, labels = torch.cat(users), torch.cat(items), torch.cat(labels)

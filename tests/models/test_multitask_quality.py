@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-from omegaconf import open_dict
 
 from recps.config import PROJECT_ROOT, register_resolvers
 from recps.data.dataset import prepare_data

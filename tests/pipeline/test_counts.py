@@ -11,7 +11,6 @@ the counts of the passes before it (the first: none) and the servers end with ev
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -162,7 +161,7 @@ def test_stream_pass_reads_the_counts_of_the_passes_before_it(tmp_path):
     from recps.pipeline.incremental import read_pass, write_world_passes
     from recps.pipeline.runner import load_world
     from recps.stream.source import pass_files
-    from tests.pipeline.test_stream_funnel import DAY, TINY
+    from tests.helpers.funnels import DAY, TINY
 
     stream = [*TINY, "stream.hours=3", f"stream.end_day={DAY}", f"pipeline.world.dir={tmp_path / 'world'}",
               f"stream.root=file://{tmp_path}/impressions", f"stream.out=file://{tmp_path}/out",
@@ -200,7 +199,7 @@ def test_stream_restart_reads_the_counts_the_checkpoint_holds(tmp_path):
     from recps.pipeline.incremental import read_pass, write_world_passes
     from recps.pipeline.runner import load_world
     from recps.stream.source import pass_files
-    from tests.pipeline.test_stream_funnel import DAY, DAY2, TINY
+    from tests.helpers.funnels import DAY, DAY2, TINY
 
     stream = [*TINY, f"pipeline.world.dir={tmp_path / 'world'}", f"stream.root=file://{tmp_path}/impressions",
               f"stream.out=file://{tmp_path}/out", "+pipeline.stages.fine.inputs.counts=[item_id]",

@@ -4,7 +4,6 @@ recovered, λ chosen on validation only, and NDCG@10 on MovieLens latest-small's
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 import torch

@@ -6,7 +6,6 @@ future makes "target in history" an AUC ~ 1 score) must score at the no-leak lev
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import numpy as np
 import pytest

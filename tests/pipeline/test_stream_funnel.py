@@ -23,35 +23,9 @@ from recps import fs as rfs
 from recps.config import compose_config
 from recps.errors import ConfigError
 from tests.helpers.cli import CliRun, recps_train
+from tests.helpers.funnels import DAY, DAY2, DAY3, STAGES, TINY
 
 pytestmark = pytest.mark.slow
-
-DAY, DAY2, DAY3 = "20261201", "20261202", "20261203"
-STAGES = {"recall": "geo", "coarse": "async", "fine": "async", "fusion": "sync"}
-# A stream has no validation period (each pass trains on what arrived): fusion trains on the pass's exposures,
-# reading the stages' scores, as before video_funnel.yaml's fusion moved to the period (docs/funnel.md)
-STREAM_FUSION = ["pipeline.stages.fusion.inputs.train_on=[exposures]",
-                 "pipeline.stages.fusion.inputs.scores=[recall,coarse,fine]",
-                 "pipeline.stages.fusion.inputs.score_norm=none", "pipeline.validation_fraction=null",
-                 "pipeline.refresh=null"]
-TINY = [
-    "pipeline=video_funnel", "stream=hourly", "cluster.workers=1",
-    "pipeline.world.users=120", "pipeline.world.items=600", "pipeline.world.creators=60",
-    "pipeline.world.metric_users=40", "pipeline.world.impressions_per_user=30",
-    "pipeline.world.random_items_per_user=100",  # the held-out random bucket, within the tiny catalogue
-    "pipeline.world.short_term_weight=0", "pipeline.world.cross_scale=0",  # the world before issue 29.4
-    "pipeline.stages.recall.keep=80", "pipeline.stages.coarse.keep=30", "pipeline.stages.fine.keep=15",
-    "pipeline.stages.coarse.inputs.candidates_per_user=10", "pipeline.stages.fine.inputs.candidates_per_user=10",
-    "pipeline.stages.fusion.inputs.candidates_per_user=5",
-    *(f"pipeline.stages.{s}.inputs.candidate_users=0" for s in ("coarse", "fine", "fusion")),
-    *(f"pipeline.stages.{s}.trainer.batch_size=128" for s in STAGES),
-    "pipeline.stages.recall.trainer.epochs=1", "pipeline.stages.coarse.trainer.epochs=1",
-    "pipeline.stages.fine.trainer.epochs=1", "pipeline.stages.fusion.trainer.epochs=1",
-    "pipeline.eval_users=0", "pipeline.eval_batch_users=128",
-    *STREAM_FUSION,
-    f"stream.start_day={DAY}", "stream.hours=1", "stream.data_sleep_second=0.2", "stream.wait_timeout_s=60",
-    "stream.shrink=false",  # the day end keeps every row: the resumed model is pass 1's exactly
-]
 
 
 def _overrides(world: Path, root: str, out: str, run: Path, *extra: str) -> list[str]:

@@ -23,7 +23,7 @@ import torch
 
 from recps.config import compose_config
 from recps.errors import ConfigError
-from tests.pipeline.test_stream_funnel import DAY, DAY2, TINY
+from tests.helpers.funnels import DAY, DAY2, TINY
 from tests.helpers.cli import recps_train
 
 GEO = ["recall", "coarse"]

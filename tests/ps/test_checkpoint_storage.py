@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from recps.ps.node.client import PSClient
-from recps.ps.table.checkpoint import CheckpointError
 
 TOKEN = "storage-test"
 KEYS = torch.arange(-3000, 3000, 7, dtype=torch.int64) * 1_000_003  # spread over every partition

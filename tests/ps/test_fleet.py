@@ -269,7 +269,7 @@ def test_prefetch_is_async_only_and_on_by_default_there():
     assert not ps_mode(compose_config(["ps=async", "ps.prefetch=false"])).prefetches
     assert not ps_mode(compose_config(["ps=sync"])).prefetches
     for mode in ("sync", "geo"):  # not a knob of theirs: refused before anything starts
-        with pytest.raises(ConfigError, match=f"prefetch.*its arguments are"):
+        with pytest.raises(ConfigError, match="prefetch.*its arguments are"):
             ps_mode(compose_config([f"ps={mode}", "+ps.prefetch=true"]))
 
 

@@ -6,7 +6,6 @@ nn.Parameter over every key of the data, F.embedding_bag, torch.optim.SGD.
 
 from __future__ import annotations
 
-import math
 import re
 import threading
 import time

@@ -19,7 +19,6 @@ from recps.cluster.launch import free_port
 from recps.ps.modes import server_halves
 from recps.ps.node import Coordinator, CoordinatorClient, ServerNode, connect
 from recps.ps.roles import Role
-from recps.ps.table import partition
 from tests.helpers.threads import call_in_threads, wait_until
 
 TOKEN = "coord-test"

@@ -32,7 +32,7 @@ from recps.data.schema import Schema  # no torch, no reader
 from recps.errors import ConfigError
 from recps.targets import check_target_args  # re-exported: config validation binds every _target_ with it
 
-__all__ = ["PROJECT_ROOT", "PRECISIONS", "check_precision", "register_resolvers", "check_target_args", "compose_config", "validate_config",
+__all__ = ["PROJECT_ROOT", "PRECISIONS", "check_group_overrides", "check_precision", "register_resolvers", "check_target_args", "compose_config", "validate_config",
            "composition_error_message", "did_you_mean", "PLAIN_KEYS", "MODEL_ENGINE_KEYS", "MODEL_INJECTED",
            "TASK_ENGINE_KEYS", "PS_MODES", "ps_mode", "check_cluster_config",
            "cluster_checkpoint_every", "check_optimizer_values", "dataset_feature_names", "override_source"]
@@ -141,7 +141,24 @@ def _added_by(path: str, overrides: Sequence[str]) -> str:
     return "a config file (conf/ or your --config-dir)"
 
 
+def _check_groups_are_groups(cfg: DictConfig, overrides: Sequence[str]) -> None:
+    """A group of settings that an override replaced by one value (`checkpoint=false`) fails here, naming
+    the override and the group's keys, before a check reads the group's keys from it. (A config group of
+    conf/, `model=false`, is an option Hydra does not find: `composition_error_message`.)"""
+    for path, known in {**PLAIN_KEYS, **LOCAL_PS_KEYS}.items():
+        parent, _, key = path.rpartition(".")
+        node = OmegaConf.select(cfg, parent) if parent else cfg
+        if not path or not isinstance(node, DictConfig) or key not in node or isinstance(node[key], DictConfig):
+            continue
+        if path in LOCAL_PS_KEYS and cfg.ps.get("_target_") is not None:
+            continue  # a PS mode's own ps.table is checked by its constructor
+        raise ConfigError(f"{path}={_show(node, key)} (from {_added_by(path, overrides)}): {path} is a group of "
+                          f"settings, not one value; set its keys instead, e.g. {path}.{known[0]}=... ({path}'s "
+                          f"keys: {', '.join(known)})")
+
+
 def _check_plain_keys(cfg: DictConfig, overrides: Sequence[str]) -> None:
+    _check_groups_are_groups(cfg, overrides)
     schema = dict(PLAIN_KEYS)
     if cfg.ps.get("_target_") is None:
         schema.update(LOCAL_PS_KEYS)
@@ -458,9 +475,37 @@ def check_optimizer_values(node: DictConfig, overrides: Sequence[str] = (), wher
                           f"and range {target} takes") from exc
 
 
+def check_group_overrides(args: Sequence[str]) -> None:
+    """Command-line overrides that give a config group of conf/ (model, ps, trainer, ...) something other
+    than an option's name (`trainer=null`, `cluster=3`, `trainer=[1]`): a ConfigError naming the override
+    and the group's options, before Hydra fails on it with a traceback. Sweeps and what does not parse are
+    left to Hydra."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser  # deferred: Hydra's parser
+
+    parser = OverridesParser.create()
+    for arg in args:
+        if arg.startswith("-") or "=" not in arg:
+            continue
+        try:
+            override = parser.parse_override(arg)
+        except Exception:  # noqa: BLE001 (Hydra reports what it cannot parse)
+            continue
+        group = PROJECT_ROOT / "conf" / str(override.key_or_group)
+        if not group.is_dir() or override.is_sweep_override():
+            continue
+        value = override.value()
+        if isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            continue
+        options = sorted(f.stem for f in group.glob("*.yaml"))
+        raise ConfigError(f"{arg}: {override.key_or_group} is a config group: choose one of its options "
+                          f"({', '.join(options)}), e.g. {override.key_or_group}={options[0]}, or set one of its "
+                          f"keys, e.g. {override.key_or_group}.<key>=...")
+
+
 def composition_error_message(exc: BaseException) -> str | None:
     """A one-line message for Hydra's "Could not override 'trainer.thread'" (a key the config does not
-    have), with the closest key; None for any other error.
+    have), with the closest key, and for a group option conf/ does not have (`model=deepfmm`), with the
+    closest option; None for any other error.
 
     >>> from hydra.errors import ConfigCompositionException
     >>> try:
@@ -469,6 +514,11 @@ def composition_error_message(exc: BaseException) -> str | None:
     ...     print(composition_error_message(e))  # doctest: +ELLIPSIS
     trainer.thread=2: trainer has no key 'thread'; did you mean trainer.threads? (trainer's keys: epochs, ...)
     """
+    missing, options = getattr(exc, "missing_cfg_file", None), getattr(exc, "options", None)
+    if missing and options:  # Hydra's MissingConfigException: a group option conf/ does not have
+        group, _, name = str(missing).rpartition("/")
+        return (f"{group.replace('/', '.')}={name}: no such {group.rsplit('/', 1)[-1]}"
+                f"{did_you_mean(name, options)} (the options: {', '.join(str(o) for o in options)})")
     cause = exc.__cause__
     parent = getattr(cause, "parent_node", None)
     full_key = getattr(cause, "full_key", None)

@@ -46,7 +46,7 @@ from omegaconf import DictConfig, OmegaConf
 import recps.cluster.launch as _launch
 from recps import quiet_libraries
 from recps.cluster.launch import process_age
-from recps.config import composition_error_message, override_source, ps_mode, register_resolvers, validate_config
+from recps.config import check_group_overrides, composition_error_message, override_source, ps_mode, register_resolvers, validate_config
 from recps.errors import ConfigError, RecpsError
 from recps.job.settings import node_settings
 from recps.pipeline import run_pipeline
@@ -337,6 +337,7 @@ def cli() -> None:
     _cli_env.update(set=True, user=user)
     os.environ[_FULL_ERROR] = "1"  # Hydra raises what fails, composition included, to us
     try:
+        check_group_overrides(sys.argv[1:])  # before Hydra, which fails on them with a traceback
         main()
         failure = _cli_env.pop("error", None)
     except Exception as exc:  # noqa: BLE001 (entry point: everything is reported here)

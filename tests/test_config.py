@@ -159,6 +159,41 @@ def test_a_key_the_config_lacks_gets_the_closest_one():
         assert composition_error_message(err.value).startswith(expected), composition_error_message(err.value)
 
 
+def test_a_misspelled_group_option_gets_one_line_with_the_closest_option():
+    """Issue 32.8: Hydra's multi-line "Could not find 'model/deepfmm'" and its search path become one line."""
+    from hydra.errors import ConfigCompositionException
+
+    from recps.config import composition_error_message
+
+    for override, expected in (
+        ("model=deepfmm", "model=deepfmm: no such model; did you mean deepfm? (the options: autoint, bst, "),
+        ("ps=asnyc", "ps=asnyc: no such ps; did you mean async? (the options: async, geo, local, sync)"),
+        ("pipeline=video_funel", "pipeline=video_funel: no such pipeline; did you mean video_funnel? (the options: "
+                                 "movielens_funnel, none, video_funnel)"),
+        ("stream=zzz", "stream=zzz: no such stream (the options: hourly, off)"),
+    ):
+        with pytest.raises(ConfigCompositionException) as err:
+            compose_config([override])
+        message = composition_error_message(err.value)
+        assert message is not None and message.startswith(expected) and "\n" not in message, message
+
+
+def test_one_value_where_a_group_of_settings_belongs_is_named():
+    """Issue 32.12: `checkpoint=false` (a natural guess) ended in an AttributeError traceback, `trainer=null`
+    and `cluster=3` in Hydra's ValueError, `trainer=[1]` in a TypeError."""
+    from recps.config import check_group_overrides
+
+    with pytest.raises(ConfigError, match=r"^checkpoint=False \(from the override checkpoint=false\): checkpoint is "
+                                          r"a group of settings, not one value; set its keys instead, e\.g\. "
+                                          r"checkpoint\.save=\.\.\. \(checkpoint's keys: save, dir, keep_last\)$"):
+        validate_config(compose_config(["checkpoint=false"]), overrides=["checkpoint=false"])
+    for override, group in (("trainer=null", "trainer"), ("cluster=3", "cluster"), ("trainer=[1]", "trainer")):
+        with pytest.raises(ConfigError, match=rf"^{re.escape(override)}: {group} is a config group: choose one of "
+                                              rf"its options \(.*\), e\.g\. {group}=\w+, or set one of its keys"):
+            check_group_overrides(["-m", override, "seed=1"])
+    check_group_overrides(["model=deepfm,fm", "ps@pipeline.stages.coarse.ps=geo", "checkpoint.save=false", "--cfg"])
+
+
 def test_a_missing_value_and_an_unresolvable_one_are_named():
     with pytest.raises(ConfigError, match=r"^dataset.dir=\$\{nope\} does not resolve: Interpolation key 'nope'"):
         validate_config(compose_config(["dataset.dir=${nope}"]))

@@ -9,6 +9,7 @@ line with examples/s (steady state, after a warm-up) and the test AUC after the 
 
 from __future__ import annotations
 
+from recps import quiet_libraries
 import argparse
 import json
 import logging
@@ -68,6 +69,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data-dir", default=None, help="where the generated data is cached")
     args = parser.parse_args(argv)
+    quiet_libraries()  # the libraries' import-time lines a user cannot act on
     logging.basicConfig(level=logging.WARNING)
     if args.data_dir is None:
         from recps.config import PROJECT_ROOT

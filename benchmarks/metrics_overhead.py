@@ -18,6 +18,7 @@ of what any Python call from a training thread waits for the GIL or a core. The 
 
 from __future__ import annotations
 
+from recps import quiet_libraries
 import argparse
 import json
 import logging
@@ -147,6 +148,7 @@ def main(argv=None) -> int:
     parser.add_argument("--model", default="deepfm")
     parser.add_argument("--out", default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
+    quiet_libraries()  # the libraries' import-time lines a user cannot act on
     logging.basicConfig(level=logging.WARNING)
     start = time.perf_counter()
     result = run(args.rows, args.pairs, args.threads, args.every, args.model, args.batch)

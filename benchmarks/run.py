@@ -35,6 +35,7 @@ Exit status 1 when any run failed (the others still run and are reported).
 
 from __future__ import annotations
 
+from recps import quiet_libraries
 import argparse
 import dataclasses
 import datetime as dt
@@ -412,6 +413,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="list the matrix and its estimated time")
     parser.add_argument("--report", type=Path, default=None, help="regenerate the report from a results JSON")
     args = parser.parse_args(argv)
+    quiet_libraries()  # the libraries' import-time lines a user cannot act on
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", force=True)
 
     if args.report is not None:

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from recps import quiet_libraries
 from recps.config import PROJECT_ROOT
 from recps.metrics import funnel as fm
 from recps.pipeline.data import movielens
@@ -51,6 +52,7 @@ def main() -> None:
     parser.add_argument("--skip-ease", action="store_true")
     parser.add_argument("--out", help="a JSON file for the results")
     args = parser.parse_args()
+    quiet_libraries()  # the libraries' import-time lines a user cannot act on
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", force=True)
     torch.set_num_threads(args.threads)
     settings = {k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in args.set)}

@@ -18,6 +18,7 @@ from typing import Sequence
 from omegaconf import OmegaConf
 
 from recps import fs as rfs
+from recps import quiet_libraries
 from recps.config import register_resolvers
 from recps.errors import RecpsError
 
@@ -53,6 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("checkpoint", help="a checkpoint folder written by recps.train (or its checkpoint.pt)")
     parser.add_argument("overrides", nargs="*", help="config overrides as key=value")
     args = parser.parse_args(argv)
+    quiet_libraries()  # before fbgemm_gpu's import logs its 14 "Successfully loaded" lines
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         metrics = evaluate_checkpoint(args.checkpoint, args.overrides)

@@ -133,10 +133,15 @@ def _run_stream(cfg: DictConfig, out_dir: Path) -> dict[str, Any] | None:
     if cfg.ps.name not in ("sync", "async", "geo"):
         raise ConfigError(f"stream=hourly trains on the parameter server; ps={cfg.ps.name!r}: use ps=sync, async or geo")
     from recps.cluster.driver import run_distributed  # deferred: torch, torchrec, zmq (the PS); `--cfg job` needs none
-    from recps.stream import StreamConfig, check_stream_out  # deferred: torch, the PS (the pass loop); a stream's only
+    from recps.cluster.driver import environment_role  # deferred: as run_distributed
+    from recps.stream import StreamConfig, check_stream_out, nothing_left  # deferred: torch, the PS; a stream's only
 
     # A bad stream key fails here, in the launcher, before any process starts.
     config = StreamConfig.from_config(OmegaConf.to_container(cfg.stream, resolve=True))
+    if environment_role(cfg) is None and (left := _launch.run_in_fork(lambda: nothing_left(config),
+                                                                      "reading the stream's records")):
+        print(f"[recps] {left}")  # decided from the records: no cluster starts
+        return None
 
     def before_launch(c: DictConfig, mode, d: Path) -> None:
         if c.ps.table.get("accessor") is None:

@@ -6,11 +6,12 @@ The Hydra process (no role in its environment, cluster=local) is the launcher: i
 the data set if the config asks for it, then starts S servers and W workers on
 `cluster.host` (127.0.0.1) with `recps.cluster.launch.launch`, each one `python -m recps.train` of the
 composed config itself (<run dir>/recps-job.yaml: a user's --config-dir and every override are in
-it), the same run folder and its role in RECPS_* variables. Start-up: the default job's processes
-are forked from the launcher instead, which has imported torch, torchrec and the model and checked
-the config already, so each starts at its role (recps.cluster.launch's preloaded image; the command is
-exec'd where a fork is not safe, for stream and pipeline jobs, and with RECPS_LAUNCH_FORK=0), and
-each worker parses only its own training rows (recps.data.dataset.WorkerExamplesSource; worker 0
+it), the same run folder and its role in RECPS_* variables. Start-up: the processes (of every job: the
+default one, a stream, a funnel) are forked from the launcher instead, which has imported torch, torchrec
+and the model and checked the config already, so each starts at its role (recps.cluster.launch's preloaded
+image; the command is exec'd where a fork is not safe, and with RECPS_LAUNCH_FORK=0). The launcher's data
+preparation and checks run in a child forked for them (`run_in_fork`), whose threads (pyarrow's, torch's,
+an HDFS client's) would otherwise make the forks unsafe. Each worker parses only its own training rows (recps.data.dataset.WorkerExamplesSource; worker 0
 its held-out rows when it evaluates). Their output is
 forwarded with a "[worker0] " prefix and copied to <run dir>/cluster.log. `launch` supervises:
 when the workers are done the servers stop; when any process dies every other one is stopped
@@ -54,12 +55,13 @@ from typing import Any, Mapping, Sequence
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
+from recps import fs as rfs
 from recps.cluster.checkpoint import finished_message, last_committed, restart_resume
-from recps.cluster.launch import LaunchError, launch, process_age
+from recps.cluster.launch import LaunchError, launch, process_age, run_in_fork
 from recps.cluster.process import role_logging
 from recps.config import check_cluster_config, cluster_checkpoint_every, ps_mode
 from recps.errors import ConfigError, DataError, RecpsError
-from recps.job.checkpoint import MANIFEST, committed_checkpoints, find_checkpoint, is_committed
+from recps.job.checkpoint import MANIFEST, SPEC_FILE, committed_checkpoints, find_checkpoint, is_committed
 from recps.job.settings import checkpoint_dir, node_settings
 from recps.ps.fleet import ENCRYPTION_ENV, STORAGE_ROOTS_ENV
 from recps.ps.roles import ROLE_ENV, detect_role_maker
@@ -98,15 +100,19 @@ def run_distributed(cfg: DictConfig, out_dir: Path, *, work=None, before_launch=
     _transport_encryption(cfg)
     role = environment_role(cfg)
     if role is None:
-        (before_launch or _before_launch)(cfg, mode, Path(out_dir))
-        # A job of its own (stream, pipeline) execs its processes; the default one forks them (preloaded).
-        return _launch_local(cfg, Path(out_dir), preloaded=work is None and before_launch is None)
+        prepare = before_launch or _before_launch
+        # In a child of its own: the threads reading data starts end with it, and the cluster's processes
+        # can still be forked from this preloaded image (recps.cluster.launch).
+        run_in_fork(lambda: prepare(cfg, mode, Path(out_dir)), "the launcher's checks and data preparation")
+        return _launch_local(cfg, Path(out_dir), fork=_forked_process(cfg, Path(out_dir), work))
     role_logging(role)
     if (age := process_age()) is not None:
         log.info("%s up %.2f s after its process started", role.name, age)  # benchmarks/startup_bench.py
     resume_after_restart(cfg, role, Path(out_dir))
-    run_role(cfg, role, Path(out_dir), work=work)
-    return None
+    metrics = run_role(cfg, role, Path(out_dir), work=work)
+    # Under recps.launch the launcher prints the run's closing lines; under torchrun, mpirun or srun nobody
+    # else does: worker 0's process does, with the metrics it wrote.
+    return metrics if not os.environ.get(ROLE_ENV) else None
 
 
 
@@ -178,12 +184,32 @@ def _check_storage(cfg: DictConfig, mode, out_dir: Path) -> None:
         if kind != "ps":
             raise ConfigError(f"trainer.resume={resume!r} is a ps=local checkpoint ({found}); resume it "
                               "with ps=local, or give a parameter-server checkpoint")
+        _check_resume_mode(found, str(cfg.ps.name), resume)
     if mode.checkpoint_every_steps or mode.checkpoint_every_seconds:
         target = checkpoint_dir(cfg, out_dir)  # its step-N/ folders
     committed = committed_checkpoints(target) if target else []
     if committed:
         raise ConfigError(f"checkpoint.dir: {target} holds a committed checkpoint ({committed[0]}/{MANIFEST}); "
                           "none is ever overwritten: give another checkpoint.dir or hydra.run.dir (or move it away)")
+
+
+def _check_resume_mode(folder: str, mode: str, resume: str) -> None:
+    """A PS checkpoint resumes in the mode that wrote it (each table's spec.json says which): the optimizer
+    state it holds is that mode's (GEO's dense state lives with the workers, sync's and async's on the servers)."""
+    manifest = json.loads(rfs.read_bytes(rfs.join(folder, MANIFEST)))
+    written = {}
+    for table in manifest.get("tables", []):
+        try:
+            spec = json.loads(rfs.read_bytes(rfs.join(folder, table, SPEC_FILE)))
+        except FileNotFoundError:
+            continue  # the manifest check on loading names a missing file
+        if spec.get("mode") and spec["mode"] != mode:
+            written.setdefault(spec["mode"], []).append(table)
+    if written:
+        old = sorted(written)[0]
+        raise ConfigError(f"trainer.resume={resume!r}: the checkpoint {folder} was written by ps={old} (tables "
+                          f"{written[old]}), and this run is ps={mode}; resume it with ps={old}, or start afresh "
+                          "without trainer.resume (a checkpoint's optimizer state belongs to the mode that wrote it)")
 
 
 def run_role(cfg: DictConfig, role, out_dir: Path, *, data=None, observers: Sequence = (), work=None) -> dict[str, Any] | None:
@@ -283,7 +309,7 @@ def _generate_data(cfg: DictConfig) -> None:
     ensure_split(ds["dir"], int(gen.pop("train_rows")), int(gen.pop("test_rows")), seed=int(gen.pop("seed", 0)), **gen)
 
 
-def _forked_process(cfg: DictConfig, out_dir: Path):
+def _forked_process(cfg: DictConfig, out_dir: Path, work=None):
     """What `python -m recps.train` of the job's config (child_command) does, for a process that recps.cluster.launch
     forks from this one instead: this process imported torch, fbgemm, torchrec and the model, composed and
     checked the config, so the child starts at its role (in its environment). An error a user can cause
@@ -292,7 +318,7 @@ def _forked_process(cfg: DictConfig, out_dir: Path):
     def run() -> int:
         cfg.progress = False
         try:
-            run_distributed(cfg, out_dir)
+            run_distributed(cfg, out_dir, work=work)
         except RecpsError as exc:  # the process's top (recps.train.cli's message, which the launcher quotes)
             sys.stderr.write(f"recps.train: {type(exc).__name__}: {exc}\n")
             return 1
@@ -301,7 +327,7 @@ def _forked_process(cfg: DictConfig, out_dir: Path):
     return run
 
 
-def _launch_local(cfg: DictConfig, out_dir: Path, preloaded: bool = False) -> dict[str, Any]:
+def _launch_local(cfg: DictConfig, out_dir: Path, fork=None) -> dict[str, Any]:
     c = cfg.cluster
     out_dir.mkdir(parents=True, exist_ok=True)
     metrics_file = out_dir / "metrics.json"
@@ -332,7 +358,7 @@ def _launch_local(cfg: DictConfig, out_dir: Path, preloaded: bool = False) -> di
         result = launch(command, servers=int(c.servers), workers=int(c.workers),
                         timeout=None if c.timeout_s is None else float(c.timeout_s), host=str(c.host), output=tee,
                         restarts=int(c.get("restarts", 0) or 0), on_restart=on_restart,
-                        fork=_forked_process(cfg, out_dir) if preloaded else None)
+                        fork=fork)
     finally:
         tee.close()
     if not result.ok:

@@ -58,6 +58,7 @@ import dataclasses
 import io
 import logging
 import os
+import pickle
 import secrets
 import shutil
 import signal
@@ -68,7 +69,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import IO, Callable, Mapping, Sequence, TextIO
+from typing import IO, Any, Callable, Mapping, Sequence, TextIO
 
 from recps.errors import ConfigError, RecpsError
 from recps.ps.roles import (
@@ -84,7 +85,8 @@ from recps.ps.roles import (
 )
 
 __all__ = ["launch", "LaunchResult", "LaunchError", "free_port", "main", "DEFAULT_GRACE_S", "TIMEOUT_EXIT_CODE",
-           "RESTART_ENV", "restart_count", "MAX_BACKOFF_S", "process_age", "FORK_ENV", "can_fork", "note_fork_safe_threads"]
+           "RESTART_ENV", "restart_count", "MAX_BACKOFF_S", "process_age", "FORK_ENV", "can_fork", "note_fork_safe_threads",
+           "run_in_fork"]
 
 logger = logging.getLogger(__name__)
 
@@ -234,6 +236,57 @@ def can_fork() -> bool:
         if name not in _FORK_SAFE_NAMES:
             return False
     return True
+
+
+def run_in_fork(fn: Callable[[], Any], what: str) -> Any:
+    """fn() in a child forked from this process, waited for: its result (pickled) is returned and its
+    exception raised here. The threads fn
+    starts (pyarrow's pools while a data set is read, torch's OpenMP team, an HDFS client's runtime) end
+    with that child, so this process can still fork its cluster's processes afterwards (`can_fork`). Where
+    a fork is not safe now, or RECPS_LAUNCH_FORK=0, fn runs in this process. fn's effects on disk stay;
+    its effects on this process's memory do not: give it only checks and preparation (`what` names it)."""
+    if os.environ.get(FORK_ENV, "1") == "0" or not can_fork():
+        return fn()
+    for stream in (sys.stdout, sys.stderr):  # nothing of ours is written twice by the child
+        stream.flush()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: run, send the outcome, leave without this process's exit handlers
+        os.close(read)
+        try:
+            outcome: tuple[str, Any] = ("result", fn())
+        except BaseException as exc:  # noqa: BLE001 - raised again in the parent
+            if not isinstance(exc, (RecpsError, KeyboardInterrupt)):
+                traceback.print_exc()  # a bug's traceback, which the parent cannot rebuild
+            outcome = ("error", exc)
+        try:
+            payload = pickle.dumps(outcome)
+        except Exception:  # an exception or a result that does not pickle: its type and text
+            payload = pickle.dumps(("error", RuntimeError(f"{what}: {type(outcome[1]).__name__}: {outcome[1]}")))
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        with os.fdopen(write, "wb") as out:
+            out.write(payload)
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        payload = f.read()  # until the child closes its end: as long as fn takes there
+    _, status = os.waitpid(pid, 0)
+    if not payload:
+        raise LaunchError(f"{what} (pid {pid}, forked from this process) ended without an outcome "
+                          f"({_status_text(status)})")
+    kind, value = pickle.loads(payload)
+    if kind == "error":
+        raise value
+    return value
+
+
+def _status_text(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        return f"killed by signal {os.WTERMSIG(status)}"
+    return f"exit code {os.waitstatus_to_exitcode(status)}"
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -69,6 +69,7 @@ from recps.pipeline.stages import EvalSettings
 __all__ = ["evaluate_funnel", "hits", "most_popular", "LISTS", "verdicts"]
 
 log = logging.getLogger("recps.pipeline")
+PROGRESS_S = 10.0  # at most this long between the progress lines of an evaluation
 
 LISTS = ("final", "most_popular", "recall_alone", "without", "ideal", "ease", "sasrec")  # the lists every request's metrics cover
 
@@ -170,7 +171,13 @@ def evaluate_funnel(funnel: Funnel, settings: EvalSettings, merger: Any = None, 
     aucs = MetricCollection([GroupedAUC(name=f"{s.name}.auc") for s in specs[1:]]) if len(specs) > 1 else None
     final_kept: list[torch.Tensor] = []  # the final lists, request by request (recommend is checked against them)
     start = time.perf_counter()
+    said, done = start, 0
     for part in requests.split(batch):
+        if (now := time.perf_counter()) - said >= PROGRESS_S:  # a long evaluation says how far it is
+            log.info("funnel evaluation: %d of this worker's %d held-out requests in %.0f s", done,
+                     requests.numel(), now - start)
+            said = now
+        done += part.numel()
         users = data.test_users[part]
         positives = data.test_positives.rows(part)
         po, pi = positives.offsets, positives.items

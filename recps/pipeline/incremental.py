@@ -59,6 +59,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from recps import quiet_libraries
 from recps import fs as rfs
 from recps.cluster.checkpoint import merge_worker_states
 from recps.cluster.process import fleet_for, on_this_machine
@@ -735,6 +736,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("overrides", nargs="*", help="the training command's overrides: pipeline=video_funnel "
                    "pipeline.world.users=... (the world they name is generated if needed)")
     a = p.parse_args(argv)
+    quiet_libraries()  # the libraries' import-time lines a user cannot act on
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     try:
         cfg = compose_config(a.overrides)

@@ -13,7 +13,8 @@ from typing import Any, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from recps.cluster.driver import run_distributed
+from recps.cluster.driver import environment_role, run_distributed
+from recps.cluster.launch import run_in_fork
 from recps.config import cluster_checkpoint_every
 from recps.errors import ConfigError
 from recps.job.settings import build_settings, node_settings
@@ -22,7 +23,7 @@ from recps.pipeline.held_out import evaluate_funnel
 from recps.pipeline.incremental import FunnelStreamWork, funnel_stream_work, summary_lines
 from recps.pipeline.runner import load_world
 from recps.pipeline.stages import check_data, eval_settings, pipeline_specs, schedule
-from recps.stream import StreamConfig, check_stream_out
+from recps.stream import StreamConfig, check_stream_out, nothing_left
 
 __all__ = ["run_funnel_stream"]
 
@@ -41,6 +42,10 @@ def run_funnel_stream(cfg: DictConfig, out_dir: Path) -> float:
         raise ConfigError(f"pipeline.schedule={OmegaConf.to_container(cfg.pipeline.schedule)}: a stream trains its "
                           "stages one after another each pass; drop pipeline.schedule (null) with stream=hourly")
     _fill_accessors(cfg, specs)
+    if environment_role(cfg) is None and (left := run_in_fork(lambda: nothing_left(config),
+                                                              "reading the stream's records")):
+        print(f"[recps] {left}")  # decided from the records: no cluster starts
+        return float("nan")
 
     def before_launch(c: DictConfig, mode, d: Path) -> None:
         check_stream_out(config)  # the records and the root first: the world may take a while to generate

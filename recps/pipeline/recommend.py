@@ -4,12 +4,13 @@ Reads what the run left (no training cluster, no server): its composed config (<
 each stage's export (<run dir>/funnel/<stage>.pt: the rows the servers held and its dense state) and the
 recall stage's item index (<run dir>/funnel/items.ann), rebuilds the data's feature tables, and sends the
 users through the same cascade as the evaluation (recps.pipeline.funnel.Funnel.run). Prints each user's
-final top-N with every stage's score of each item, then the latency: per stage and per request, p50 / p99
-over users served one at a time, and users/s served in batches.
+final top-N with every stage's score of each item (what each score is: `score_meaning`) and, with
+`--latency-users N`, the latency: per stage and per request, p50 / p99 over users served one at a time,
+and users/s served in batches.
 
     from recps.pipeline.recommend import load_funnel, recommend
     funnel = load_funnel(run_dir)
-    lists = recommend(funnel, torch.tensor([1, 2, 3]))     # [{"user": 1, "items": [...], "scores": {...}}, ...]
+    lists = recommend(funnel, torch.tensor([1, 2, 3]), n=5)   # [{"user": 1, "items": [...], "scores": {...}}, ...]
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 from omegaconf import OmegaConf
 
 from recps import fs as rfs
+from recps import quiet_libraries
 from recps.config import register_resolvers
 from recps.errors import ConfigError, RecpsError
 from recps.pipeline.ann import ItemIndex
@@ -35,7 +37,7 @@ from recps.pipeline.counts import COUNTS_EXPORT, counts_from_bytes
 from recps.pipeline.stages import ITEM_CF, pipeline_specs
 from recps.pipeline.funnel import EXPORT_DIR, ITEM_CF_EXPORT, Funnel, load_stage
 
-__all__ = ["load_funnel", "recommend", "latency", "main"]
+__all__ = ["load_funnel", "recommend", "score_meaning", "latency", "main"]
 
 JOB_CONFIG = "recps-job.yaml"  # what recps.cluster writes into the run folder
 
@@ -49,6 +51,9 @@ def load_funnel(run_dir: str | Path, data=None) -> Funnel:
     if not path.is_file():
         raise ConfigError(f"{run_dir}: no {JOB_CONFIG}; give the folder of a `python -m recps.train pipeline=...` run")
     cfg = OmegaConf.load(path)
+    if str((cfg.get("pipeline") or {}).get("name", "none")) == "none":
+        raise ConfigError(f"{run_dir}: not a funnel run (pipeline=none); give the folder of a "
+                          "`python -m recps.train pipeline=...` run (a single model's run is served by recps.serve)")
     specs = pipeline_specs(cfg)
     exports = rfs.join(str(run_dir.resolve()), EXPORT_DIR)
     missing = [s.name for s in specs if not rfs.exists(rfs.join(exports, f"{s.name}.pt"))]
@@ -84,15 +89,40 @@ def _check_users(funnel: Funnel, users: torch.Tensor) -> torch.Tensor:
     return users
 
 
-def recommend(funnel: Funnel, users: Sequence[int] | torch.Tensor) -> list[dict[str, Any]]:
-    """Each user's final list, best first, with every stage's score of each listed item."""
+def _check_n(funnel: Funnel, n: int | None) -> int:
+    """The list length: `n`, or pipeline.top_n; at most what the final stage keeps."""
+    most = funnel.specs[-1].keep
+    if n is None:
+        return min(int(getattr(funnel, "top_n", most)), most)
+    if isinstance(n, bool) or not 1 <= int(n) <= most:
+        raise ConfigError(f"--n {n}: give a list length from 1 to {most} (what the final stage "
+                          f"{funnel.final} keeps, pipeline.stages.{funnel.final}.keep)")
+    return int(n)
+
+
+def score_meaning(funnel: Funnel) -> dict[str, str]:
+    """stage -> what its scores are: a probability of a label, or its weighted sum (score_weights)."""
+    names = funnel.data.label_names
+    out = {}
+    for spec in funnel.specs:
+        if spec.score_weights is None:
+            out[spec.name] = f"P({names[0]})"
+        else:
+            out[spec.name] = " + ".join(f"{w:g} x P({names[t]})" for t, w in enumerate(spec.score_weights) if w)
+    return out
+
+
+def recommend(funnel: Funnel, users: Sequence[int] | torch.Tensor, n: int | None = None) -> list[dict[str, Any]]:
+    """Each user's final list, best first (its first `n`: default pipeline.top_n), with every stage's score of
+    each listed item."""
+    n = _check_n(funnel, n)
     users = _check_users(funnel, users)
     out = funnel.run(users)
     final = funnel.final
     kept = out.kept[final]  # (B, N)
     lists = []
     for b, user in enumerate(users.tolist()):
-        items = [i for i in kept[b].tolist() if i >= 0]
+        items = [i for i in kept[b].tolist() if i >= 0][:n]
         scores: dict[str, list[float]] = {}
         for spec in funnel.specs:
             ids = out.kept[spec.name][b]  # (K_s,)
@@ -128,12 +158,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m recps.pipeline.recommend", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", help="the run folder of `python -m recps.train pipeline=...`")
     parser.add_argument("--users", required=True, help="comma-separated user ids (0..U-1)")
+    parser.add_argument("--n", type=int, default=None,
+                        help="items a list (default: the run's pipeline.top_n; at most the final stage's keep)")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of lines")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads (1: a serving process per core; more oversubscribe a busy machine)")
-    parser.add_argument("--latency-users", type=int, default=200,
-                        help="users (the first ones) served for the latency figures (0: skip)")
+    parser.add_argument("--latency-users", type=int, default=0,
+                        help="users (the first ones) served one at a time and in batches for latency figures "
+                             "(default 0: none)")
     args = parser.parse_args(argv)
+    quiet_libraries()  # torch.fx's is_fx_tracing notice on the models' first forward pass
     try:
         users = torch.tensor([int(u) for u in args.users.split(",") if u.strip()], dtype=torch.int64)
     except ValueError:
@@ -142,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(max(1, int(args.threads)))
     try:
         funnel = load_funnel(args.run_dir)
-        lists = recommend(funnel, users)
+        lists = recommend(funnel, users, n=args.n)
         timing = None
         if args.latency_users > 0:
             n = min(int(args.latency_users), funnel.data.num_users)
@@ -151,12 +185,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"recommend: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps({"lists": lists, "latency": timing}, indent=2))
+        print(json.dumps({"lists": lists, "scores": score_meaning(funnel), "latency": timing}, indent=2))
         return 0
+    meaning = score_meaning(funnel)
+    width = max(len(name) for name in meaning)
+    print("scores: " + "; ".join(f"{name} {what}" for name, what in meaning.items()))
     for row in lists:
         print(f"user {row['user']}: " + " ".join(str(i) for i in row["items"]))
         for stage, scores in row["scores"].items():
-            print(f"  {stage:>8}: " + " ".join(f"{s:.3f}" for s in scores))
+            print(f"  {stage:>{width}}: " + " ".join(f"{s:.3f}" for s in scores))
     if timing:
         print(f"latency over {timing['users']} users, one at a time: request p50 {timing['request_ms']['p50']:.2f} ms, "
               f"p99 {timing['request_ms']['p99']:.2f} ms; batched ({timing['batch']}): "

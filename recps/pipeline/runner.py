@@ -381,7 +381,10 @@ def funnel_work(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -
 
 
 def _fmt(value) -> str:
-    return f"{value:.4f}" if isinstance(value, float) and math.isfinite(value) else str(value)
+    """A metric as a user reads it: a count (a whole number >= 2, e.g. hits) as an integer, a rate to 4 places."""
+    if isinstance(value, float) and math.isfinite(value):
+        return str(int(value)) if value.is_integer() and abs(value) >= 2 else f"{value:.4f}"
+    return str(value)
 
 
 def summary_lines(metrics: dict[str, Any]) -> list[str]:
@@ -395,7 +398,7 @@ def summary_lines(metrics: dict[str, Any]) -> list[str]:
         head = f"stage {name} ({t.get('mode', '?')}, keep {stage.get('keep')}):"
         shown = " ".join(f"{k}={_fmt(v)}" for k, v in stage.items() if k != "keep")
         train = (f" | trained {t.get('steps')} steps, {t.get('examples')} examples, "
-                 f"{_fmt(float(t.get('examples_per_sec', 0.0)))} ex/s" if t else "")
+                 f"{round(float(t.get('examples_per_sec', 0.0))):,} ex/s" if t else "")
         lines.append(f"{head} {shown}{train}")
     funnel = metrics.get("funnel") or {}
     lines.append(f"funnel ({int(metrics.get('requests', 0))} held-out requests): "

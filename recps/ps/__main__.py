@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from recps import quiet_libraries
 from recps.errors import PSError
 from recps.ps.fleet import Fleet
 from recps.ps.node.coordinator import DEFAULT_DEAD_AFTER_S
@@ -29,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the coordinator at start")
     args = parser.parse_args(argv)
     role = detect_role_maker().role()
+    quiet_libraries()  # the libraries' import-time lines a user cannot act on
     logging.basicConfig(level=logging.INFO, format=f"[{role.name}] %(asctime)s %(levelname)s %(name)s: %(message)s")
     if not role.is_server:
         parser.error(f"this process has role {role.name}; python -m recps.ps runs servers only")

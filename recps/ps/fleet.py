@@ -652,7 +652,7 @@ def read_checkpoint(folder: str, collections, params):
     dense `params` (the distributed optimizer's order) hold its dense values. Evaluation of a
     checkpoint without a cluster."""
     token = secrets.token_hex(16)
-    with PSServer(token=token, halves=server_halves()) as server, PSClient([server.endpoint], token=token) as client:
+    with PSServer(token=token, halves=server_halves(), storage_roots=[str(folder)]) as server, PSClient([server.endpoint], token=token) as client:
         tables = sorted({t for c in collections for t in c.table_dims()})
         client.load(str(folder), tables=[*tables, DENSE_TABLE])
         reader = ServerReader(client)

@@ -7,7 +7,7 @@ typed values (StreamConfig, StreamWork); recps.train builds them from the compos
 """
 
 from recps.stream.plan import Pass, StreamConfig, StreamPlan
-from recps.stream.pass_loop import PassLoop, StreamWork, check_stream_out, resume_point, stream_work
+from recps.stream.pass_loop import PassLoop, StreamWork, check_stream_out, nothing_left, resume_point, stream_work
 
-__all__ = ["Pass", "StreamConfig", "StreamPlan", "PassLoop", "StreamWork", "check_stream_out", "resume_point",
-           "stream_work"]
+__all__ = ["Pass", "StreamConfig", "StreamPlan", "PassLoop", "StreamWork", "check_stream_out", "nothing_left",
+           "resume_point", "stream_work"]

@@ -52,13 +52,13 @@ from recps.metrics.groups import update_collection
 from recps.metrics.ps_merger import PSMerger
 from recps.metrics.reporter import ExampleCount, LocalMerger
 from recps.ps.fleet import DENSE_TABLE, DistributedStrategy
-from recps.stream.donefile import BASE_DONEFILE, DAY_MODEL_PASS, PATCH_DONEFILE, Donefiles, ModelRecord
+from recps.stream.donefile import BASE_DONEFILE, DAY_MODEL_PASS, MODEL_DONEFILE, PATCH_DONEFILE, Donefiles, ModelRecord
 from recps.stream.plan import Pass, StreamConfig, StreamPlan, next_day
 
 if TYPE_CHECKING:
     from recps.job.parts import Job
 
-__all__ = ["StreamWork", "stream_work", "resume_point", "Resume", "PassLoop", "check_stream_out"]
+__all__ = ["StreamWork", "stream_work", "resume_point", "Resume", "PassLoop", "check_stream_out", "nothing_left"]
 
 log = logging.getLogger("recps.stream")
 
@@ -197,6 +197,22 @@ def resume_point(config: StreamConfig) -> Resume:
             if published[0]:  # the base's key, which the day model and the next day's records carry
                 resume.base_key = int(done.record_of(BASE_DONEFILE, base)["key"])
     return resume
+
+
+def nothing_left(config: StreamConfig) -> str | None:
+    """What a user reads when `config.out`'s records hold the whole stream up to stream.end_day (every pass
+    committed and recorded, its last delta and day end published): nothing is left to train. None when
+    something is (always without an end_day: the stream waits for its next pass)."""
+    if config.end_day is None or not rfs.exists(rfs.join(config.out, MODEL_DONEFILE)):
+        return None  # waits for its next pass, or a fresh stream
+    resume = resume_point(config)
+    if resume.next is not None or resume.publish_delta or resume.adopt is not None or resume.folder is None:
+        return None
+    if resume.day_end is not None and resume.day_end_published != (True, True):
+        return None
+    day, index = resume.folder.rstrip("/").split("/")[-2:]
+    return (f"nothing to do: every pass of {config.out} up to {day}/{index} (stream.end_day={config.end_day}) is "
+            "committed and recorded; raise stream.end_day to train on")
 
 
 # ------------------------------------------------------------------------------------- the worker

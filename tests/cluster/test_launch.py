@@ -16,7 +16,7 @@ import pytest
 from recps.errors import ConfigError
 from recps.cluster.launch import LaunchError, free_port, launch, main
 from recps.ps.roles import EnvRoleMaker
-from tests.helpers.cli import run_module
+from tests.helpers.cli import PROJECT_ROOT, child_env, run_module
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -442,3 +442,53 @@ def test_restart_count_comes_from_recps_launch_or_torchrun():
     assert restart_count({"RECPS_RESTART_COUNT": "0", "TORCHELASTIC_RESTART_COUNT": "1"}) == 1
     with pytest.raises(ConfigError, match=r"\$RECPS_RESTART_COUNT='x' is no restart count"):
         restart_count({"RECPS_RESTART_COUNT": "x"})
+
+
+# A launcher's preparation in a forked child (recps.cluster.launch.run_in_fork): the threads it starts end with
+# the child, so the launcher may still fork its cluster's processes; its error is raised in the launcher.
+RUN_IN_FORK = textwrap.dedent(
+    """
+    import os, sys, threading, time
+    import torch
+    from recps.cluster.launch import LaunchError, can_fork, note_fork_safe_threads, run_in_fork
+    from recps.errors import ConfigError
+    note_fork_safe_threads()
+    marker = sys.argv[1]
+    print("before", can_fork())
+
+    def prepare():
+        torch.set_num_threads(2)
+        torch.randn(1 << 22).sort()  # an OpenMP team starts
+        threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
+        with open(marker, "w") as f:
+            f.write("written")
+        print("in the child", can_fork(), flush=True)
+        raise ConfigError("pipeline.stages.recall.keep=9: too large; lower it")
+
+    try:
+        run_in_fork(prepare, "the checks")
+    except ConfigError as exc:
+        print("raised", exc)
+    print("after", can_fork(), open(marker).read())
+    try:
+        run_in_fork(lambda: os._exit(3), "the crash")
+    except LaunchError as exc:
+        print("crash", exc)
+    run_in_fork(lambda: None, "nothing")
+    print("ok", can_fork())
+    """
+)
+
+
+@pytest.mark.e2e
+def test_preparation_in_a_fork_leaves_no_thread_and_raises_its_error(tmp_path):
+    done = subprocess.run([sys.executable, "-c", RUN_IN_FORK, str(tmp_path / "marker")], capture_output=True,
+                          text=True, timeout=120, cwd=PROJECT_ROOT, env=child_env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0] == "before True" and lines[1] == "in the child False", done.stdout
+    assert lines[2] == "raised pipeline.stages.recall.keep=9: too large; lower it", done.stdout
+    assert lines[3] == "after True written", done.stdout  # its threads ended with it; what it wrote stays
+    assert re.fullmatch(r"crash the crash \(pid \d+, forked from this process\) ended without an outcome "
+                        r"\(exit code 3\)", lines[4]), done.stdout
+    assert lines[5] == "ok True", done.stdout

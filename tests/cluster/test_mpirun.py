@@ -39,6 +39,9 @@ def test_a_training_job_under_mpirun(tmp_path):
     assert (metrics["servers"], metrics["workers"], metrics["train_steps"]) == (1, 2, 30)
     assert 0.4 < metrics["auc"] < 1.0
     assert "worker1 trained: 30 steps" in proc.stdout + proc.stderr
+    # the closing lines a plain run prints, once: worker 0's rank prints them (issue 32.1: nobody did)
+    assert (proc.stdout + proc.stderr).count("[recps] held-out test split: auc=") == 1, (proc.stdout + proc.stderr)[-3000:]
+    assert (proc.stdout + proc.stderr).count(f"[recps] metrics: {run / 'metrics.json'}") == 1, (proc.stdout + proc.stderr)[-3000:]
 
 
 def test_mpirun_without_a_coordinator_is_refused_naming_the_variable(tmp_path):

@@ -84,7 +84,12 @@ def test_evaluate_a_ps_checkpoint_prints_what_the_run_printed(tmp_path_factory):
     run = tmp_path_factory.mktemp("default")
     metrics = train(run, "trainer.max_steps=60", f"dataset.dir={tmp_path_factory.getbasetemp() / 'default-data'}",
                     *SMALL)
-    evaluated = json.loads(recps("recps.evaluate", str(run / "checkpoint")).stdout)
+    done = recps("recps.evaluate", str(run / "checkpoint"))
+    evaluated = json.loads(done.stdout)
+    # as quiet as recps.train (issue 32.4): no fbgemm_gpu import lines, torch.fx notice, or a warning about
+    # the storage roots of the one-process server it starts itself
+    for noise in ("Successfully loaded", "is_fx_tracing", "not confined"):
+        assert noise not in done.output, (noise, done.stderr[-3000:])
     for key in ("auc", "logloss", "accuracy"):
         assert evaluated[key] == metrics[key], key
     # A folder of checkpoints resolves to its committed one; an uncommitted one is refused naming the file.
@@ -110,6 +115,17 @@ def test_resume_into_other_tables_is_refused_naming_the_table(tmp_path_factory):
                  f"trainer.resume={first / 'checkpoint'}", f"hydra.run.dir={other}", check=False)
     # The workers find it (they know the tables): the launcher fails naming worker0, its log the table.
     assert proc.returncode != 0 and "has no table ['embedding_d4']" in proc.stdout, proc.stdout[-2000:]
+    # Another mode (issue 32.9: it failed in the servers with "failed load on table '' ..."): refused in the
+    # launcher, before any process starts, naming the mode that wrote it and what to do.
+    geo = tmp_path_factory.mktemp("tables-geo")
+    proc = recps("recps.train", "ps=geo", "trainer.max_steps=10", f"dataset.dir={data}", *SMALL,
+                 f"trainer.resume={first / 'checkpoint'}", f"hydra.run.dir={geo}", check=False)
+    assert proc.returncode == 1 and "started server0" not in proc.stdout + proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"recps.train: ConfigError: trainer.resume='{first / 'checkpoint'}': the checkpoint {first / 'checkpoint'} "
+        f"was written by ps=async (tables ['embedding_d11', 'dense']), and this run is ps=geo; resume it with "
+        "ps=async, or start afresh without trainer.resume (a checkpoint's optimizer state belongs to the mode that "
+        "wrote it)"), proc.stderr[-2000:]
 
 
 def test_a_run_checkpoints_to_real_hdfs_and_resumes_and_evaluates_from_it(hdfs, tmp_path_factory):

@@ -30,6 +30,9 @@ def test_a_training_job_under_torchrun(tmp_path):
     assert (run / "checkpoint" / "manifest.json").is_file()
     out = proc.stdout + proc.stderr
     assert "worker1 trained: 30 steps" in out
+    # the closing lines a plain run prints, once: worker 0's rank prints them (issue 32.1: nobody did)
+    assert out.count("[recps] held-out test split: auc=") == 1, out[-3000:]
+    assert out.count(f"[recps] metrics: {run / 'metrics.json'}") == 1, out[-3000:]
 
 
 def test_the_fleet_example_under_torchrun(tmp_path):

@@ -277,18 +277,56 @@ def test_recommend_returns_the_evaluation_paths_lists(funnel_run):
         assert fusion == sorted(fusion, reverse=True)  # best first
     proc = run_module("recps.pipeline.recommend", str(run), "--users", ",".join(str(u) for u in users[:3]),
                       "--latency-users", "20", timeout=300)
-    first = proc.stdout.splitlines()[0]
-    assert first == f"user {users[0]}: " + " ".join(str(i) for i in served[0]["items"])
+    lines = proc.stdout.splitlines()
+    # what each stage's scores are (fine ranks by click + 0.5 x long view: not a probability), then the lists
+    assert lines[0] == ("scores: recall P(click); coarse P(click); fine 1 x P(click) + 0.5 x P(long_view); "
+                        "fusion P(click)"), proc.stdout
+    assert lines[1] == f"user {users[0]}: " + " ".join(str(i) for i in served[0]["items"])
     assert "p99" in proc.stdout and "users/s" in proc.stdout
+    assert "is_fx_tracing" not in proc.output, proc.stderr[-2000:]  # as quiet as recps.train (issue 32.4)
 
 
 @pytest.mark.e2e
-def test_evaluation_split_over_two_workers_merges_through_the_servers_to_the_one_worker_metrics(funnel_run):
+def test_recommend_takes_n_says_what_it_does_not_do_and_measures_latency_only_when_asked(funnel_run, tmp_path, capsys):
+    """Issue 32.5: `--n 5` was advertised and refused; the latency probe ran unasked; a pipeline=none run folder
+    got a message about missing stages."""
+    from omegaconf import OmegaConf
+
+    from recps.pipeline.recommend import main
+
+    run, _, _ = funnel_run
+    saved = json.loads((run / "funnel" / "final_lists.json").read_text())
+    user = saved["users"][0]
+    assert main([str(run), "--users", str(user), "--n", "5"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == f"user {user}: " + " ".join(str(i) for i in saved["items"][0][:5]), out
+    assert not any("latency" in line for line in out), out  # only with --latency-users N
+    for n in ("0", "11"):
+        assert main([str(run), "--users", str(user), "--n", n]) == 1
+        assert capsys.readouterr().err.strip() == (f"recommend: ConfigError: --n {n}: give a list length from 1 to 10 "
+                                                   "(what the final stage fusion keeps, "
+                                                   "pipeline.stages.fusion.keep)")
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    OmegaConf.save(compose_config(["ps=local"]), plain / "recps-job.yaml")  # a single model's run folder
+    assert main([str(plain), "--users", "0"]) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"recommend: ConfigError: {plain}: not a funnel run (pipeline=none); give the folder of a `python -m "
+        "recps.train pipeline=...` run (a single model's run is served by recps.serve)")
+
+
+@pytest.mark.e2e
+def test_evaluation_split_over_two_workers_merges_through_the_servers_to_the_one_worker_metrics(funnel_run,
+                                                                                                monkeypatch, caplog):
     """The trained funnel evaluated by one process, and by two workers (each its share of the held-out
-    requests) whose tallies and AUC columns merge through a real server: the same metrics."""
+    requests) whose tallies and AUC columns merge through a real server: the same metrics. A long evaluation
+    logs how far it is (issue 32.6: 35 s without a line): here every batch, PROGRESS_S set to 0."""
+    import logging
+
     from omegaconf import OmegaConf
 
     from recps.metrics.ps_merger import PSMerger
+    from recps.pipeline import held_out
     from recps.pipeline.held_out import evaluate_funnel
     from recps.pipeline.stages import eval_settings
     from recps.pipeline.recommend import load_funnel
@@ -300,7 +338,12 @@ def test_evaluation_split_over_two_workers_merges_through_the_servers_to_the_one
     cfg.pipeline.eval_batch_users = 16
     funnel = load_funnel(run)  # read-only once built: both worker threads score with it (faiss search is too)
     settings = eval_settings(cfg)
-    one = evaluate_funnel(funnel, settings)
+    monkeypatch.setattr(held_out, "PROGRESS_S", 0.0)
+    with caplog.at_level(logging.INFO, logger="recps.pipeline"):
+        one = evaluate_funnel(funnel, settings)
+    progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith("funnel evaluation: ")]
+    assert [m.split(" in ")[0] for m in progress] == [f"funnel evaluation: {d} of this worker's 64 held-out requests"
+                                                      for d in (0, 16, 32, 48)], progress
     got: dict[int, dict] = {}
 
     def work(rank: int, client) -> None:
@@ -325,6 +368,21 @@ def test_evaluation_split_over_two_workers_merges_through_the_servers_to_the_one
 
 
 # ------------------------------------------------------------------------------- the pieces
+
+
+def test_summary_prints_counts_as_integers_and_rates_to_four_places():
+    """Issue 32.7: `hits=48395.0000`, `42932.7905 ex/s`."""
+    from recps.pipeline.runner import summary_lines
+
+    metrics = {"stage_order": ["fine"], "stages": {"fine": {"keep": 100, "auc": 0.8322, "hits": 48395.0,
+                                                            "pass_through": 0.25, "gauc": 1.0}},
+               "stages_trained": {"fine": {"mode": "async", "steps": 58, "examples": 29000,
+                                           "examples_per_sec": 42932.7905}},
+               "funnel": {"ndcg@10": 0.1617}, "requests": 500, "baselines": {}}
+    assert summary_lines(metrics)[:2] == [
+        "stage fine (async, keep 100): auc=0.8322 hits=48395 pass_through=0.2500 gauc=1.0000 | trained 58 steps, "
+        "29000 examples, 42,933 ex/s",
+        "funnel (500 held-out requests): ndcg@10=0.1617"]
 
 
 def test_hits_and_csr_rows_match_a_loop():

@@ -82,7 +82,10 @@ def test_movielens_funnel_end_to_end(tmp_path):
     measured: the whole funnel beats recall alone and most-popular on NDCG@10 (issue 29's small-slice test),
     each ranker passes more held-out positives than its chance level."""
     run = tmp_path / "run"
-    metrics = recps_train(*SMALL, f"hydra.run.dir={run}", timeout=600).metrics()
+    done = recps_train(*SMALL, f"hydra.run.dir={run}", timeout=600)
+    # the server and the worker forked from the launcher's preloaded image (up at once, not importing anew)
+    assert done.output.count(") forked from this image") == 2, done.output[-3000:]
+    metrics = done.metrics()
     assert {s: sorted(set(t.values())) for s, t in metrics["server_tables"].items()} == {
         s: [m] for s, m in STAGES.items()}
     assert metrics["requests"] == len(_expected(USERS)["positives"]) == 147

@@ -91,6 +91,8 @@ def test_streaming_funnel_on_hdfs_two_passes_across_a_restart(tmp_path, hdfs):
     _train(_overrides(world_dir, root, out, run1, f"stream.end_day={DAY}"))
     # The same stream, resumed after pass 1 onto 2 workers (their evaluation merged through the servers).
     proc = _train(_overrides(world_dir, root, out, run2, f"stream.end_day={DAY2}", "cluster.workers=2"))
+    # its processes forked from the launcher's preloaded image (which checked the stream on HDFS in a child)
+    assert proc.output.count(") forked from this image") == 3, proc.output[-3000:]
     first = json.loads((run1 / "stream_metrics.jsonl").read_text())
     records = [json.loads(line) for line in (run2 / "stream_metrics.jsonl").read_text().splitlines()]
     assert [(r.get("day"), r.get("pass")) for r in records if "pass" in r] == [(DAY2, 1)]

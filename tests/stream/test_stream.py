@@ -235,11 +235,22 @@ def test_a_malformed_pass_stops_the_stream_naming_the_file_and_keeps_what_was_co
     proc = run_command(cmd, timeout=RUN_TIMEOUT_S, check=None)
     assert proc.returncode != 0
     assert f"{part.name}:6" in proc.stdout + proc.stderr, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # a stream's processes fork from the launcher's preloaded image too (up at once, not importing anew)
+    assert (proc.stdout + proc.stderr).count(") forked from this image") == 2, proc.stderr[-3000:]
     records = (Path(out) / "donefile.txt").read_text().splitlines()
     assert [r.split("\t")[3] for r in records] == ["1"]  # pass 1 committed and recorded, nothing of pass 2
     part.write_bytes(good)
     metrics = run_stream(cmd[:-1] + [f"hydra.run.dir={tmp_path / 'run2'}"])
     assert [p["pass"] for p in metrics["stream"]["passes"] if "pass" in p] == [2, 3]
+    # The same command over the finished stream (issue 32.2: it started a cluster and redid the day end):
+    # decided from the records in the launcher, nothing started, nothing written, exit 0.
+    listing = sorted(str(p.relative_to(out)) for p in Path(out).rglob("*"))
+    again = run_command(cmd[:-1] + [f"hydra.run.dir={tmp_path / 'run3'}"], timeout=RUN_TIMEOUT_S)
+    assert again.stdout.splitlines()[-1] == (f"[recps] nothing to do: every pass of {out} up to 20261201/3 "
+                                             "(stream.end_day=20261201) is committed and recorded; raise "
+                                             "stream.end_day to train on"), again.stdout[-2000:]
+    assert "started server0" not in again.output and "objective=" not in again.output, again.output[-2000:]
+    assert sorted(str(p.relative_to(out)) for p in Path(out).rglob("*")) == listing
 
 
 def test_a_stalled_namenode_mid_stream_is_waited_out_and_the_stream_goes_on(private_hdfs, tmp_path, launch_output):

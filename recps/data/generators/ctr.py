@@ -88,6 +88,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import torch
 
+from recps import quiet_libraries
 from recps.data.schema import CRITEO_DENSE, CRITEO_SPARSE, Schema
 from recps.errors import ConfigError, DataError
 from recps.metrics import group_auc, histogram_auc
@@ -1046,6 +1047,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS)
     args = parser.parse_args(argv)
+    quiet_libraries()  # the libraries' import-time lines a user cannot act on
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     world = dict(
         vocab=args.vocab, zipf_a=args.zipf_a, missing=args.missing, signal=args.signal,

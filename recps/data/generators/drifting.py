@@ -98,6 +98,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pyarrow.csv as pa_csv
 
+from recps import quiet_libraries
 from recps import fs as rfs
 from recps.data.generators import ctr as synthetic
 from recps.data.partitions import DEFAULT_DONEFILE, LAYOUTS, split_path
@@ -626,6 +627,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--overwrite", action="store_true", help="rewrite complete splits and the sidecar")
     args = parser.parse_args(argv)
+    quiet_libraries()  # the libraries' import-time lines a user cannot act on
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         info = write_stream(

@@ -151,6 +151,7 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import torch
 
+from recps import quiet_libraries
 from recps import fs
 from recps.data.generators.ctr import _exact_auc
 from recps.errors import ConfigError, DataError
@@ -1180,6 +1181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        default=getattr(defaults, f.name))
     args = vars(p.parse_args(argv))
     out = args.pop("out")
+    quiet_libraries()  # the libraries' import-time lines a user cannot act on
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     try:
         cfg = VideoWorldConfig(**args)

@@ -317,7 +317,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         exports_served=len(apps), deltas_served=sum(a["kind"] == "delta" for a in apps),
         commit_to_served_p50_s=_pct(c2s, 0.5), commit_to_served_p99_s=_pct(c2s, 0.99),
         commit_to_served_max_s=max(c2s) if c2s else None,
-        delta_rows_median=statistics.median(r for r in delta_rows.values()) if delta_rows else None,
+        delta_rows_median=_delta_rows_median(apps),
         apply_s_median=statistics.median(a["apply_s"] for a in big) if big else None,
         checkpoint_s_median=statistics.median(p["checkpoint_s"] for p in passes if "checkpoint_s" in p),
         pass_s_median=statistics.median(p["pass_s"] for p in passes),
@@ -344,6 +344,11 @@ def _delta_rows(out: str) -> dict[str, int]:
     return rows
 
 
+def _delta_rows_median(apps: Sequence[dict]) -> float | None:
+    rows = [a["rows"] for a in apps if a["kind"] == "delta" and a.get("rows") is not None]
+    return statistics.median(rows) if rows else None
+
+
 def markdown(record: dict[str, Any]) -> str:
     """The tables of one run's record."""
     f = lambda v, fmt="{:.3g}": "-" if v is None else fmt.format(v)  # noqa: E731
@@ -356,7 +361,7 @@ def markdown(record: dict[str, Any]) -> str:
              f"| exports served (deltas) | {record['exports_served']} ({record['deltas_served']}) |",
              f"| commit-to-served p50 / p99 / max, s | {f(record['commit_to_served_p50_s'])} / "
              f"{f(record['commit_to_served_p99_s'])} / {f(record['commit_to_served_max_s'])} |",
-             f"| delta rows (median) | {f(record['delta_rows_median'], '{:.0f}')} |",
+             f"| delta rows (median) | {f(_delta_rows_median(record['applications']), '{:.0f}')} |",
              f"| a delta's application, s (median) | {f(record['apply_s_median'])} |",
              f"| the pass's checkpoint, s (median; the wait the record had before) | {f(record['checkpoint_s_median'])} |",
              f"| {record['connections']}-connection windows: quiet (p99 ms median, req/s median) | {record['windows_quiet']}: "

@@ -9,8 +9,8 @@
                      503 {"ready": false, "reason": ...} until a version is served
     GET  /metrics    Prometheus text, every name prefixed recps_
 
-Threads. The follower polls the donefiles on its own thread, at a lower priority (nice 10) than the
-threads that answer, and publishes each version by one reference assignment (recps.serve.versions). Requests are scored on one inference thread: each
+Threads. The follower polls the donefiles on its own thread and publishes each version by one
+reference assignment (recps.serve.versions). Requests are scored on one inference thread: each
 takes the version served when it starts and is answered by it alone, and the model's dense
 parameters are switched to a new version only between two requests. At most `max_queue` requests
 wait for it; one more is answered 503 at once (bounded memory, never a crash), so a load generator
@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -141,19 +140,6 @@ class _Base:
         return queued
 
 
-FOLLOWER_NICE = 10
-
-
-def _lower_priority() -> None:
-    """Gives the calling thread (the follower's) a nice value of FOLLOWER_NICE (Linux: a thread has its
-    own), so that on a busy machine reading and applying an export yields the CPU to the threads that
-    answer requests; it still runs whenever a core is idle. Elsewhere, or if refused: unchanged."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), FOLLOWER_NICE)
-    except (AttributeError, OSError) as e:
-        log.info("serve: the follower thread keeps its priority (%s)", e)
-
-
 class Serving(_Base):
     """A stream's model: the follower, the scorer and the request bookkeeping behind the routes."""
 
@@ -174,7 +160,6 @@ class Serving(_Base):
         self.scorer.check(version)
 
     def _background(self) -> None:
-        _lower_priority()
         while not self._stop.is_set():
             try:
                 self.follower.poll()

@@ -320,6 +320,20 @@ def _message(errors: list[dict]) -> tuple[int, str]:
     return 422, "; ".join(parts)
 
 
+class _Stamp:
+    """Pure ASGI middleware: a request's arrival time in request.state.started (the latency histogram's
+    start), without Starlette's @app.middleware("http"), which runs every request in a task of its own
+    and streams its response."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            scope.setdefault("state", {})["started"] = time.perf_counter()
+        await self.app(scope, receive, send)
+
+
 def build_app(settings: ServeSettings) -> FastAPI:
     """The ASGI app of `settings` (uvicorn runs it: recps.serve.__main__)."""
     serving: Serving | FunnelServing = FunnelServing(settings) if settings.funnel else Serving(settings)
@@ -346,10 +360,7 @@ def build_app(settings: ServeSettings) -> FastAPI:
         return answer(request.url.path, request.state.started if hasattr(request.state, "started")
                       else time.perf_counter(), code, {"detail": message})
 
-    @app.middleware("http")
-    async def stamp(request: Request, call_next):
-        request.state.started = time.perf_counter()
-        return await call_next(request)
+    app.add_middleware(_Stamp)
 
     @app.post("/v1/score")
     async def score(request: Request, body: ScoreRequest) -> JSONResponse:

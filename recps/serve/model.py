@@ -28,7 +28,7 @@ import torch
 from omegaconf import OmegaConf
 
 from recps.config import register_resolvers
-from recps.data.hashing import hash_strings
+from recps.data.hashing import hash_slots, hash_strings
 from recps.data.reader import Examples
 from recps.data.schema import Schema
 from recps.errors import ConfigError
@@ -38,6 +38,10 @@ from recps.serve.versions import Version
 __all__ = ["Scorer", "RequestError", "model_signature"]
 
 log = logging.getLogger("recps.serve")
+
+_NONE = type(None)
+_NUMBER = {int, float, _NONE}  # a dense value (a bool is not one: its type is bool)
+_HASHABLE = {str, int, _NONE}  # a hashed sparse value
 
 
 class RequestError(ConfigError):
@@ -152,7 +156,7 @@ class Scorer:
         dense = np.zeros((len(s.dense), b), np.float32)  # (I, B)
         for j, c in enumerate(s.dense):
             values = column(c)
-            if not all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in values):
+            if not {type(v) for v in values} <= _NUMBER:
                 raise RequestError(f"dense feature {c} takes a number or null")
             x = np.array([np.nan if v is None else v for v in values], np.float64)
             if not np.isfinite(x[~np.isnan(x)]).all():
@@ -163,9 +167,15 @@ class Scorer:
             dense = np.copysign(np.log1p(np.abs(dense)), dense)  # recps.data.reader's transform, in float32
         if not np.isfinite(dense).all():
             raise RequestError("a dense feature overflows float32 (|x| > 3.4e38), the training dtype")
-        keys = np.empty((len(s.sparse), b), np.int64)  # (S, B)
-        for j, c in enumerate(s.sparse):
-            keys[j] = self._keys(c, column(c))
+        if s.hash_values and s.sparse:  # every column's values hashed in one pass
+            flat: list = []
+            for c in s.sparse:
+                flat += self._strings(c, column(c))
+            keys = hash_slots(flat, list(s.sparse), b)  # (S, B)
+        else:
+            keys = np.empty((len(s.sparse), b), np.int64)  # (S, B)
+            for j, c in enumerate(s.sparse):
+                keys[j] = self._keys(c, column(c))
         seq_lengths, seq_values = [], []
         for c in s.sequence:
             lists = column(c)
@@ -179,13 +189,18 @@ class Scorer:
                         labels=torch.zeros(b, len(s.labels)), seq_lengths=tuple(seq_lengths),
                         seq_values=tuple(seq_values))
 
+    @staticmethod
+    def _strings(column: str, values: list) -> list:
+        """One hashed column's raw values as the reader hashes them: strings (an integer by its digits) or None."""
+        kinds = {type(v) for v in values}
+        if not kinds <= _HASHABLE:
+            raise RequestError(f"sparse feature {column} takes a string (or an integer) value, or null")
+        return values if int not in kinds else [str(v) if type(v) is int else v for v in values]
+
     def _keys(self, column: str, values: list) -> np.ndarray:
         """int64 keys of one sparse column's raw values (the reader's: hashed strings, or integer keys)."""
         if self.schema.hash_values:
-            if not all(v is None or isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool))
-                       for v in values):
-                raise RequestError(f"sparse feature {column} takes a string (or an integer) value, or null")
-            return hash_strings(pa.array([None if v is None else str(v) for v in values], pa.string()), column)
+            return hash_strings(pa.array(self._strings(column, values), pa.string()), column)
         if not all(v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in values):
             raise RequestError(f"sparse feature {column} takes an integer key (dataset.schema.hash_values=false), "
                                "or null")

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
@@ -45,6 +46,10 @@ log = logging.getLogger("recps.serve")
 
 RETRY_FIRST_S = 1.0
 RETRY_MAX_S = 60.0
+# A test hook: the delta folder (as its record names it) whose application stops in the middle, its
+# files read and its version not made, until HOLD_MAX_S pass (tests/serve: a SIGKILL lands there).
+HOLD_ENV = "RECPS_SERVE_HOLD_DELTA"
+HOLD_MAX_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -133,6 +138,7 @@ class Follower:
         self.waiting = f"no base or delta is recorded under {self.out} yet"  # why nothing is served, or ""
         self.counts = _Counts()
         self._refusals: dict[str, Refusal] = {}
+        self._hold = os.environ.get(HOLD_ENV, "").rstrip("/")
 
     # -- one poll ----------------------------------------------------------------------------------
 
@@ -226,6 +232,10 @@ class Follower:
         manifest = json.loads(rfs.read_bytes(rfs.join(folder, MANIFEST)))
         config_yaml = read_recorded(folder, manifest, "config.yaml").decode()  # checked against the manifest
         is_base = folder == base
+        if self._hold and folder.rstrip("/") == self._hold and not is_base:
+            log.warning("serve: holding delta %s in the middle of its application (%s, a test hook) for at most "
+                        "%.0f s", folder, HOLD_ENV, HOLD_MAX_S)
+            time.sleep(HOLD_MAX_S)
         on = prev if prev is not None and not is_base else None
         sparse: dict[str, SparseRows] = dict(on.sparse) if on is not None else {}
         dense: dict[str, torch.Tensor] = {}

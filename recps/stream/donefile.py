@@ -6,7 +6,9 @@
     <out>/base_donefile.txt    one JSON object a line per base <out>/<day+1>/base/
     <out>/patch_donefile.txt   one JSON object a line per delta <out>/<day>/delta-<pass>/
                                (id, key, input, record_count, monitor_data, ... as Paddle's
-                               write_xbox_donefile)
+                               write_xbox_donefile; a base's id is its key, a patch's id the
+                               unix second of its record, raised above the id before it when
+                               deltas come faster than one a second: unique and increasing)
 
 A base/patch record's `input` is the committed folder itself, `<fs name><path>` (hdfs://host:port/
 model/20261202/delta-3; a plain path for a local disk): the folder that recps.serve and
@@ -157,11 +159,17 @@ class Donefiles:
         """Whether base/patch donefile `name` has a record of `folder`."""
         return self.record_of(name, folder) is not None
 
+    def _next_patch_id(self) -> int:
+        """A new patch record's id: the unix second, but above every id recorded before (deltas a
+        second apart or less would share one: ids are unique and increasing)."""
+        ids = [int(r["id"]) for r in self.patches() if str(r.get("id", "")).isdigit()]
+        return max([int(time.time()), *(i + 1 for i in ids)])
+
     def add_export(self, name: str, folder: str, base_key: int, *, rows: int, data_path: str,
                    monitor: dict[str, Any], workers: int) -> dict:
         """Appends the record of the committed export `folder` to `name` (base or patch donefile)."""
         record = {
-            "id": str(base_key) if name == BASE_DONEFILE else str(int(time.time())),
+            "id": str(base_key) if name == BASE_DONEFILE else str(self._next_patch_id()),
             "key": str(base_key),
             "input": self.input_of(folder),
             "record_count": str(int(rows)),

@@ -10,15 +10,19 @@ the same order (recps.stream.plan), in Paddle's online trainer's order:
         over the workers: worker 0 appends them to <run dir>/stream_metrics.jsonl, TensorBoard)
     train one epoch on it
     drain (every push applied), barrier; worker 0 saves, the others wait at a second barrier:
-        a delta (mode 1) <out>/<day>/delta-<pass>/, committed (manifest) but not yet published
+        a delta (mode 1) <out>/<day>/delta-<pass>/, committed (manifest), then its
+            patch_donefile.txt record (a follower such as recps.serve applies it from then on)
         a checkpoint (mode 0) <out>/<day>/<pass>/, committed, then its donefile.txt record
-        the delta's patch_donefile.txt record
     at the day's end: shrink, a base (mode 2) <out>/<day+1>/base/ and its base_donefile.txt
         record, a batch model (mode 3) <out>/<day+1>/0/ and its donefile.txt record (pass -1)
 
 Restarts (the same command, any number of servers) are exactly once (`resume_point`): the job
 loads the last recorded checkpoint and continues with the pass after it. Its delta, committed
-before it, is published now if the crash came between the two; a day end cut short is done
+before it, is published now if the crash came between the two. A delta published before a crash
+cut its pass's checkpoint short stays as it is (a published folder is never written again): the
+pass is trained again, exports no second delta and records the published one as its own; what
+that training changed goes out with the next delta (the export that reset those rows' delta
+statistics was the lost run's). A day end cut short is done
 again from that pass's state (what it had already published is saved again aside, into a
 scratch folder that is then removed, only so that the statistics it resets and ages are the
 same: published records are never written twice). A pass after the last checkpoint was never
@@ -113,6 +117,7 @@ class Resume:
     day_end_published: tuple[bool, bool] = (False, False)  # (base record, day model record)
     adopt: ModelRecord | None = None  # a committed checkpoint without its record: record it
     passes_done: int = 0
+    published_delta: str | None = None  # `next`'s delta, published before a crash cut its checkpoint short
 
 
 def _pass_folder(config: StreamConfig, p: Pass) -> str:
@@ -182,6 +187,8 @@ def resume_point(config: StreamConfig) -> Resume:
         raise ConfigError(f"{config.out} holds pass {last.name}, after stream.end_day={config.end_day}: the stream "
                           "would go back in time; raise stream.end_day or give another stream.out")
     resume = Resume(folder=folder, next=_following(plan, last), base_key=base_key, adopt=adopt)
+    if resume.next is not None and done.published(PATCH_DONEFILE, _delta_folder(config, resume.next)):
+        resume.published_delta = _delta_folder(config, resume.next)
     if folder is not None:
         manifest = json.loads(rfs.read_bytes(rfs.join(folder, "manifest.json")))
         state = manifest["progress"]["stream"]
@@ -248,6 +255,7 @@ class _Loop:
         self.merger = PSMerger(fleet.channel(), prefix="recps.stream.eval", timeout_s=self.timeout_s) \
             if role.num_workers > 1 else LocalMerger()
         self.base_key = resume.base_key
+        self.published_delta = resume.published_delta
         self.passes_done = resume.passes_done
         self.records: list[dict] = []
         self.tb = None
@@ -270,7 +278,7 @@ class _Loop:
         recorded = {x.path.rstrip("/") for x in self.done.models()}
         for folder in folders:
             fs, path = rfs.resolve(folder)
-            if not fs.exists(path):
+            if folder == r.published_delta or not fs.exists(path):
                 continue
             if (folder.rstrip("/") in recorded or self.done.published(PATCH_DONEFILE, folder)
                     or self.done.published(BASE_DONEFILE, folder)):
@@ -324,7 +332,10 @@ class _Loop:
         if published[0]:
             out["base_s"] = round(self._scratch("base", p), 3)
         else:
-            self.base_key = int(time.time())
+            # A new key for every base, above the one before: int(time.time()) alone gave two day ends
+            # within a second the same key, and a follower then applied the older day's deltas (the
+            # records of that key) on the newer base.
+            self.base_key = max(int(time.time()), self.base_key + 1)
             rows, seconds = self._export(base, "base", p)
             self.done.add_export(BASE_DONEFILE, base, self.base_key, rows=rows, data_path=self.config.root,
                                  monitor={}, workers=self.role.num_workers)
@@ -442,15 +453,23 @@ class _Loop:
     def _saves(self, p: Pass, checkpoint: bool, delta: bool, monitor: dict) -> dict:
         out: dict[str, Any] = {}
         folder = None
-        if delta:  # first: the checkpoint after it holds the statistics the delta reset
+        if delta and self.published_delta == _delta_folder(self.config, p):
+            # published by a run that died before this pass's checkpoint: never written again; the rows
+            # this training changed go out in the next delta (the statistics its export reset were lost)
+            folder = self.published_delta
+            out.update(delta=folder, delta_kept=True)
+        elif delta:  # first: the checkpoint after it holds the statistics the delta reset
             folder = _delta_folder(self.config, p)
             rows, seconds = self._export(folder, "delta", p)
-            out.update(delta=folder, delta_rows=rows, delta_s=round(seconds, 3))
+            t = time.perf_counter()
+            # published at once, not after the checkpoint: a follower serves it a checkpoint's save sooner
+            self._publish_delta(folder, monitor)
+            out.update(delta=folder, delta_rows=rows, delta_s=round(seconds, 3),
+                       delta_publish_s=round(time.perf_counter() - t, 3))
+        self.published_delta = None
         if checkpoint:
             out["checkpoint"] = _pass_folder(self.config, p)
             out["checkpoint_s"] = round(self._checkpoint(p, folder), 3)
-        if folder is not None:
-            self._publish_delta(folder, monitor)
         if p.last:
             out["day_end"] = self._day_end(p)
         return out

@@ -11,7 +11,8 @@ donefiles from before the first record (module fixture, shared by the tests). Wh
 - every delta the server applied, it applied once (its log), and /metrics names the final version;
 - a corrupted delta is refused and the previous version kept (in /healthz, /metrics and the log),
   applied once repaired; a folder without its manifest (a save cut short) is refused; a server
-  killed with SIGKILL and started again comes back at the newest version the records name; a newer
+  killed with SIGKILL and started again comes back at the newest version the records name, also when
+  killed in the middle of applying a delta (a test hook holds it there); a newer
   base of another model is refused, naming it, and the served version kept (a restart takes it); a
   server restarted while the newest base is corrupt serves the newest earlier base with its deltas;
 - bad requests get 400 / 413 / 422 naming what was wrong.
@@ -92,12 +93,12 @@ class Server:
                              f"{self.log.read_text()[-3000:]}")
 
 
-def start_server(out: str, log: Path) -> Server:
-    """`python -m recps.serve OUT` on a free port of 127.0.0.1, its output to `log`."""
+def start_server(out: str, log: Path, env: dict[str, str] | None = None) -> Server:
+    """`python -m recps.serve OUT` on a free port of 127.0.0.1, its output to `log` (`env`: added variables)."""
     port = free_port()
     with open(log, "ab") as f:
         proc = subprocess.Popen([sys.executable, "-m", "recps.serve", out, "--port", str(port), "--poll-seconds", "0.2",
-                                 "--max-candidates", str(MAX_CANDIDATES)], cwd=PROJECT_ROOT, env=child_env(),
+                                 "--max-candidates", str(MAX_CANDIDATES)], cwd=PROJECT_ROOT, env=child_env() | (env or {}),
                                 stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     server = Server(f"http://127.0.0.1:{port}", proc, log)
     deadline = time.monotonic() + READY_TIMEOUT_S
@@ -313,6 +314,43 @@ def _copy(src: str, dst: str, skip: tuple[str, ...] = ()) -> None:
         rel = path[len(base.rstrip("/")) + 1:]
         if rel.rsplit("/", 1)[-1] not in skip:
             fs.pipe_file(f"{target.rstrip('/')}/{rel}", fs.cat_file(path))
+
+
+def test_killed_in_the_middle_of_a_delta_a_restart_serves_the_newest_committed_version(followed):
+    """A second stream.out whose records name day 1's base and day 2's delta-1; delta-2's record is
+    appended while the server runs, and the server is held in the middle of applying it (the test hook
+    RECPS_SERVE_HOLD_DELTA: its files read, its version not made; the log says so), killed with
+    SIGKILL there, and started again: it serves the base with both deltas."""
+    out = f"{followed.out.rsplit('/', 1)[0]}/killed"
+    src = Donefiles(followed.out)
+    base = next(b for b in src.bases() if b["input"].endswith("20261202/base"))
+    first, second = [p for p in src.patches() if p["key"] == base["key"]][:2]
+    rfs.write_atomic(f"{out}/base_donefile.txt", json.dumps(base) + "\n", overwrite=True)
+    rfs.write_atomic(f"{out}/patch_donefile.txt", json.dumps(first) + "\n", overwrite=True)
+    held = Donefiles.export_folder(second)
+    server = start_server(out, followed.tmp / "killed.log", env={"RECPS_SERVE_HOLD_DELTA": held})
+    try:
+        server.wait(lambda b: b.get("ready") and b["version"]["deltas"] == 1, "the first delta")
+        rfs.write_atomic(f"{out}/patch_donefile.txt", json.dumps(first) + "\n" + json.dumps(second) + "\n",
+                         overwrite=True)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while f"holding delta {held} in the middle of its application" not in server.log.read_text():
+            assert time.monotonic() < deadline and server.proc.poll() is None, server.log.read_text()[-3000:]
+            time.sleep(0.1)
+        body = server.get("/healthz").json()  # mid-application: the version before it, whole
+        assert body["version"]["deltas"] == 1 and body["version"]["delta_folders"] == [Donefiles.export_folder(first)]
+        stop(server, signal.SIGKILL)
+        assert server.proc.returncode == -signal.SIGKILL
+
+        server = start_server(out, followed.tmp / "killed-restarted.log")
+        body = server.wait(lambda b: b.get("ready") and b["version"]["deltas"] == 2, "the newest version")
+        assert body["version"]["delta_folders"] == [Donefiles.export_folder(first), held]
+        answer = server.score({"user": followed.user, "candidates": followed.candidates}).json()
+        assert (answer["version"]["base_key"], answer["version"]["deltas"]) == (base["key"], 2)
+        assert answer["probs"] == followed.reference.probs(answer["version"])
+        assert server.metrics()["recps_deltas_applied_total"] == 2
+    finally:
+        stop(server)
 
 
 def test_a_corrupt_delta_is_refused_and_the_last_good_version_kept(followed):

@@ -99,6 +99,11 @@ def check_records(out: str) -> None:
         assert {"id", "key", "input", "record_count", "monitor_data"} <= set(record)
         assert rfs.exists(rfs.join(record["input"], "manifest.json")), record  # `input` is the committed folder
     assert all("auc" in p["monitor_data"] for p in patches)
+    # every base its own key, after the first day's (two day ends within a second once shared one); patch ids unique
+    keys = [int(patches[0]["key"])] + [int(b["key"]) for b in bases]
+    assert keys == sorted(set(keys)), keys
+    ids = [int(p["id"]) for p in patches]
+    assert ids == sorted(set(ids)), ids
     # the day model's base key is the one its base published; the next day's records carry it
     assert [r[1] for r in day_models] == [b["key"] for b in bases]
 

@@ -144,3 +144,29 @@ def test_resume_point_refuses_a_history_that_goes_back_in_time(tmp_path):
 def test_resume_point_of_a_fresh_out_is_the_first_pass(tmp_path):
     r = resume_point(config(out=str(tmp_path / "none"), hours=2))
     assert r.folder is None and r.next.name == "20261201/1" and r.day_end is None
+
+
+def test_patch_ids_are_unique_and_increasing_within_one_second(tmp_path):
+    done = Donefiles(str(tmp_path))
+    ids = [int(done.add_export(PATCH_DONEFILE, f"{tmp_path}/20261201/delta-{p}", 7, rows=1, data_path="/r", monitor={},
+                               workers=1)["id"]) for p in range(1, 5)]
+    assert ids == sorted(set(ids)) and ids[0] >= int(time.time()) - 60, ids
+
+
+def test_resume_point_keeps_a_delta_published_before_its_checkpoint(tmp_path):
+    """A crash between a delta's record and its pass's checkpoint: the pass is trained again and the
+    published delta is its own (never exported again, never removed as a leftover)."""
+    out = str(tmp_path)
+    done = Donefiles(out)
+    for p in (1, 2):
+        (tmp_path / "20261201" / f"delta-{p}").mkdir(parents=True)
+        (tmp_path / "20261201" / f"delta-{p}" / "manifest.json").write_text(
+            json.dumps({"progress": {"stream": {"rows": 1}}}))
+        done.add_export(PATCH_DONEFILE, f"{out}/20261201/delta-{p}", 7, rows=1, data_path="/r", monitor={}, workers=1)
+    (tmp_path / "20261201" / "1").mkdir()
+    (tmp_path / "20261201" / "1" / "manifest.json").write_text(json.dumps({"progress": {"steps": 3, "stream": {
+        "day": "20261201", "pass": 1, "base_key": 7, "delta": f"{out}/20261201/delta-1", "passes_done": 1}}}))
+    done.add_model(ModelRecord("20261201", 7, f"{out}/20261201/1", 1))
+    r = resume_point(config(out=out, hours=3))
+    assert r.folder == f"{out}/20261201/1" and r.next.name == "20261201/2" and r.base_key == 7
+    assert r.published_delta == f"{out}/20261201/delta-2" and r.publish_delta is None

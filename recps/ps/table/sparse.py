@@ -20,6 +20,16 @@ Verbs (K keys in a request; duplicates allowed):
     shrink() -> int                  decay statistics, delete rows, return how many
     save(path, mode) / load(path)    full | delta | base | batch, re-sharded by `partition`
 
+Two tiers (`memory_budget=`, issue 31): rows beyond the budget live in a disk store
+(recps.ps.table.tier.ColdStore, RocksDB), each row in exactly one tier. Before a verb runs, the
+request's keys that miss memory are fetched from disk in one multi-get and their rows (values,
+rule state, statistics) are created in memory as they were, then deleted from disk; the verb then
+runs the RAM-only code unchanged; after it, if memory holds more than the budget, the least recently
+used rows (ties within a request broken by the lower accessor score) move to disk, down to 15/16 of
+the budget. `save`, `shrink`, `load`, `keys`, `contains`, `state`, `stats` and `len` see both tiers;
+a save of a tiered table holds the lock throughout (a row may not move while the tiers are scanned).
+Without a budget no line of the tier runs (one `is None` test per verb).
+
 Thread safety: every public method may be called from any thread. pull, push,
 push_delta, shrink and load are atomic with respect to each other (one lock). save copies
 rows in chunks under that lock, releasing it between chunks, so updates continue during a

@@ -263,6 +263,7 @@ class SparseTable:
             self._cold = ColdStore(self.dim + self._state_width + len(self.meta_columns), name, tier_dir)
             self._clock = 1  # recency: a row's tick is the clock of the last request that touched it
             self._tier_counts = dict.fromkeys(("memory_hits", "disk_hits", "promotions", "evictions"), 0)
+            capacity = min(int(capacity), memory_budget)  # memory never holds the whole table
         self._reset(int(capacity))
 
     # ------------------------------------------------------------------ storage
@@ -303,6 +304,8 @@ class SparseTable:
         """Make room for `rows` rows in total without further resizes (buckets and row
         arrays; untouched capacity costs address space, not resident memory)."""
         with self._lock:
+            if self._cold is not None:
+                rows = min(rows, self.memory_budget)
             self._reserve(max(0, rows - self._used))
             self._index.reserve(rows)
 

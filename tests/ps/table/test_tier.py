@@ -130,6 +130,20 @@ def test_admission_and_half_precision_rows_are_equal():
     tiered.close()
 
 
+def test_compiled_updates_without_accessor_are_equal():
+    """Unique pushes and GEO deltas of a table without accessor take the compiled loop (_kernels)."""
+    kw = dict(dim=DIM, optimizer=RowWiseAdagradRule(lr=0.05), capacity=KEYS)  # capacity: capped at the budget
+    tiered, ram = SparseTable(memory_budget=BUDGET, **kw), SparseTable(**kw)
+    assert tiered.capacity < 2 * BUDGET
+    for i, (keys, grads, _, _) in enumerate(requests(seed=4, batches=6)):
+        uniq = torch.unique(keys)
+        for t in (tiered, ram):
+            t.pull(keys)
+            (t.push_delta if i % 2 else t.push)(uniq, grads[: uniq.numel()], unique=True)
+    assert_same_rows(tiered, ram)
+    tiered.close()
+
+
 def saved(path: str) -> dict:
     """{array name: tensor} of a one-shard checkpoint, rows sorted by key."""
     (shard,) = list_shards(path)

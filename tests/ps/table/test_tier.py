@@ -217,3 +217,15 @@ def test_a_byte_budget_becomes_rows_of_the_tables_width():
     assert "memory_budget" not in TableConfig().spec(DIM, "async")  # RAM-only specs are as before
     with pytest.raises(ConfigError, match=r"ps.table.memory_budget='64B' holds no row: a row of dim 8 takes \d+ bytes"):
         TableConfig(memory_budget="64B").budget_rows(DIM)
+
+
+def test_recps_train_checks_the_budget_before_anything_starts():
+    """validate_config (what recps.train runs first) refuses a size too small for one row of the
+    model's width, and takes a good one."""
+    from recps.config import compose_config, validate_config
+
+    bad = ["model=deepfm", "ps=async", "ps.table.memory_budget=10B"]
+    with pytest.raises(ConfigError, match=r"^ps.table.memory_budget='10B' holds no row: a row of dim \d+ takes"):
+        validate_config(compose_config(bad), bad)
+    good = ["model=deepfm", "ps=async", "ps.table.memory_budget=4GiB"]
+    validate_config(compose_config(good), good)

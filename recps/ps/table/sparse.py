@@ -28,7 +28,7 @@ runs the RAM-only code unchanged; after it, if memory holds more than the budget
 used rows (ties within a request broken by the lower accessor score) move to disk, down to 15/16 of
 the budget. `save`, `shrink`, `load`, `keys`, `contains`, `state`, `stats` and `len` see both tiers;
 a save of a tiered table holds the lock throughout (a row may not move while the tiers are scanned).
-Without a budget no line of the tier runs (one `is None` test per verb).
+Without a budget no line of the tier runs (an `is None` test in each verb and in row creation).
 
 Thread safety: every public method may be called from any thread. pull, push,
 push_delta, shrink and load are atomic with respect to each other (one lock). save copies

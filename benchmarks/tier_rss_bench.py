@@ -4,7 +4,7 @@ Each configuration runs in its own child process (a fresh heap): it creates `--r
 row-wise Adagrad, CTR accessor) by pulling every key in chunks of 65,536, then pulls and pushes
 `--batches` batches of the distinct keys among 4,096 Zipf(1.1) draws, and reports its resident set
 (VmRSS) and peak (VmHWM) from /proc/self/status, before the table (torch, numba and rocksdict
-imported) and at the end, with the rows per tier and the store's bytes on disk.
+imported) and at the end (and after glibc's malloc_trim), with the rows per tier and the store's bytes on disk.
 
     python -m benchmarks.tier_rss_bench --rows 1000000 --budgets none,10000
 """
@@ -53,9 +53,13 @@ def child(rows: int, budget: int | None, batches: int) -> dict:
         n = keys.numel()
         table.push(keys, torch.full((n, 8), 1e-3), shows=torch.ones(n), clicks=torch.zeros(n))
     end = _status()
+    import ctypes
+
+    ctypes.CDLL("libc.so.6").malloc_trim(0)  # what of the growth is freed memory the heap kept
+    trimmed = _status()
     tier = table.tier_stats() or {}
     out = {"rows": len(table), "budget_rows": budget, "rss_base": base["VmRSS"], "rss_end": end["VmRSS"],
-           "peak_end": end["VmHWM"], "rss_growth_per_row": round((end["VmRSS"] - base["VmRSS"]) / rows, 1),
+           "peak_end": end["VmHWM"], "rss_after_malloc_trim": trimmed["VmRSS"], "rss_growth_per_row": round((end["VmRSS"] - base["VmRSS"]) / rows, 1),
            "rows_memory": tier.get("rows_memory", len(table)), "rows_disk": tier.get("rows_disk", 0),
            "disk_bytes": tier.get("disk_bytes", 0)}
     table.close()

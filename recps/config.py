@@ -390,7 +390,10 @@ def validate_config(cfg: DictConfig, overrides: Sequence[str] = ()) -> None:
     name = str(cfg.ps.name)
     if name in PS_MODES:
         check_cluster_config(cfg)
-        ps_mode(cfg)  # binds ps and ps.table to their constructors and builds the mode (its own checks)
+        mode = ps_mode(cfg)  # binds ps and ps.table to their constructors and builds the mode (its own checks)
+        dim = cfg.model.get("embedding_dim")
+        if isinstance(dim, int) and not isinstance(dim, bool) and dim > 0 and getattr(mode, "table", None) is not None:
+            mode.table.budget_rows(dim)  # a byte budget too small for one row of the model's width fails now
     elif name != "local":
         raise ConfigError(f"ps={name!r} is not one of local, {', '.join(PS_MODES)}; pick one of them")
     # stream=hourly: recps.stream checks its own keys (a layer above) before it launches anything.

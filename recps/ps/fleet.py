@@ -314,7 +314,8 @@ class Fleet:
                 t = mode.table
                 self.client.create_sparse_table(table, dim, optimizer=t.optimizer, initializer=t.initializer(),
                                                 accessor=t.accessor, entry=t.entry, seed=t.seed,
-                                                capacity=t.capacity, mode=mode.name)
+                                                capacity=t.capacity, mode=mode.name,
+                                                memory_budget=t.budget_rows(dim))
         opt = self._optimizer
         if opt is not None:
             self.client.create_dense_table(DENSE_TABLE, {n: p.detach().cpu() for n, p in opt.named_params().items()},

@@ -251,6 +251,7 @@ class PSClient:
         capacity: int = 0,
         mode: str = DEFAULT_MODE,
         timeout: float | None = None,
+        memory_budget: int | None = None,
     ) -> dict:
         """Create sparse table `name`, trained by PS mode `mode`, on every server (idempotent: the same spec is fine, another
         spec raises ConfigError naming the differences). Returns the canonical spec.
@@ -258,10 +259,12 @@ class PSClient:
         optimizer: {"name": "sgd"|"adagrad"|"rowwise_adagrad"|"adam", "lr": ..., ...} (default SGD lr 0.01);
         initializer: {"kind": "uniform"|"normal"|"zeros", ...}; accessor: CtrAccessor fields or None;
         entry: {"name": "count_filter", "count": n} | {"name": "probability", "probability": p} | None;
-        capacity: expected rows over all servers.
+        capacity: expected rows over all servers; memory_budget: rows each server keeps in memory, the
+        rest on its disk tier (None: all in memory; see recps.ps.table.sparse, "Two tiers").
         """
         check_table_name(name, "create_sparse_table")
-        spec = sparse_spec(dim, optimizer, initializer, accessor, entry, dtype, seed, capacity, mode, where=f"sparse table {name!r}")
+        spec = sparse_spec(dim, optimizer, initializer, accessor, entry, dtype, seed, capacity, mode, where=f"sparse table {name!r}",
+                           memory_budget=memory_budget)
         self._wait_all(self._request_all("create_sparse", name, {"spec": spec_json(spec)}), timeout)
         self._remember(name, spec)
         return spec

@@ -289,6 +289,10 @@ class PSServer:
         clean = self._transport.stop(timeout)
         self._background.shutdown(wait=False, cancel_futures=True)
         self._save_pool.shutdown(wait=False, cancel_futures=True)
+        with self._tables_lock:
+            sparse = [t.shard for t in self._tables.values() if t.spec["kind"] == "sparse"]
+        for shard in sparse:
+            shard.close()  # a disk tier's store and folder go with the server
         return clean
 
     def _in_background(self, verb):
@@ -525,6 +529,9 @@ class PSServer:
         for t in tables:
             if t.spec["kind"] == "sparse":
                 stats[t.name] = {"kind": "sparse", "rows": len(t.shard), "memory_bytes": t.shard.memory_bytes()}
+                tier = t.shard.tier_stats()
+                if tier is not None:  # a table with a disk tier: rows per tier, hit rate, promotions, evictions, bytes
+                    stats[t.name]["tier"] = tier
             else:
                 n = t.layout.server_sizes[self.index]
                 stats[t.name] = {"kind": "dense", "rows": n, "memory_bytes": n * 4 * 2}  # values and ~state

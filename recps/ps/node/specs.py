@@ -6,7 +6,7 @@ A spec is a dict of JSON scalars, lists and dicts (never pickled); servers compa
     sparse spec  {"kind": "sparse", "dim": D, "optimizer": {"name": "adagrad", "lr": 0.05, ...},
                   "initializer": {"kind": "uniform", "low": -0.01, ...}, "accessor": {...} | None,
                   "entry": {"name": "count_filter", "count": 3} | None, "dtype": "float32",
-                  "seed": 0, "capacity": 0, "mode": "async"}
+                  "seed": 0, "capacity": 0, "mode": "async", "memory_budget": R}   (the last only when set)
     dense spec   {"kind": "dense", "params": [[name, [shape...]], ...], "optimizer": {...}, "mode": "async"}
 
 `mode` tags the table with the PS mode that trains it ("sync", "async", "geo"): the server hands
@@ -49,6 +49,8 @@ from recps.ps.table import (
     UpdateRule,
     make_rule,
 )
+from recps.ps.table.accessor import meta_columns
+from recps.ps.table.tier import budget_rows, parse_memory_budget
 
 __all__ = [
     "TableConfig",
@@ -136,15 +138,18 @@ def sparse_spec(
     capacity: int = 0,
     mode: str = DEFAULT_MODE,
     where: str = "sparse table",
+    memory_budget: int | None = None,
 ) -> dict:
-    """A validated, canonical sparse table spec (see the module docstring)."""
+    """A validated, canonical sparse table spec (see the module docstring). `memory_budget`: rows
+    each server keeps in memory, the rest on its disk tier (None: all in memory; the key is then
+    left out, so specs and checkpoints of RAM-only tables are as before)."""
     if isinstance(dim, bool) or int(dim) != dim or dim < 1:
         raise ConfigError(f"{where}: dim={dim!r}; it must be an integer >= 1")
     if dtype not in _DTYPES:
         raise ConfigError(f"{where}: dtype={dtype!r}; use one of {sorted(_DTYPES)}")
     if int(capacity) != capacity or capacity < 0:
         raise ConfigError(f"{where}: capacity={capacity!r}; it must be an integer >= 0")
-    return {
+    spec = {
         "kind": "sparse",
         "dim": int(dim),
         "optimizer": _optimizer(optimizer, where),
@@ -156,6 +161,11 @@ def sparse_spec(
         "capacity": int(capacity),
         "mode": _mode(mode, where),
     }
+    if memory_budget is not None:
+        if isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget < 1:
+            raise ConfigError(f"{where}: memory_budget={memory_budget!r}; give rows per server >= 1, or None for RAM only")
+        spec["memory_budget"] = memory_budget
+    return spec
 
 
 def dense_spec(
@@ -228,6 +238,7 @@ def build_sparse(spec: Mapping, name: str, num_servers: int) -> SparseTable:
         dtype=_DTYPES[spec["dtype"]],
         capacity=math.ceil(spec["capacity"] / num_servers),
         name=name,
+        memory_budget=spec.get("memory_budget"),  # rows per server
     )
 
 
@@ -275,6 +286,10 @@ class TableConfig:
             show / click / score statistics that shrink, delta and base saves select by.
         entry: None (every key gets a row), {"name": "count_filter", "count": N} (a row after N
             sightings) or {"name": "probability", "probability": p} (admitted with probability p).
+        memory_budget: None keeps every row in RAM. Otherwise the RAM each server gives a table: a
+            row count (1000000) or a size with a unit (4GiB, 500MB; divided by the bytes of a row,
+            `recps.ps.table.tier.row_bytes`); the other rows live in the server's disk tier
+            ($RECPS_TIER_DIR, else the temp folder). docs/scaling.md, "Tables larger than memory".
     """
 
     optimizer: Mapping = field(default_factory=_default_table_optimizer)
@@ -283,6 +298,7 @@ class TableConfig:
     seed: int = 0
     accessor: Any = None
     entry: Any = None
+    memory_budget: Any = None
 
     def __post_init__(self) -> None:
         self.optimizer = dict(self.optimizer)
@@ -297,6 +313,14 @@ class TableConfig:
         self.accessor = _dataclass_dict(None if self.accessor is None else dict(self.accessor), CtrAccessor,
                                         "ps.table", "accessor")
         self.entry = _entry(None if self.entry is None else dict(self.entry), "ps.table")
+        self._budget = parse_memory_budget(self.memory_budget, "ps.table.memory_budget")  # bad text fails here
+
+    def budget_rows(self, dim: int) -> int | None:
+        """The memory budget as rows per server for tables of width `dim` (None: RAM only); a size
+        that holds no row raises ConfigError."""
+        rule = make_rule(**self.optimizer)
+        return budget_rows(self._budget, dim, rule.state_width(dim), len(meta_columns(self.accessor is not None)),
+                           False, "ps.table.memory_budget", self.memory_budget)
 
     def initializer(self) -> dict:
         bound = self.init_std * 3**0.5  # U(-b, b) has std b/sqrt(3): the same rows as ps=local's init_std
@@ -305,7 +329,8 @@ class TableConfig:
     def spec(self, dim: int, mode: str, where: str = "sparse table") -> dict:
         """The sparse spec of a table of width `dim` trained by `mode`."""
         return sparse_spec(dim, self.optimizer, self.initializer(), accessor=self.accessor, entry=self.entry,
-                           seed=self.seed, capacity=self.capacity, mode=mode, where=where)
+                           seed=self.seed, capacity=self.capacity, mode=mode, where=where,
+                           memory_budget=self.budget_rows(dim))
 
 
 class DenseLayout:

@@ -2,7 +2,8 @@
 
 SparseTable maps int64 keys to embedding rows with a vectorized hash map, server-side
 update rules, CTR statistics with admission and shrink, and full/delta/base/batch checkpoints
-that re-shard by `partition`. DenseTable holds named dense parameters. Nothing here
+that re-shard by `partition`, optionally under a RAM budget with its other rows on a disk tier
+(recps.ps.table.tier). DenseTable holds named dense parameters. Nothing here
 imports the transport.
 """
 

@@ -20,6 +20,16 @@ Verbs (K keys in a request; duplicates allowed):
     shrink() -> int                  decay statistics, delete rows, return how many
     save(path, mode) / load(path)    full | delta | base | batch, re-sharded by `partition`
 
+Two tiers (`memory_budget=`, issue 31): rows beyond the budget live in a disk store
+(recps.ps.table.tier.ColdStore, RocksDB), each row in exactly one tier. Before a verb runs, the
+request's keys that miss memory are fetched from disk in one multi-get and their rows (values,
+rule state, statistics) are created in memory as they were, then deleted from disk; the verb then
+runs the RAM-only code unchanged; after it, if memory holds more than the budget, the least recently
+used rows (ties within a request broken by the lower accessor score) move to disk, down to 15/16 of
+the budget. `save`, `shrink`, `load`, `keys`, `contains`, `state`, `stats` and `len` see both tiers;
+a save of a tiered table holds the lock throughout (a row may not move while the tiers are scanned).
+Without a budget no line of the tier runs (an `is None` test in each verb and in row creation).
+
 Thread safety: every public method may be called from any thread. pull, push,
 push_delta, shrink and load are atomic with respect to each other (one lock). save copies
 rows in chunks under that lock, releasing it between chunks, so updates continue during a
@@ -40,6 +50,7 @@ torch.Size([3, 4])
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -67,6 +78,7 @@ from recps.ps.table.hashing import PARTITION_SCHEME, Initializer, partition
 from recps.ps.table.key_index import KeyIndex
 from recps.ps.table.keys import as_keys, unique_keys
 from recps.ps.table.optimizers import SGDRule, UpdateRule
+from recps.ps.table.tier import ColdStore
 
 __all__ = ["SparseTable", "SAVE_MODES"]
 
@@ -187,6 +199,11 @@ class SparseTable:
             arithmetic is float32.
         capacity: expected rows; reserves buckets and address space up front.
         name: used in error messages and manifests.
+        memory_budget: None keeps every row in memory. A row count >= 1 adds a disk tier (see
+            "Two tiers" in the module docstring): about that many rows stay in memory, the rest
+            live in an embedded RocksDB store (recps.ps.table.tier).
+        tier_dir: the folder the disk tier's store is created in (None: $RECPS_TIER_DIR, else
+            the temp folder); the store is removed with the table (`close()`).
     """
 
     def __init__(
@@ -200,6 +217,8 @@ class SparseTable:
         dtype: torch.dtype | str = torch.float32,
         capacity: int = 0,
         name: str = "sparse",
+        memory_budget: int | None = None,
+        tier_dir: str | None = None,
     ) -> None:
         if isinstance(dtype, str):  # from a config file
             dtype = {"float32": torch.float32, "float16": torch.float16, "fp32": torch.float32, "fp16": torch.float16}.get(dtype, dtype)
@@ -212,6 +231,10 @@ class SparseTable:
             raise ConfigError(f"SparseTable {name}: optimizer={optimizer!r} is not an UpdateRule; use e.g. AdagradRule(lr=0.05)")
         if entry is not None and not isinstance(entry, (CountFilterEntry, ProbabilityEntry)):
             raise ConfigError(f"SparseTable {name}: entry={entry!r}; use CountFilterEntry or ProbabilityEntry")
+        if memory_budget is not None and (isinstance(memory_budget, bool) or not isinstance(memory_budget, int)
+                                          or memory_budget < 1):
+            raise ConfigError(f"SparseTable {name}: memory_budget={memory_budget!r}; give a row count >= 1 "
+                              "(ps.table.memory_budget also takes a size such as 4GiB), or None for RAM only")
         self.name = name
         self.dim = int(dim)
         self.dtype = dtype
@@ -229,9 +252,18 @@ class SparseTable:
         self._width = self._mcol + len(self.meta_columns)
         self._col = {c: self._mcol + i for i, c in enumerate(self.meta_columns)}
         self._rule_code = RULE_CODES.get(optimizer.name)  # None: no compiled update for this rule
+        # Statistics columns in a disk-tier row [values | state | meta]
+        self._cold_col = {c: self.dim + self._state_width + i for i, c in enumerate(self.meta_columns)}
         self._lock = threading.RLock()
         self._save_lock = threading.Lock()
         self._generator = torch.Generator().manual_seed(self.seed)
+        self.memory_budget = memory_budget
+        self._cold: ColdStore | None = None
+        if memory_budget is not None:
+            self._cold = ColdStore(self.dim + self._state_width + len(self.meta_columns), name, tier_dir)
+            self._clock = 1  # recency: a row's tick is the clock of the last request that touched it
+            self._tier_counts = dict.fromkeys(("memory_hits", "disk_hits", "promotions", "evictions"), 0)
+            capacity = min(int(capacity), memory_budget)  # memory never holds the whole table
         self._reset(int(capacity))
 
     # ------------------------------------------------------------------ storage
@@ -248,13 +280,18 @@ class SparseTable:
         self._size = 0
         self._pending = _Pending()
         self._deleted: list[torch.Tensor] = []  # keys deleted since the last delta/base save
+        if self._cold is not None:
+            self._tick = torch.zeros(cap, dtype=torch.int64)  # (C,) recency of each slot's row
+            if self._cold.rows:
+                self._cold.clear()
 
     @property
     def capacity(self) -> int:
         return self._keys.numel()
 
     def __len__(self) -> int:
-        return self._size
+        """Rows in the table (both tiers)."""
+        return self._size if self._cold is None else self._size + self._cold.rows
 
     def memory_bytes(self) -> int:
         """Bytes of the table's arrays and buckets at current capacity (reserved, not resident)."""
@@ -267,6 +304,8 @@ class SparseTable:
         """Make room for `rows` rows in total without further resizes (buckets and row
         arrays; untouched capacity costs address space, not resident memory)."""
         with self._lock:
+            if self._cold is not None:
+                rows = min(rows, self.memory_budget)
             self._reserve(max(0, rows - self._used))
             self._index.reserve(rows)
 
@@ -283,6 +322,10 @@ class SparseTable:
         self._rows = _grown(self._rows, cap, used)
         if self._half is not None:
             self._half = _grown(self._half, cap, used)
+        if self._cold is not None:
+            tick = torch.zeros(cap, dtype=torch.int64)
+            tick[:used] = self._tick[:used]
+            self._tick = tick
 
     def _take_slots(self, n: int) -> tuple[torch.Tensor, int]:
         """n free slots: freed ones first, then fresh ones past the high-water mark.
@@ -334,6 +377,8 @@ class SparseTable:
         self._live[slots] = True
         self._index.insert(keys, slots)
         self._size += u
+        if self._cold is not None:
+            self._tick[slots] = self._clock
         return slots
 
     def _delete(self, slots: torch.Tensor) -> None:
@@ -381,6 +426,115 @@ class SparseTable:
                 slots[missing] = self._admit(keys[missing])
         return slots
 
+    # ------------------------------------------------------------------ two tiers
+
+    def _payload(self, slots: torch.Tensor) -> torch.Tensor:
+        """(R,) slots -> (R, D + S + M) float32 rows as the disk tier stores them."""
+        rows = self._rows.index_select(0, slots)  # (R, W)
+        if self._fused_values:
+            return rows
+        return torch.cat([self._half.index_select(0, slots).to(torch.float32), rows], 1)
+
+    def _split(self, payload: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(R, D + S + M) disk rows -> values (R, D), state (R, S), meta (R, M)."""
+        d, s = self.dim, self._state_width
+        return payload[:, :d], payload[:, d : d + s], payload[:, d + s :]
+
+    def _promote(self, keys: torch.Tensor, count: bool = True) -> None:
+        """Move the rows of (K,) keys that live on disk into memory (one multi-get, one batched
+        delete) and mark every requested row as just used. `count`: add to the hit statistics."""
+        slots = self._index.lookup(keys)  # (K,)
+        hit = slots >= 0
+        n_hit = int(hit.sum())
+        self._tick[slots[hit]] = self._clock
+        counts = self._tier_counts
+        if n_hit < keys.numel():
+            uniq, _, occurrences = unique_keys(keys[~hit], counts=True)  # (X,)
+            found, payload = self._cold.get(uniq)  # (X,) (F, D + S + M)
+            if bool(found.any()):
+                moved = uniq[found]
+                values, state, meta = self._split(payload)
+                new = self._create(moved, values=values, state=state, meta=meta)  # ticked now
+                try:
+                    self._cold.delete(moved)
+                except BaseException:
+                    self._drop(new)  # each row in exactly one tier: it stays on disk
+                    raise
+                if count:
+                    counts["disk_hits"] += int(occurrences[found].sum())
+                counts["promotions"] += moved.numel()
+        if count:
+            counts["memory_hits"] += n_hit
+        self._clock += 1
+
+    def _drop(self, slots: torch.Tensor) -> None:
+        """Remove rows at (X,) slots from memory without deleting them from the table (they are
+        on disk): not recorded as deleted keys."""
+        self._live[slots] = False
+        self._free = torch.cat([self._free, slots])
+        self._size -= slots.numel()
+        self._index.retain(self._live)
+
+    def _evict(self) -> None:
+        """Past the memory budget, move the least recently used rows (among equally recent ones,
+        the lowest scores) to disk, down to 15/16 of the budget: evictions come in batches."""
+        budget = self.memory_budget
+        if self._size <= budget:
+            return
+        n = self._size - budget + budget // 16
+        live = self._live[: self._used].nonzero().squeeze(1)  # (N,)
+        priority = self._tick.index_select(0, live).to(torch.float64)  # (N,) lower goes first
+        if self.accessor is not None:
+            score = self.accessor.score(self._rows[live, self._col["show"]], self._rows[live, self._col["click"]])
+            priority += 0.5 * torch.sigmoid(score.to(torch.float64))  # < 1: breaks ties within a tick only
+        victims = live[torch.topk(priority, n, largest=False, sorted=False).indices]  # (n,)
+        self._cold.put(self._keys[victims], self._payload(victims))
+        self._drop(victims)
+        self._tier_counts["evictions"] += n
+
+    def _inspect(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(K,) keys -> exists (K,) bool and (K, D + S + M) rows from either tier (zeros where
+        absent), without moving any row."""
+        slots = self._index.lookup(keys)  # (K,)
+        hot = slots >= 0
+        out = torch.zeros(keys.numel(), self.dim + self._state_width + len(self.meta_columns))
+        out[hot] = self._payload(slots[hot])
+        exists = hot.clone()
+        if not bool(hot.all()):
+            uniq, inverse = unique_keys(keys[~hot])
+            found, payload = self._cold.get(uniq)  # (X,) (F, D + S + M)
+            full = torch.zeros(uniq.numel(), out.shape[1])
+            full[found] = payload
+            out[~hot] = full[inverse]
+            exists[~hot] = found[inverse]
+        return exists, out
+
+    def _on_disk(self, keys: torch.Tensor) -> torch.Tensor:
+        """(K,) keys without a row in memory -> (K,) bool: a row on disk."""
+        uniq, inverse = unique_keys(keys)
+        found, _ = self._cold.get(uniq)
+        return found[inverse]
+
+    def tier_stats(self) -> dict | None:
+        """The tiers' counters (None without a disk tier): rows in memory and on disk, lookups
+        that found their row in memory (`memory_hits`) or on disk (`disk_hits`, per key
+        occurrence), `hit_rate` = memory_hits / (memory_hits + disk_hits), rows promoted and
+        evicted, the store's bytes on disk."""
+        if self._cold is None:
+            return None
+        with self._lock:
+            counts = dict(self._tier_counts)
+            looked = counts["memory_hits"] + counts["disk_hits"]
+            return {"memory_budget": self.memory_budget, "rows_memory": self._size, "rows_disk": self._cold.rows,
+                    "hit_rate": counts["memory_hits"] / looked if looked else None, **counts,
+                    "disk_bytes": self._cold.disk_bytes(), "disk_path": self._cold.path}
+
+    def close(self) -> None:
+        """Release the disk tier (its store and folder are removed); a no-op without one."""
+        if self._cold is not None:
+            with self._lock:
+                self._cold.close()
+
     # ------------------------------------------------------------------ verbs
 
     @torch.no_grad()
@@ -393,13 +547,22 @@ class SparseTable:
         """
         keys = as_keys(keys, f"SparseTable {self.name}.pull")
         with self._lock:
-            slots = self._slots(keys, create)  # (K,)
-            absent = slots < 0
-            if not bool(absent.any()):
-                return self._values_at(slots)
-            out = self._values_at(slots.clamp(min=0))  # (K, D)
-            out[absent] = 0.0
-            return out
+            if self._cold is None:
+                return self._pull(keys, create)
+            self._promote(keys)
+            try:
+                return self._pull(keys, create)
+            finally:
+                self._evict()
+
+    def _pull(self, keys: torch.Tensor, create: bool) -> torch.Tensor:
+        slots = self._slots(keys, create)  # (K,)
+        absent = slots < 0
+        if not bool(absent.any()):
+            return self._values_at(slots)
+        out = self._values_at(slots.clamp(min=0))  # (K, D)
+        out[absent] = 0.0
+        return out
 
     def _push_slots(self, keys: torch.Tensor) -> torch.Tensor:
         """(K,) slots a push updates: rows are created for new keys only without an entry policy."""
@@ -413,13 +576,19 @@ class SparseTable:
         """
         slots = self._push_slots(keys)  # (K,)
         # Slots fit int32 below 2^31 rows; the int32 sort was 1.7x faster here.
-        ordered, perm = torch.sort(slots.to(torch.int32) if self.capacity < 2**31 else slots)  # absent (-1) first
+        by_slot = slots.to(torch.int32) if self.capacity < 2**31 else slots
+        ordered, perm = torch.sort(by_slot)  # absent (-1) first
         first = int(torch.searchsorted(ordered, 0))
         if first:
             ordered, perm = ordered[first:], perm[first:]
         if ordered.numel() == 0:
             return None
         uniq, counts = torch.unique_consecutive(ordered, return_counts=True)  # (U,)
+        if uniq.numel() < ordered.numel():
+            # Duplicate keys: their gradients are summed in request order (a stable sort), so the
+            # float sum does not depend on which slots the rows hold (after a load, or with a disk
+            # tier, they hold others). An unstable sort orders ties by the other keys' slots.
+            perm = torch.sort(by_slot, stable=True)[1][first:]
         offsets = torch.zeros(uniq.numel() + 1, dtype=torch.int64)
         torch.cumsum(counts, 0, out=offsets[1:])
         return uniq.to(torch.int64), perm, offsets
@@ -463,24 +632,33 @@ class SparseTable:
         shows = _as_counts(shows, k, "shows", where)
         clicks = _as_counts(clicks, k, "clicks", where)
         with self._lock:
-            if unique and (delta or self._rule_code is not None) and self.accessor is None and self._fused_values:
-                return self._apply_compiled(keys, x, delta)
-            grouped = self._group(keys)
-            if grouped is None:
-                return 0
-            slots, perm, offsets = grouped  # (U,) (K',) (U + 1,)
-            g = self._segment_sum(x, perm, offsets)  # (U, D) duplicates summed
-            rows = self._rows.index_select(0, slots)  # (U, W) in slot order: better locality
-            w = rows[:, : self.dim] if self._fused_values else self._half.index_select(0, slots).to(torch.float32)
-            if delta:
-                w.add_(g)
-            else:
-                self.rule.apply(w, g, rows[:, self._scol : self._mcol])
-            self._touch(rows, perm, offsets, shows, clicks)
-            self._rows.index_copy_(0, slots, rows)
-            if not self._fused_values:
-                self._half.index_copy_(0, slots, w.to(torch.float16))
-            return slots.numel()
+            if self._cold is None:
+                return self._apply_locked(keys, x, shows, clicks, delta, unique)
+            self._promote(keys)
+            try:
+                return self._apply_locked(keys, x, shows, clicks, delta, unique)
+            finally:
+                self._evict()
+
+    def _apply_locked(self, keys, x, shows, clicks, delta: bool, unique: bool) -> int:
+        if unique and (delta or self._rule_code is not None) and self.accessor is None and self._fused_values:
+            return self._apply_compiled(keys, x, delta)
+        grouped = self._group(keys)
+        if grouped is None:
+            return 0
+        slots, perm, offsets = grouped  # (U,) (K',) (U + 1,)
+        g = self._segment_sum(x, perm, offsets)  # (U, D) duplicates summed
+        rows = self._rows.index_select(0, slots)  # (U, W) in slot order: better locality
+        w = rows[:, : self.dim] if self._fused_values else self._half.index_select(0, slots).to(torch.float32)
+        if delta:
+            w.add_(g)
+        else:
+            self.rule.apply(w, g, rows[:, self._scol : self._mcol])
+        self._touch(rows, perm, offsets, shows, clicks)
+        self._rows.index_copy_(0, slots, rows)
+        if not self._fused_values:
+            self._half.index_copy_(0, slots, w.to(torch.float16))
+        return slots.numel()
 
     def _apply_compiled(self, keys: torch.Tensor, x: torch.Tensor, delta: bool) -> int:
         """push / push_delta of (K,) unique keys in one compiled pass over their rows (under the lock)."""
@@ -524,19 +702,28 @@ class SparseTable:
         """(K,) keys -> (K,) bool: has a row."""
         keys = as_keys(keys, f"SparseTable {self.name}.contains")
         with self._lock:
-            return self._index.lookup(keys) >= 0
+            found = self._index.lookup(keys) >= 0
+            if self._cold is not None and not bool(found.all()):
+                found[~found] = self._on_disk(keys[~found])
+            return found
 
     @torch.no_grad()
     def keys(self) -> torch.Tensor:
         """(N,) int64 keys of all rows, in slot order."""
         with self._lock:
-            return self._keys[: self._used][self._live[: self._used]].clone()
+            hot = self._keys[: self._used][self._live[: self._used]].clone()
+            if self._cold is None:
+                return hot
+            return torch.cat([hot, *(k for k, _ in self._cold.scan(_SAVE_CHUNK_ROWS))])
 
     @torch.no_grad()
     def state(self, keys: torch.Tensor) -> torch.Tensor:
         """(K,) keys -> (K, S) float32 optimizer state; zeros for keys without a row."""
         keys = as_keys(keys, f"SparseTable {self.name}.state")
         with self._lock:
+            if self._cold is not None:
+                exists, payload = self._inspect(keys)
+                return self._split(payload)[1].clone()
             slots = self._index.lookup(keys)
             out = self._rows.index_select(0, slots.clamp(min=0))[:, self._scol : self._mcol].clone()
             out[slots < 0] = 0.0
@@ -547,6 +734,12 @@ class SparseTable:
         """(K,) keys -> {column: (K,) float32} for each statistics column and `exists` (K,) bool."""
         keys = as_keys(keys, f"SparseTable {self.name}.stats")
         with self._lock:
+            if self._cold is not None:
+                exists, payload = self._inspect(keys)
+                meta = self._split(payload)[2]
+                out = {c: meta[:, i].clone() for i, c in enumerate(self.meta_columns)}
+                out["exists"] = exists
+                return out
             slots = self._index.lookup(keys)
             rows = self._rows.index_select(0, slots.clamp(min=0))  # (K, W)
             exists = slots >= 0
@@ -567,6 +760,8 @@ class SparseTable:
             if c not in self._col:
                 raise ConfigError(f"{where}: unknown column {c!r}; this table has {list(self.meta_columns)}")
         with self._lock:
+            if self._cold is not None:
+                self._promote(keys, count=False)
             slots = self._index.lookup(keys)
             found = slots >= 0
             slots = slots[found]
@@ -575,6 +770,8 @@ class SparseTable:
                 v = torch.as_tensor(v, dtype=torch.float32)
                 rows[:, self._col[c]] = v if v.dim() == 0 else v[found]
             self._rows.index_copy_(0, slots, rows)
+            if self._cold is not None:
+                self._evict()
             return slots.numel()
 
     # ------------------------------------------------------------------ shrink
@@ -607,9 +804,27 @@ class SparseTable:
                 doomed.append(dead.nonzero().squeeze(1) + start)
             doomed = torch.cat(doomed) if doomed else torch.empty(0, dtype=torch.int64)
             self._delete(doomed)
+            deleted = doomed.numel() + (self._shrink_cold() if self._cold is not None else 0)
             self._pending.day_end(acc.show_click_decay_rate, acc.delete_after_unseen_days)
-            _log.info("table %s: shrink deleted %d rows, %d left", self.name, doomed.numel(), self._size)
-            return doomed.numel()
+            _log.info("table %s: shrink deleted %d rows, %d left", self.name, deleted, len(self))
+            return deleted
+
+    def _shrink_cold(self) -> int:
+        """shrink() of the disk tier, chunk by chunk, with the memory tier's arithmetic; returns rows deleted."""
+        acc = self.accessor
+        c = self._cold_col
+        deleted = 0
+        for keys, rows in self._cold.scan(_SAVE_CHUNK_ROWS):  # (B,) (B, D + S + M)
+            rows[:, c["show"]] *= acc.show_click_decay_rate
+            rows[:, c["click"]] *= acc.show_click_decay_rate
+            score = acc.score(rows[:, c["show"]], rows[:, c["click"]])
+            dead = (score < acc.delete_threshold) | (rows[:, c["unseen_days"]] > acc.delete_after_unseen_days)
+            self._cold.replace(keys[~dead], rows[~dead])
+            self._cold.delete(keys[dead])
+            if bool(dead.any()):
+                self._deleted.append(keys[dead])
+            deleted += int(dead.sum())
+        return deleted
 
     # ------------------------------------------------------------------ save / load
 
@@ -672,7 +887,9 @@ class SparseTable:
             raise ConfigError(f"SparseTable {self.name}.save: mode={mode!r}; use one of {SAVE_MODES}")
         if chunk_rows < 1:
             raise ConfigError(f"SparseTable {self.name}.save: chunk_rows={chunk_rows}; it must be >= 1")
-        with self._save_lock:
+        # A tiered table is saved under its lock (updates wait): a row may not move between the
+        # tiers while they are scanned, or it would be written twice or not at all.
+        with self._save_lock, (self._lock if self._cold is not None else contextlib.nullcontext()):
             # shrink and load wait for _save_lock: no row is deleted and no key is added to
             # _deleted until this save ends, so written slots still hold their keys after the commit.
             cleared: list[torch.Tensor] = []  # slots whose dirty flag this save cleared
@@ -700,7 +917,53 @@ class SparseTable:
                         self._rows[slots, self._col["dirty"]] = 1.0
                 raise
             self._after_save(mode, chunk_rows, scores)
+            if self._cold is not None:
+                self._after_save_cold(mode, chunk_rows)
             return manifest
+
+    def _cold_selects(self, mode: str, rows: torch.Tensor) -> torch.Tensor:
+        """(B, D + S + M) disk rows -> (B,) bool: the rows a save of `mode` writes (as `_write_rows`)."""
+        c = self._cold_col
+        if self.accessor is not None:
+            return self.accessor.save_selects(mode, rows[:, c["show"]], rows[:, c["click"]], rows[:, c["unseen_days"]],
+                                              rows[:, c["delta_score"]])
+        if mode == "delta":
+            return rows[:, c["dirty"]] > 0
+        return torch.ones(rows.shape[0], dtype=torch.bool)
+
+    def _write_cold(self, writer: ShardWriter, mode: str, chunk_rows: int) -> int:
+        """Append the disk tier's rows `mode` selects; returns how many."""
+        total = 0
+        for keys, rows in self._cold.scan(chunk_rows):  # (B,) (B, D + S + M)
+            select = self._cold_selects(mode, rows)
+            keys, rows = keys[select], rows[select]
+            values, state, meta = self._split(rows)
+            writer.append("keys", keys)
+            writer.append("values", values.to(self.dtype).contiguous())
+            if mode != "base":
+                writer.append("state", state.contiguous())
+                writer.append("meta", meta.contiguous())
+            total += keys.numel()
+        return total
+
+    def _after_save_cold(self, mode: str, chunk_rows: int) -> None:
+        """`_after_save` and the dirty flags `_write_rows` clears, for the disk tier (the save holds
+        the lock: its rows are as they were written)."""
+        if mode not in ("delta", "base") and not (mode == "batch" and self.accessor is not None):
+            return
+        c = self._cold_col
+        for keys, rows in self._cold.scan(chunk_rows):
+            if mode == "batch":
+                rows[:, c["unseen_days"]] += 1.0
+                self._cold.replace(keys, rows)
+                continue
+            select = self._cold_selects(mode, rows)
+            keys, rows = keys[select], rows[select]
+            rows[:, c["dirty"]] = 0.0
+            if self.accessor is not None:
+                ds = rows[:, c["delta_score"]]
+                rows[:, c["delta_score"]] = torch.where(ds != 0, ds - ds, ds)  # as the memory tier: score - written
+            self._cold.replace(keys, rows)
 
     def _after_save(self, mode: str, chunk_rows: int, scores: list) -> None:
         """Statistics updates of a committed save (Paddle's UpdateStatAfterSave), under the save lock."""
@@ -763,6 +1026,8 @@ class SparseTable:
                 writer.append("meta", rows[:, self._mcol :])
             total += keys.numel()
             start = end
+        if self._cold is not None:
+            total += self._write_cold(writer, mode, chunk_rows)
         return total
 
     def _check_manifest(self, man: dict, where: str) -> None:
@@ -796,6 +1061,8 @@ class SparseTable:
         parts = self._read_checkpoint(os.fspath(path), shard, num_shards)
         mode = parts["mode"]
         with self._save_lock, self._lock:
+            if self._cold is not None:
+                return self._load_tiered(parts)
             if mode != "delta":
                 self._reset(parts["keys"].numel())
             if mode == "base":
@@ -808,25 +1075,59 @@ class SparseTable:
                     self._deleted = [parts["deleted"]]
                 self._pending.restore(parts["pending_keys"], parts["pending"])
                 return parts["keys"].numel()
-            # delta: overwrite existing rows, add new ones, remove deleted keys.
-            meta = parts["meta"]
-            meta[:, self._col["dirty"] - self._mcol] = 0.0
-            if self.accessor is not None:
-                meta[:, self._col["delta_score"] - self._mcol] = 0.0
-            keys = parts["keys"]
-            slots = self._index.lookup(keys)
-            old = slots >= 0
-            if bool(old.any()):
-                self._rows.index_copy_(0, slots[old], self._assemble(parts["values"][old], parts["state"][old], meta[old]))
-                if self._half is not None:
-                    self._half.index_copy_(0, slots[old], parts["values"][old].to(torch.float16))
-            new = ~old
-            if bool(new.any()):
-                self._create(keys[new], values=parts["values"][new], state=parts["state"][new], meta=meta[new])
-            gone = self._index.lookup(parts["deleted"])
-            self._delete(gone[gone >= 0])
-            self._deleted = []
-            return keys.numel()
+            return self._load_delta(parts)
+
+    def _load_delta(self, parts: dict) -> int:
+        """A delta checkpoint on top of the table (under the locks): overwrite existing rows, add
+        new ones, remove deleted keys."""
+        meta = parts["meta"]
+        meta[:, self._col["dirty"] - self._mcol] = 0.0
+        if self.accessor is not None:
+            meta[:, self._col["delta_score"] - self._mcol] = 0.0
+        keys = parts["keys"]
+        slots = self._index.lookup(keys)
+        old = slots >= 0
+        if bool(old.any()):
+            self._rows.index_copy_(0, slots[old], self._assemble(parts["values"][old], parts["state"][old], meta[old]))
+            if self._half is not None:
+                self._half.index_copy_(0, slots[old], parts["values"][old].to(torch.float16))
+        new = ~old
+        if bool(new.any()):
+            self._create(keys[new], values=parts["values"][new], state=parts["state"][new], meta=meta[new])
+        gone = self._index.lookup(parts["deleted"])
+        self._delete(gone[gone >= 0])
+        self._deleted = []
+        return keys.numel()
+
+    def _load_tiered(self, parts: dict) -> int:
+        """`load` of a table with a disk tier (under the locks): the first rows up to the budget
+        go to memory, the others straight to disk; a delta's rows are promoted, then applied as
+        in memory, then the budget is restored."""
+        mode, keys = parts["mode"], parts["keys"]
+        if mode == "delta":
+            self._promote(torch.cat([keys, parts["deleted"]]), count=False)
+            try:
+                return self._load_delta(parts)
+            finally:
+                self._evict()
+        n = keys.numel()
+        hot = min(n, self.memory_budget)
+        self._reset(hot)
+        values = parts["values"]
+        if mode == "base":  # values only: fresh state, zero statistics, not dirty
+            state = torch.full((n, self._state_width), self.rule.initial_state_value(), dtype=torch.float32)
+            meta = torch.zeros(n, len(self.meta_columns))
+        else:
+            state, meta = parts["state"], parts["meta"]
+        self._create(keys[:hot], values=values[:hot], state=state[:hot], meta=meta[:hot])
+        for start in range(hot, n, _SAVE_CHUNK_ROWS):
+            end = min(n, start + _SAVE_CHUNK_ROWS)
+            self._cold.put(keys[start:end], torch.cat([values[start:end], state[start:end], meta[start:end]], 1))
+        if mode in _WHOLE:
+            if parts["deleted"].numel():
+                self._deleted = [parts["deleted"]]
+            self._pending.restore(parts["pending_keys"], parts["pending"])
+        return n
 
     def _assemble(self, values: torch.Tensor, state: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
         block = torch.empty(values.shape[0], self._width, dtype=torch.float32)  # (R, W)

@@ -1,0 +1,255 @@
+"""The disk tier of a sparse table: cold rows in an embedded RocksDB (rocksdict), and the budget.
+
+A `SparseTable` built with `memory_budget=` keeps at most about that many rows in its memory
+arrays (the hot tier) and the rest here (the cold tier); each row lives in exactly one of them.
+This module holds the store and the parsing of the budget; the moves between tiers (promotion on
+a miss, eviction by recency and score) are the table's (recps.ps.table.sparse).
+
+Why RocksDB and not LMDB (benchmarks/tier_store_bench.py, figures in benchmarks/RESULTS.md):
+on this machine's batched pattern both reach the issue's 10^5 misses/s, LMDB's multi-get is the
+faster one, but its B-tree took ~3x the disk per row under random keys; the tier exists for
+capacity, which the free disk bounds.
+
+A cold row is one float32 record, whatever the table's value dtype (a float16 value widens to
+float32 exactly, and narrows back to the same bits):
+
+    key    8 bytes, the int64 key little-endian
+    value  (D + S + M) float32: [values (D) | rule state (S) | statistics (M)]
+
+The store is a cache of the table, not a checkpoint: it has no write-ahead log and is removed
+with the table. Checkpoints (`SparseTable.save`) are what survive a process.
+
+Not thread-safe: the owning table serializes calls under its lock.
+
+>>> parse_memory_budget("4GiB", "ps.table.memory_budget")
+('bytes', 4294967296)
+>>> parse_memory_budget(1000, "ps.table.memory_budget")
+('rows', 1000)
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import re
+import shutil
+import tempfile
+import weakref
+
+import numpy as np
+import torch
+
+from recps.errors import ConfigError, PSError
+
+__all__ = ["ColdStore", "TIER_DIR_ENV", "parse_memory_budget", "budget_rows", "row_bytes"]
+
+_log = logging.getLogger(__name__)
+
+TIER_DIR_ENV = "RECPS_TIER_DIR"  # where tables create their stores (default: the system's temp folder)
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12,
+          "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([A-Za-z]*)\s*$")
+# Memory of a hot row besides its payload: key 8, live flag 1, recency tick 8, and the key index's
+# buckets (16 bytes a key at a load of 0.3-0.5: 32-53 bytes).
+_ROW_OVERHEAD = 8 + 1 + 8 + 53
+
+
+def parse_memory_budget(value, where: str) -> tuple[str, int] | None:
+    """A `memory_budget` setting -> ("rows", n), ("bytes", n) or None (no disk tier).
+
+    An integer is a row count; a string with a unit is a size ("4GiB", "500MB", "2g"); a string
+    of digits is a row count. Anything else raises ConfigError naming the value and `where`."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or isinstance(value, float):
+        raise ConfigError(f"{where}={value!r}: give a row count (an integer such as 1000000), a size with a unit "
+                          "(such as 4GiB or 500MB), or null for RAM only")
+    if isinstance(value, int):
+        if value < 1:
+            raise ConfigError(f"{where}={value}: the budget must hold at least 1 row; give a row count >= 1, or null for RAM only")
+        return "rows", value
+    if isinstance(value, str):
+        m = _SIZE_RE.match(value)
+        unit = m.group(2).lower() if m else None
+        if m is None or unit not in _UNITS:
+            raise ConfigError(f"{where}={value!r} is not a size: give a row count (1000000) or a number with a unit "
+                              f"({', '.join(u for u in ('KiB', 'MiB', 'GiB', 'TiB', 'KB', 'MB', 'GB', 'TB'))}), e.g. 4GiB")
+        if unit == "" and "." not in m.group(1):
+            return parse_memory_budget(int(m.group(1)), where)
+        n = int(float(m.group(1)) * _UNITS[unit])
+        if n < 1:
+            raise ConfigError(f"{where}={value!r} is 0 bytes; give a size that holds at least one row, or null for RAM only")
+        return "bytes", n
+    raise ConfigError(f"{where}={value!r} ({type(value).__name__}): give a row count, a size such as 4GiB, or null")
+
+
+def row_bytes(dim: int, state_width: int, meta_width: int, half: bool) -> int:
+    """Bytes of RAM one hot row takes (payload and bookkeeping): the unit a byte budget is divided by."""
+    payload = (state_width + meta_width + (0 if half else dim)) * 4 + (dim * 2 if half else 0)
+    return payload + _ROW_OVERHEAD
+
+
+def budget_rows(budget: tuple[str, int] | None, dim: int, state_width: int, meta_width: int, half: bool,
+                where: str, value) -> int | None:
+    """A parsed budget -> rows (None: no tier); a byte budget below one row raises ConfigError."""
+    if budget is None:
+        return None
+    kind, n = budget
+    if kind == "rows":
+        return n
+    per_row = row_bytes(dim, state_width, meta_width, half)
+    rows = n // per_row
+    if rows < 1:
+        raise ConfigError(f"{where}={value!r} holds no row: a row of dim {dim} takes {per_row} bytes here; "
+                          f"give at least {per_row} bytes, a row count, or null for RAM only")
+    return rows
+
+
+def _keys_bytes(keys: torch.Tensor) -> list:
+    """(K,) int64 -> K 8-byte strings (numpy makes the list in C: no Python call per key)."""
+    return keys.numpy().astype("<i8", copy=False).view("V8").tolist()
+
+
+def _rows_bytes(rows: torch.Tensor) -> list:
+    """(K, W) float32 -> K strings of 4W bytes."""
+    a = np.ascontiguousarray(rows.numpy(), dtype="<f4")
+    return a.view(f"V{a.shape[1] * 4}").ravel().tolist()
+
+
+def _remove(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+class ColdStore:
+    """The cold rows of one table shard: int64 key -> (W,) float32 row, in RocksDB at `path`.
+
+    Args:
+        width: W, floats per row.
+        name: the table's name (messages).
+        root: the folder the store is created in (None: $RECPS_TIER_DIR, else the temp folder);
+            the store's own folder is created fresh and removed by `close()` or at exit.
+    """
+
+    def __init__(self, width: int, name: str, root: str | None = None) -> None:
+        import rocksdict  # deferred: only a tiered table pays its import
+
+        self._rocksdict = rocksdict
+        self.width = int(width)
+        self.name = name
+        root = root if root is not None else os.environ.get(TIER_DIR_ENV) or None
+        try:
+            self.path = tempfile.mkdtemp(prefix=f"recps-tier-{name}-", dir=root)
+        except OSError as e:
+            raise PSError(f"table {name}: cannot create its disk tier under {root or tempfile.gettempdir()} ({e}); "
+                          f"set ${TIER_DIR_ENV} to a writable folder with free space") from None
+        self._finalizer = weakref.finalize(self, _remove, self.path)
+        self._db = None
+        self.rows = 0  # rows held (the table's moves keep it exact: a put is always of an absent key)
+        self._open()
+
+    def _open(self) -> None:
+        rd = self._rocksdict
+        opts = rd.Options(raw_mode=True)
+        opts.create_if_missing(True)
+        table = rd.BlockBasedOptions()
+        table.set_bloom_filter(10, False)  # a miss of a new key costs no disk read
+        opts.set_block_based_table_factory(table)
+        opts.set_compression_type(rd.DBCompressionType.none())  # trained floats do not compress
+        write = rd.WriteOptions()
+        write.disable_wal = True  # a cache: checkpoints are what survive
+        try:
+            self._db = rd.Rdict(os.path.join(self.path, "db"), opts)
+        except Exception as e:  # rocksdict raises its own exception types
+            raise PSError(f"table {self.name}: cannot open its disk tier at {self.path} ({e}); nothing was kept there; "
+                          f"check the folder, or set ${TIER_DIR_ENV} to another") from None
+        self._db.set_write_options(write)
+
+    def _fail(self, verb: str, e: Exception, kept: str) -> PSError:
+        return PSError(f"table {self.name}: disk tier {verb} failed at {self.path} ({e}); {kept}; free disk space "
+                       f"there or set ${TIER_DIR_ENV} to another folder")
+
+    def get(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(K,) unique int64 keys -> found (K,) bool and their rows (F, W) float32, in key order."""
+        if keys.numel() == 0:
+            return torch.zeros(0, dtype=torch.bool), torch.empty(0, self.width)
+        try:
+            got = self._db.get(_keys_bytes(keys))  # one batched multi-get
+        except Exception as e:
+            raise self._fail("read", e, "the table is unchanged") from None
+        arr = np.array(got, dtype=object)
+        found = np.not_equal(arr, None)
+        blob = b"".join(arr[found].tolist())
+        rows = np.frombuffer(blob, dtype="<f4").reshape(-1, self.width).copy() if blob else np.empty((0, self.width), np.float32)
+        return torch.from_numpy(found), torch.from_numpy(rows)
+
+    def put(self, keys: torch.Tensor, rows: torch.Tensor) -> None:
+        """Write (K,) keys absent from the store with their (K, W) rows, in one write batch."""
+        if keys.numel() == 0:
+            return
+        self._write(_keys_bytes(keys), _rows_bytes(rows), "write", "the rows are still in memory")
+        self.rows += keys.numel()
+
+    def replace(self, keys: torch.Tensor, rows: torch.Tensor) -> None:
+        """Overwrite the rows of (K,) keys the store holds."""
+        if keys.numel():
+            self._write(_keys_bytes(keys), _rows_bytes(rows), "write", "the rows on disk are as before")
+
+    def delete(self, keys: torch.Tensor) -> None:
+        """Remove (K,) keys the store holds, in one write batch."""
+        if keys.numel() == 0:
+            return
+        self._write(_keys_bytes(keys), None, "delete", "the rows are still on disk")
+        self.rows -= keys.numel()
+
+    def _write(self, keys: list, values: list | None, verb: str, kept: str) -> None:
+        batch = self._rocksdict.WriteBatch(raw_mode=True)
+        # WriteBatch takes one entry per call (the binding has no bulk form); the write itself is one call.
+        if values is None:
+            for k in keys:
+                batch.delete(k)
+        else:
+            for k, v in zip(keys, values):
+                batch.put(k, v)
+        try:
+            self._db.write(batch)
+        except Exception as e:
+            raise self._fail(verb, e, kept) from None
+
+    def scan(self, chunk_rows: int):
+        """Yield (keys (B,), rows (B, W)) chunks of every row, from a snapshot taken at the first
+        chunk: writes made while scanning (e.g. `replace`, `delete` of the chunk) are not seen."""
+        it = self._db.items()
+        while True:
+            items = list(itertools.islice(it, chunk_rows))
+            if not items:
+                return
+            ks, vs = zip(*items)
+            keys = torch.from_numpy(np.frombuffer(b"".join(ks), dtype="<i8").copy())
+            rows = torch.from_numpy(np.frombuffer(b"".join(vs), dtype="<f4").reshape(-1, self.width).copy())
+            yield keys, rows
+
+    def clear(self) -> None:
+        """Remove every row (the store is recreated empty)."""
+        self._db.close()
+        self._rocksdict.Rdict.destroy(os.path.join(self.path, "db"))
+        self.rows = 0
+        self._open()
+
+    def disk_bytes(self) -> int:
+        """Bytes of the store's files on disk."""
+        total = 0
+        for root, _, files in os.walk(self.path):
+            for f in files:
+                try:
+                    total += os.stat(os.path.join(root, f)).st_blocks * 512
+                except FileNotFoundError:  # a compaction removed it meanwhile
+                    pass
+        return total
+
+    def close(self) -> None:
+        """Close the store and remove its folder."""
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+        self._finalizer()

@@ -1,0 +1,231 @@
+"""The disk tier of a sparse table (issue 31): a table with `memory_budget=` holds the same rows as
+the all-RAM table, bit for bit, whatever tier each row is in.
+
+Budget 10^3 rows over 10^5 keys (most rows live on disk, nearly every request promotes and evicts).
+Each mode's server verbs are driven through real in-process servers (threads, no process) with the
+same requests to a tiered and an all-RAM server: sync (two workers' pushes of one step, summed with
+duplicates), async (a client's unique pushes: the compiled update), GEO (deltas). Then checkpoints
+cross between the two kinds of table, save modes 1-3 and shrink select and delete the same keys,
+and a bad budget fails with one line naming the value and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from recps.errors import ConfigError
+from recps.ps.modes import server_halves
+from recps.ps.node import PSClient, PSServer, TableConfig
+from recps.ps.table import CountFilterEntry, CtrAccessor, RowWiseAdagradRule, SparseTable
+from recps.ps.table.checkpoint import ShardReader, list_shards
+from recps.ps.table.tier import parse_memory_budget
+
+BUDGET = 1_000
+KEYS = 100_000
+BATCH = 4_096
+DIM = 8
+ACCESSOR = dict(nonclk_coeff=0.1, click_coeff=1.0, base_threshold=0.5, delta_threshold=0.3, delete_threshold=0.6,
+                delete_after_unseen_days=1.0, delta_keep_days=1.0)
+
+
+def requests(seed: int, batches: int):
+    """(keys (K,), grads (K, D), shows (K,), clicks (K,)) batches: a skewed stream over KEYS keys."""
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(batches):
+        hot = torch.randint(0, 2_000, (BATCH // 4,), generator=g)  # repeats: rows that stay hot
+        cold = torch.randint(0, KEYS, (BATCH - BATCH // 4,), generator=g)
+        keys = torch.cat([hot, cold])
+        clicks = (torch.rand(BATCH, generator=g) < 0.3).float()
+        yield keys, torch.randn(BATCH, DIM, generator=g), torch.ones(BATCH), clicks
+
+
+def assert_same_rows(tiered: SparseTable, ram: SparseTable) -> torch.Tensor:
+    """Every row, its optimizer state and its statistics are equal bit for bit; returns the keys."""
+    keys = torch.sort(ram.keys()).values
+    assert torch.equal(torch.sort(tiered.keys()).values, keys)
+    assert len(tiered) == len(ram) == keys.numel()
+    assert torch.equal(tiered.pull(keys, create=False), ram.pull(keys, create=False))
+    assert torch.equal(tiered.state(keys), ram.state(keys))
+    a, b = tiered.stats(keys), ram.stats(keys)
+    assert a.keys() == b.keys() and all(torch.equal(a[c], b[c]) for c in a)
+    return keys
+
+
+# ------------------------------------------------------------------------------ every mode, via servers
+
+
+def _unique(keys, grads, shows, clicks):
+    """A client's push: duplicates merged (the worker sums them before it sends)."""
+    uniq, inverse = torch.unique(keys, return_inverse=True)
+    g = torch.zeros(uniq.numel(), DIM).index_add_(0, inverse, grads)
+    s = torch.zeros(uniq.numel()).index_add_(0, inverse, shows)
+    c = torch.zeros(uniq.numel()).index_add_(0, inverse, clicks)
+    return uniq, g, s, c
+
+
+@pytest.mark.parametrize("mode", ["sync", "async", "geo"])
+def test_every_mode_holds_the_all_ram_rows_bit_for_bit(mode):
+    halves = server_halves()
+    with PSServer(token="t", halves=halves, num_threads=0) as tiered_server, \
+            PSServer(token="t", halves=halves, num_threads=0) as ram_server:
+        clients = [PSClient([s.endpoint], token="t") for s in (tiered_server, ram_server)]
+        try:
+            for client, budget in zip(clients, (BUDGET, None)):
+                client.create_sparse_table("emb", DIM, optimizer={"name": "rowwise_adagrad", "lr": 0.05},
+                                           accessor=ACCESSOR, mode=mode, memory_budget=budget)
+            for step, (keys, grads, shows, clicks) in enumerate(requests(seed=1, batches=24)):
+                pulled = [c.pull("emb", keys).wait(30) for c in clients]
+                assert torch.equal(pulled[0], pulled[1])
+                for client in clients:
+                    if mode == "sync":  # two workers' halves of one step, in order on one connection
+                        half = BATCH // 2
+                        parts = [_unique(keys[w * half:(w + 1) * half], grads[w * half:(w + 1) * half],
+                                         shows[w * half:(w + 1) * half], clicks[w * half:(w + 1) * half]) for w in range(2)]
+                        handles = [client.push("emb", k, g, shows=s, clicks=c,
+                                               meta={"step": step, "worker": w, "workers": 2, "timeout_s": 30})
+                                   for w, (k, g, s, c) in enumerate(parts)]
+                        for h in handles:
+                            h.wait(30)
+                    else:
+                        uniq, g, s, c = _unique(keys, grads, shows, clicks)
+                        client.push("emb", uniq, g if mode == "async" else g * 0.01, shows=s, clicks=c).wait(30)
+            tiered, ram = tiered_server.sparse("emb"), ram_server.sparse("emb")
+            assert_same_rows(tiered, ram)
+            tier = tiered.tier_stats()
+            assert tier["rows_memory"] <= BUDGET and tier["rows_disk"] == len(ram) - tier["rows_memory"]
+            assert tier["promotions"] > 0 and tier["evictions"] > 0 and 0.0 < tier["hit_rate"] < 1.0
+            assert ram.tier_stats() is None
+            served = clients[0].stats(timeout=30)["servers"][0]["tables"]["emb"]  # the server's stats verb
+            assert served["tier"]["rows_disk"] == tier["rows_disk"] and served["rows"] == len(ram)
+            assert "tier" not in clients[1].stats(timeout=30)["servers"][0]["tables"]["emb"]
+        finally:
+            for c in clients:
+                c.close()
+
+
+# ------------------------------------------------------------------------------ tables
+
+
+def trained_pair(entry=None, dtype=torch.float32, batches=12) -> tuple[SparseTable, SparseTable]:
+    """A tiered and an all-RAM table after the same pulls, pushes (with duplicates) and GEO deltas."""
+    kw = dict(dim=DIM, optimizer=RowWiseAdagradRule(lr=0.05), accessor=CtrAccessor(**ACCESSOR), entry=entry, dtype=dtype)
+    tiered, ram = SparseTable(memory_budget=BUDGET, **kw), SparseTable(**kw)
+    for i, (keys, grads, shows, clicks) in enumerate(requests(seed=2, batches=batches)):
+        for t in (tiered, ram):
+            t.pull(keys)
+            if i % 3 == 2:
+                t.push_delta(keys, grads * 0.01, shows=shows, clicks=clicks)
+            else:
+                t.push(keys, grads, shows=shows, clicks=clicks)
+    return tiered, ram
+
+
+def test_admission_and_half_precision_rows_are_equal():
+    tiered, ram = trained_pair(entry=CountFilterEntry(2), dtype=torch.float16, batches=8)
+    keys = assert_same_rows(tiered, ram)
+    assert keys.numel() > 4 * BUDGET  # most rows on disk
+    tiered.close()
+
+
+def test_compiled_updates_without_accessor_are_equal():
+    """Unique pushes and GEO deltas of a table without accessor take the compiled loop (_kernels)."""
+    kw = dict(dim=DIM, optimizer=RowWiseAdagradRule(lr=0.05), capacity=KEYS)  # capacity: capped at the budget
+    tiered, ram = SparseTable(memory_budget=BUDGET, **kw), SparseTable(**kw)
+    assert tiered.capacity < 2 * BUDGET
+    for i, (keys, grads, _, _) in enumerate(requests(seed=4, batches=6)):
+        uniq = torch.unique(keys)
+        for t in (tiered, ram):
+            t.pull(keys)
+            (t.push_delta if i % 2 else t.push)(uniq, grads[: uniq.numel()], unique=True)
+    assert_same_rows(tiered, ram)
+    tiered.close()
+
+
+def saved(path: str) -> dict:
+    """{array name: tensor} of a one-shard checkpoint, rows sorted by key."""
+    (shard,) = list_shards(path)
+    reader = ShardReader(shard)
+    out = {n: reader.read(n) for n in reader.manifest["files"]}
+    order = torch.argsort(out["keys"])
+    for n in ("keys", "values", "state", "meta"):
+        if n in out:
+            out[n] = out[n][order]
+    if "deleted" in out:
+        out["deleted"] = torch.sort(out["deleted"]).values
+    return out
+
+
+def test_save_modes_shrink_and_checkpoints_cross_tiers(tmp_path):
+    tiered, ram = trained_pair(batches=6)
+    for step, mode in enumerate(("delta", "base", "batch", "delta", "full")):
+        if step == 3:
+            assert tiered.shrink() == ram.shrink() > 0  # the same rows deleted (on disk too)
+        a, b = str(tmp_path / f"tiered-{step}"), str(tmp_path / f"ram-{step}")
+        assert tiered.save(a, mode)["rows"] == ram.save(b, mode)["rows"]
+        sa, sb = saved(a), saved(b)
+        assert sa.keys() == sb.keys()
+        assert all(torch.equal(sa[n], sb[n]) for n in sa), mode  # the same keys selected, the same bytes
+        assert_same_rows(tiered, ram)  # and the same statistics after the save
+    # a checkpoint written tiered loads all-RAM, and the reverse; a delta on top of each
+    ram_from_tiered = SparseTable(dim=DIM, optimizer=RowWiseAdagradRule(lr=0.05), accessor=CtrAccessor(**ACCESSOR))
+    ram_from_tiered.load(str(tmp_path / "tiered-4"))
+    tiered_from_ram = SparseTable(dim=DIM, optimizer=RowWiseAdagradRule(lr=0.05), accessor=CtrAccessor(**ACCESSOR),
+                                  memory_budget=BUDGET // 2)  # a restart may choose another budget
+    tiered_from_ram.load(str(tmp_path / "ram-4"))
+    assert_same_rows(tiered_from_ram, ram)
+    assert_same_rows(tiered, ram_from_tiered)
+    assert tiered_from_ram.tier_stats()["rows_memory"] <= BUDGET // 2
+    for keys, grads, shows, clicks in requests(seed=3, batches=2):
+        for t in (tiered, ram):
+            t.push(keys, grads, shows=shows, clicks=clicks)
+    tiered.save(str(tmp_path / "tiered-delta"), "delta")
+    ram.save(str(tmp_path / "ram-delta"), "delta")
+    ram_from_tiered.load(str(tmp_path / "tiered-delta"))
+    tiered_from_ram.load(str(tmp_path / "ram-delta"))
+    assert_same_rows(tiered_from_ram, ram_from_tiered)
+    for t in (tiered, tiered_from_ram):
+        folder = t.tier_stats()["disk_path"]
+        assert os.path.isdir(folder)
+        t.close()
+        assert not os.path.exists(folder)  # the store goes with the table
+
+
+# ------------------------------------------------------------------------------ bad budgets
+
+
+@pytest.mark.parametrize("value, message", [
+    ("4XB", "ps.table.memory_budget='4XB' is not a size: give a row count (1000000) or a number with a unit"),
+    (0, "ps.table.memory_budget=0: the budget must hold at least 1 row; give a row count >= 1, or null for RAM only"),
+    (1.5, "ps.table.memory_budget=1.5: give a row count (an integer such as 1000000), a size with a unit"),
+])
+def test_a_bad_budget_fails_at_config_time_naming_value_and_fix(value, message):
+    with pytest.raises(ConfigError) as e:
+        TableConfig(memory_budget=value)
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+def test_a_byte_budget_becomes_rows_of_the_tables_width():
+    assert parse_memory_budget("4GiB", "b") == ("bytes", 4 << 30)
+    assert parse_memory_budget("2500", "b") == ("rows", 2500)
+    config = TableConfig(memory_budget="1MiB", accessor={})
+    rows = config.budget_rows(DIM)
+    assert 1 << 20 // 200 < rows < (1 << 20) // 60  # a row of dim 8 with its state and statistics: 60-200 bytes
+    assert config.spec(DIM, "async")["memory_budget"] == rows
+    assert "memory_budget" not in TableConfig().spec(DIM, "async")  # RAM-only specs are as before
+    with pytest.raises(ConfigError, match=r"ps.table.memory_budget='64B' holds no row: a row of dim 8 takes \d+ bytes"):
+        TableConfig(memory_budget="64B").budget_rows(DIM)
+
+
+def test_recps_train_checks_the_budget_before_anything_starts():
+    """validate_config (what recps.train runs first) refuses a size too small for one row of the
+    model's width, and takes a good one."""
+    from recps.config import compose_config, validate_config
+
+    bad = ["model=deepfm", "ps=async", "ps.table.memory_budget=10B"]
+    with pytest.raises(ConfigError, match=r"^ps.table.memory_budget='10B' holds no row: a row of dim \d+ takes"):
+        validate_config(compose_config(bad), bad)
+    good = ["model=deepfm", "ps=async", "ps.table.memory_budget=4GiB"]
+    validate_config(compose_config(good), good)

@@ -488,6 +488,45 @@ def test_rejections_are_counted_exactly_and_logged_once_per_interval(caplog):
     assert "(malformed: 1); last: a malformed message: head has 19 bytes" in lines[0]
 
 
+@pytest.mark.e2e
+def test_a_token_holders_failing_requests_are_counted_and_logged_once_per_interval(caplog):
+    """Issue 33.3: every request whose handler raised logged its own WARNING (760 lines for 151,500
+    messages). Now counted by verb and error, and logged as the rejections are: the first at once, then
+    a line per interval and one at stop."""
+    from recps.errors import ConfigError
+
+    def handler(verb, text, fields, meta):
+        raise ConfigError(f"no table {text!r}")
+
+    server = TransportServer(handler, token=TOKEN, num_threads=0, reject_log_interval_s=5.0).start()
+    ctx = zmq.Context()
+    raw = ctx.socket(zmq.DEALER)
+    raw.linger = 0
+    raw.rcvtimeo = 10_000
+    security.secure_client_socket(raw, curve_keys(TOKEN))
+    raw.connect(server.endpoint)
+    caplog.set_level(logging.WARNING, logger="recps.ps.transport.server")
+    digest = wire.token_digest(TOKEN)
+    start = time.monotonic()
+    try:
+        for round_ in range(3):
+            for i in range(1000):
+                raw.send_multipart(wire.encode(wire.REQUEST, round_ * 1000 + i, verb="pull", text="emb\x7f",
+                                               tensors={"keys": torch.tensor([1])}, token_digest=digest))
+            for _ in range(1000):
+                assert wire.decode(raw.recv_multipart()).status == Status.HANDLER_ERROR
+        assert server.handler_errors == {"pull ConfigError": 3000}
+    finally:
+        raw.close()
+        ctx.term()
+        assert server.stop()
+    lines = [r.getMessage() for r in caplog.records if "failed in their handler" in r.getMessage()]
+    assert 1 <= len(lines) <= 2 + int((time.monotonic() - start) / 5.0), lines
+    assert sum(int(line.split(": ")[1].split()[0]) for line in lines) == 3000, lines
+    assert lines[0].endswith("(pull ConfigError: 1); last: pull on 'emb\\x7f': ConfigError: no table 'emb\\x7f'"), lines[0]
+    assert len(caplog.records) <= len(lines) + 5, caplog.text[-3000:]  # nothing else per request
+
+
 def _seeds() -> list[list[bytes]]:
     """Valid requests of the verbs a worker sends, on table "emb" (sparse, dim 2) and "dense" (4 values)."""
     digest = wire.token_digest(TOKEN)

@@ -538,7 +538,8 @@ class PSServer:
         with self._tables_lock:
             pending = {mode: half.pending() for mode, half in self._halves.items()}
         return [], {"stats": json.dumps({"server": self.index, "tables": stats, "pending": pending,
-                                         "rejected": self.rejections})}
+                                         "rejected": self.rejections,
+                                         "handler_errors": self._transport.handler_errors})}
 
     def _stop_verb(self, name, fields, meta):
         logger.info("server %d: stop requested by a client", self.index)

@@ -216,10 +216,13 @@ class RejectionLog:
     ({'malformed': 3}, 3)
     """
 
-    def __init__(self, where: str, interval_s: float = REJECTION_LOG_INTERVAL_S, log: logging.Logger | None = None) -> None:
+    def __init__(self, where: str, interval_s: float = REJECTION_LOG_INTERVAL_S, log: logging.Logger | None = None,
+                 what: str = "") -> None:
+        """`what(n)` of a line: "rejected N messages or connections" unless `what` names the events
+        (e.g. "requests that failed in their handler")."""
         if interval_s <= 0:
             raise ValueError(f"interval_s={interval_s}; give a positive number of seconds")
-        self.where, self.interval_s = where, float(interval_s)
+        self.where, self.interval_s, self.what = where, float(interval_s), what
         self._log = log or logger
         self._lock = threading.Lock()
         self._totals: dict[str, int] = {}
@@ -258,8 +261,9 @@ class RejectionLog:
         n = sum(self._window.values())
         counts = ", ".join(f"{reason}: {count}" for reason, count in sorted(self._window.items()))
         span = now - self._window_start
-        line = (f"{self.where}: rejected {n} message{'s' if n != 1 else ''} or connection{'s' if n != 1 else ''} "
-                f"in the last {span:.1f} s ({counts}); last: {self._last_detail}")
+        events = (f"{n} {self.what}" if self.what else
+                  f"rejected {n} message{'s' if n != 1 else ''} or connection{'s' if n != 1 else ''}")
+        line = f"{self.where}: {events} in the last {span:.1f} s ({counts}); last: {self._last_detail}"
         self._window.clear()
         self._last_line = self._window_start = now
         return line

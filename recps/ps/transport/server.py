@@ -130,6 +130,9 @@ class TransportServer:
         self._authenticator = None
         self._bind = _endpoint(bind, port)
         self._rejections = security.RejectionLog(f"server {self._bind}", reject_log_interval_s, logger)
+        # a token holder's malformed requests fail in the handler: counted, logged as the rejections are
+        self._handler_errors = security.RejectionLog(f"server {self._bind}", reject_log_interval_s, logger,
+                                                     what="requests failed in their handler")
         self._num_threads = num_threads
         self._name = f"recps-server-{next(_server_ids)}"
         self._ctx: zmq.Context | None = None
@@ -152,6 +155,11 @@ class TransportServer:
         """Rejected messages and connections since start, by reason: "malformed", "token",
         "handshake", "unauthenticated_closed", "unauthenticated_limit" (see security.PendingConnections)."""
         return self._rejections.counts()
+
+    @property
+    def handler_errors(self) -> dict[str, int]:
+        """Requests whose handler raised since start, by verb and error type (e.g. "pull ConfigError")."""
+        return self._handler_errors.counts()
 
     @property
     def endpoint(self) -> str:
@@ -252,6 +260,7 @@ class TransportServer:
             if self._authenticator is not None:
                 self._authenticator.stop()
             self._rejections.flush()
+            self._handler_errors.flush()
             self._ctx.destroy(linger=0)
             self._terminated = True
             logger.info("server %s stopped", self._endpoint)
@@ -281,6 +290,7 @@ class TransportServer:
                 if len(pending):
                     pending.expire()
                 self._rejections.tick()
+                self._handler_errors.tick()
                 # Socket.get() keeps the GIL where a receive that fails with Again would let go of it.
                 while router.get(_EVENTS) & _POLLIN:
                     # [identity, head, *tensor frames]; while connections are pending, the head's source fd marks one authenticated.
@@ -333,10 +343,16 @@ class TransportServer:
         try:
             reply = _reply(rid, future.result(timeout=0))
         except Exception as e:  # noqa: BLE001
-            reply = _handler_error(self._endpoint, rid, verb, table, e)
+            reply = self._handler_error(rid, verb, table, e)
         with self._deferred_lock:
             if not self._deferred_out.closed:
                 _send(self._deferred_out, [identity, *reply])
+
+    def _handler_error(self, rid: int, verb: str, table: str, e: Exception) -> list:
+        """The error reply to a request whose handler raised; counted and logged at most once an interval."""
+        self._handler_errors.note(f"{verb} {type(e).__name__}", f"{verb} on {table[:100]!r}: {type(e).__name__}: {e}")
+        logger.debug("handler traceback", exc_info=e)
+        return _error(rid, Status.HANDLER_ERROR, f"{type(e).__name__}: {e}")
 
     def _serve(self, identity, frames: Sequence) -> list | None:
         """The reply frames to one request, or None when the handler deferred it. Never raises."""
@@ -373,7 +389,7 @@ class TransportServer:
                 return None
             return _reply(msg.request_id, result)
         except Exception as e:  # noqa: BLE001 - every handler error goes back to the client
-            return _handler_error(self._endpoint, msg.request_id, msg.verb, msg.text, e)
+            return self._handler_error(msg.request_id, msg.verb, msg.text, e)
 
 
 def _recv_marking(router: zmq.Socket, pending: security.PendingConnections) -> list:
@@ -417,7 +433,3 @@ def _error(rid: int, status: Status, text: str) -> list:
     return wire.encode(wire.REPLY, rid, status=status, text=text[: wire.MAX_TEXT_BYTES // 4])
 
 
-def _handler_error(endpoint, rid: int, verb: str, table: str, e: Exception) -> list:
-    logger.warning("server %s: %s on %r failed: %s: %s", endpoint, verb, table, type(e).__name__, e)
-    logger.debug("handler traceback", exc_info=e)
-    return _error(rid, Status.HANDLER_ERROR, f"{type(e).__name__}: {e}")

@@ -558,8 +558,8 @@ class Funnel:
 
 def pairs_per_call(spec: StageSpec, data: FunnelData) -> int:
     """How many (user, item) pairs the stage's model scores at a time: PAIRS_PER_CALL, or for a stage reading
-    behaviour history POSITIONS_PER_CALL // history_length (its memory grows with the positions: the DIN
-    fine ranker over 32 users x 10,000 candidates x 50 positions at once was OOM-killed at 6 GB)."""
+    behaviour history POSITIONS_PER_CALL // history_length (its memory grows with the positions, every one through
+    the target attention: the baseline without coarse sends all of recall's candidates to fine at once)."""
     if not any(f in HISTORY_FEATURES for f in spec.features):
         return PAIRS_PER_CALL
     return max(1, min(PAIRS_PER_CALL, POSITIONS_PER_CALL // max(1, int(data.history_length))))

@@ -439,9 +439,9 @@ def test_two_workers_train_every_stage_in_its_mode_sharing_a_table_and_two_stage
 
 def test_a_history_stage_scores_pairs_in_chunks_its_positions_bound():
     """A stage reading behaviour history scores POSITIONS_PER_CALL // history_length pairs at a time (every pair
-    holds up to history_length positions through the target attention: the DIN fine ranker over 32 users x
-    10,000 candidates at once was OOM-killed at 6 GB); a stage without history PAIRS_PER_CALL; the scores are
-    the unchunked ones, in order."""
+    holds up to history_length positions through the target attention: the baseline without coarse sends all of
+    recall's candidates to fine at once); a stage without history PAIRS_PER_CALL; the scores are the unchunked
+    ones, in order."""
     from types import SimpleNamespace
 
     from recps.pipeline import funnel as fn

@@ -163,6 +163,9 @@ class FunnelData:
             (None: real data, unknown).
         utility_ndcg: (users (B,), lists (B, n)) -> (B,) DCG of the lists' true utility over the ideal
             list's (1.0: the ideal; None: unknown).
+        click_prob: (users (N,), items (N,)) -> (N,) the world's true P(click) of the pairs as of the held-out
+            request (None: unknown): ranking a stage's input by it keeps the most clicks in expectation, the
+            ceiling of that stage's pass-through (recps.pipeline.held_out, `ideal_pass_through`).
         train_time: (N,) int64 each exposure's time (None: unknown; then no history features).
         history: the users' interactions (`History`, from the exposures), None without train_time.
         history_length: L, the most recent interactions a history feature holds.
@@ -183,6 +186,7 @@ class FunnelData:
     evaluated_on: str = "logged"
     ideal: Callable[[torch.Tensor, int, Csr], torch.Tensor] | None = field(default=None, repr=False)
     utility_ndcg: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = field(default=None, repr=False)
+    click_prob: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = field(default=None, repr=False)
     train_time: torch.Tensor | None = None
     history: History | None = field(default=None, repr=False)
     history_length: int = 50
@@ -465,6 +469,9 @@ def video_world(dir: str, tune: bool = False, **config) -> FunnelData:
     def utility_ndcg(user_ids: torch.Tensor, lists: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(world.utility_ndcg(user_ids.numpy(), lists.clamp(min=0).numpy(), world.seen))
 
+    def click_prob(user_ids: torch.Tensor, item_ids: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(world.click_prob(user_ids.numpy(), item_ids.numpy()))  # as of the held-out request
+
     labels = torch.from_numpy(np.stack([train["click"].to_numpy(np.float32), train["long_view"].to_numpy(np.float32)], 1))
     log.info("funnel data video_world%s: %d users, %d items, %d impressions, %d held-out requests (%d positives, %s)",
              " (tune: held out inside the training impressions, the test requests dropped)" if tune else "",
@@ -477,7 +484,7 @@ def video_world(dir: str, tune: bool = False, **config) -> FunnelData:
                        "exposures": exposure_bucket(t(train, "item_id"), len(items))},
         train_user=t(train, "user_id"), train_item=t(train, "item_id"), train_labels=labels,
         seen=seen, test_users=torch.from_numpy(test_users), test_positives=positives, ideal=ideal,
-        utility_ndcg=utility_ndcg, logged_positives=logged, test_shown=shown,
+        utility_ndcg=utility_ndcg, click_prob=click_prob, logged_positives=logged, test_shown=shown,
         evaluated_on="random_bucket" if len(bucket) else "logged",
         train_time=t(train, "time"), history_length=wcfg.history_length,
     )

@@ -41,13 +41,17 @@ from recps.ps.embedding import PSEmbeddingBagCollection, PSEmbeddingCollection
 from recps.ps.fleet import ReadsServers
 
 __all__ = ["Snapshot", "SharedBagCollection", "StageModel", "Funnel", "FunnelResult", "build_stage_model", "export_stage", "load_stage",
-           "stage_collection", "sequence_collection", "history_target", "pair_keys", "pair_times", "candidate_times", "score_inputs"]
+           "stage_collection", "sequence_collection", "history_target", "pair_keys", "pair_times", "candidate_times", "score_inputs",
+           "pairs_per_call"]
 
 log = logging.getLogger("recps.pipeline")
 
 EXPORT_DIR = "funnel"  # <run dir>/funnel/<stage>.pt, <run dir>/funnel/items.ann
 ITEM_CF_EXPORT = "item_cf.pt"  # <run dir>/funnel/item_cf.pt: the EASE a stage's item_cf score reads (if one does)
 PAIRS_PER_CALL = 131072  # (user, item) pairs a stage model scores at a time
+# ... and history positions, for a stage reading behaviour history (each pair holds up to history_length of
+# them, every one through the target attention: pairs per call = this // history_length)
+POSITIONS_PER_CALL = 1 << 19
 EXPORT_ROWS = 65536  # keys per feature pulled at a time by an export
 
 
@@ -466,11 +470,11 @@ class Funnel:
         exposure's time, never later; None: the held-out request's, the whole training history)."""
         if spec.reads_dense and dense is None:  # before any chunking: a request's candidates are normalised together
             dense = self.dense_inputs(spec, users, items, times)
-        if users.numel() > PAIRS_PER_CALL:  # bounded memory: the pairs in chunks
-            cut = lambda x, i: None if x is None else x[i:i + PAIRS_PER_CALL]  # noqa: E731
-            parts = [self.score_pairs(spec, users[i:i + PAIRS_PER_CALL], items[i:i + PAIRS_PER_CALL],
-                                      cut(dense, i), cut(times, i))
-                     for i in range(0, users.numel(), PAIRS_PER_CALL)]
+        chunk = pairs_per_call(spec, self.data)
+        if users.numel() > chunk:  # bounded memory: the pairs in chunks
+            cut = lambda x, i: None if x is None else x[i:i + chunk]  # noqa: E731
+            parts = [self.score_pairs(spec, users[i:i + chunk], items[i:i + chunk], cut(dense, i), cut(times, i))
+                     for i in range(0, users.numel(), chunk)]
             return torch.cat([p for p, _ in parts]), torch.cat([r for _, r in parts])
         stage = self.stages[spec.name]
         probs = stage.outputs(self.data, users, items, dense, times)
@@ -550,6 +554,15 @@ class Funnel:
     @property
     def final(self) -> str:
         return self.specs[-1].name
+
+
+def pairs_per_call(spec: StageSpec, data: FunnelData) -> int:
+    """How many (user, item) pairs the stage's model scores at a time: PAIRS_PER_CALL, or for a stage reading
+    behaviour history POSITIONS_PER_CALL // history_length (its memory grows with the positions, every one through
+    the target attention: the baseline without coarse sends all of recall's candidates to fine at once)."""
+    if not any(f in HISTORY_FEATURES for f in spec.features):
+        return PAIRS_PER_CALL
+    return max(1, min(PAIRS_PER_CALL, POSITIONS_PER_CALL // max(1, int(data.history_length))))
 
 
 def score_inputs(probs: torch.Tensor) -> torch.Tensor:

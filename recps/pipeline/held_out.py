@@ -8,7 +8,9 @@ ranker on what it receives), and we report:
                  (recall: / all positives), pass_through_low95 / _high95 its Wilson 95% interval (positives
                  counted as independent trials), chance what keeping at random would pass (each
                  positive survives with kept / received of its request; recall: keep / the unseen
-                 catalogue); hits: positives it kept
+                 catalogue); hits: positives it kept; on a generated world (FunnelData.click_prob) a
+                 ranker's ideal_pass_through, what keeping its `keep` best of the same input by the
+                 world's true P(click) passes: the most any ranker of that input keeps in expectation
     recall       recall@K, ndcg@K and hr@K at its keep size K
     rankers      auc, gauc (grouped by user) and pnr (positive/negative order ratio) of its scores on
                  the candidates it received that the held-out requests showed (all it received when
@@ -66,7 +68,7 @@ from recps.pipeline.funnel import Funnel
 from recps.pipeline.sasrec_alone import fit_sasrec
 from recps.pipeline.stages import EvalSettings
 
-__all__ = ["evaluate_funnel", "hits", "most_popular", "LISTS", "verdicts"]
+__all__ = ["evaluate_funnel", "hits", "ideal_keep", "most_popular", "LISTS", "verdicts"]
 
 log = logging.getLogger("recps.pipeline")
 PROGRESS_S = 10.0  # at most this long between the progress lines of an evaluation
@@ -83,6 +85,17 @@ def hits(lists: torch.Tensor, positives: Csr, num_items: int) -> torch.Tensor:
     keys = torch.where(lists >= 0, rows * num_items + lists, torch.full_like(lists, -1))  # (B, K)
     wanted = positives.row_ids() * num_items + positives.items  # (P,)
     return torch.isin(keys, wanted)
+
+
+def ideal_keep(data, users: torch.Tensor, received: torch.Tensor, keep: int) -> torch.Tensor:
+    """(B, k) the `keep` items of `received` (B, K) (-1 pads) of highest true P(click) (data.click_prob, as of the
+    held-out request), -1 padded: what a ranker that knew the world's label model would keep of that input."""
+    valid = received >= 0
+    p = torch.full(received.shape, -torch.inf, dtype=torch.float64)
+    p[valid] = data.click_prob(users.unsqueeze(1).expand_as(received)[valid], received[valid]).to(torch.float64)
+    top = torch.topk(p, min(keep, received.shape[1]), dim=1)  # (B, k)
+    kept = received.gather(1, top.indices)
+    return torch.where(torch.isfinite(top.values), kept, torch.full_like(kept, -1))
 
 
 def most_popular(funnel: Funnel, users: torch.Tensor, n: int) -> torch.Tensor:
@@ -165,6 +178,8 @@ def evaluate_funnel(funnel: Funnel, settings: EvalSettings, merger: Any = None, 
              *(f"{s.name}.{m}" for s in specs[1:] for m in ("gauc", "pnr")),
              *(m for name in lists for m in _list_names(name, n, has_utility, logged_csr is not None)),
              "hit_rate", *(f"seconds.{s.name}" for s in specs)]
+    if data.click_prob is not None:
+        names += [f"{s.name}.ideal_pass_through" for s in specs[1:]]
     if skip:
         names.append("agreement")
     tally = fm.FunnelTally(names, name="funnel")
@@ -202,6 +217,9 @@ def evaluate_funnel(funnel: Funnel, settings: EvalSettings, merger: Any = None, 
                 valid = cands >= 0
                 labels = hits(cands, positives, data.num_items)[valid].to(torch.float32)
                 aucs[f"{s.name}.auc"].update(scores[valid], labels, torch.zeros(int(valid.sum()), dtype=torch.int64))
+                if data.click_prob is not None:
+                    tally.add(fm.pass_through(received, ideal_keep(data, users, received, s.keep), po, pi,
+                                              f"{s.name}.ideal_pass_through"))
         recall_kept = out.kept[first.name]
         k = first.keep
         tally.add({**fm.recall_at_k(recall_kept, po, pi, k, f"{first.name}.recall@{k}"),
@@ -261,6 +279,8 @@ def evaluate_funnel(funnel: Funnel, settings: EvalSettings, merger: Any = None, 
             row.update({f"{m}@{s.keep}": v[f"{s.name}.{m}@{s.keep}"] for m in ("recall", "ndcg", "hr")})
         else:
             row.update(auc=aucs[f"{s.name}.auc"].compute(), gauc=v[f"{s.name}.gauc"], pnr=v[f"{s.name}.pnr"])
+            if data.click_prob is not None:
+                row["ideal_pass_through"] = v[f"{s.name}.ideal_pass_through"]
         stages[s.name] = row
 
     def list_metrics(name: str) -> dict[str, float]:

@@ -9,11 +9,13 @@ __all__ = ["DAY", "DAY2", "DAY3", "STAGES", "STREAM_FUSION", "TINY"]
 DAY, DAY2, DAY3 = "20261201", "20261202", "20261203"
 STAGES = {"recall": "geo", "coarse": "async", "fine": "async", "fusion": "sync"}
 # A stream has no validation period (each pass trains on what arrived): fusion trains on the pass's exposures,
-# reading the stages' scores, as before video_funnel.yaml's fusion moved to the period (docs/funnel.md)
+# reading the stages' scores and no counting features, as before video_funnel.yaml's fusion moved to the period
+# (docs/funnel.md)
 STREAM_FUSION = ["pipeline.stages.fusion.inputs.train_on=[exposures]",
                  "pipeline.stages.fusion.inputs.scores=[recall,coarse,fine]",
                  "pipeline.stages.fusion.inputs.score_norm=none", "pipeline.validation_fraction=null",
-                 "pipeline.refresh=null"]
+                 "pipeline.refresh=null", "pipeline.stages.fusion.inputs.counts=[]",
+                 "pipeline.stages.fusion.ps.table.accessor=null"]
 TINY = [
     "pipeline=video_funnel", "stream=hourly", "cluster.workers=1",
     "pipeline.world.users=120", "pipeline.world.items=600", "pipeline.world.creators=60",

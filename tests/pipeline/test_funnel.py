@@ -493,3 +493,54 @@ def test_two_workers_train_every_stage_in_its_mode_sharing_a_table_and_two_stage
     assert metrics["requests"] > 0 and 0.0 <= metrics["funnel"]["ndcg@10"] <= 1.0
     # both workers evaluated their share of the requests; the merged tallies count them all
     assert "worker1: funnel evaluated" in log and metrics["requests"] == metrics["requests_asked"]
+
+
+def test_a_history_stage_scores_pairs_in_chunks_its_positions_bound():
+    """A stage reading behaviour history scores POSITIONS_PER_CALL // history_length pairs at a time (every pair
+    holds up to history_length positions through the target attention: the baseline without coarse sends all of
+    recall's candidates to fine at once); a stage without history PAIRS_PER_CALL; the scores are the unchunked
+    ones, in order."""
+    from types import SimpleNamespace
+
+    from recps.pipeline import funnel as fn
+
+    calls = []
+
+    class Stage:
+        def __init__(self, spec):
+            self.spec = spec
+
+        def outputs(self, data, users, items, dense=None, times=None):
+            calls.append(int(users.numel()))
+            return (items.to(torch.float32) / 1000.0).unsqueeze(1)  # (N, 1)
+
+        def rank_score(self, probs):
+            return probs[:, 0]
+
+    data = SimpleNamespace(history_length=50)
+    history = SimpleNamespace(name="fine", features=["user_id", "item_id", "history_item_id"], reads_dense=False)
+    plain = SimpleNamespace(name="coarse", features=["user_id", "item_id"], reads_dense=False)
+    assert fn.pairs_per_call(history, data) == fn.POSITIONS_PER_CALL // 50
+    assert fn.pairs_per_call(plain, data) == fn.PAIRS_PER_CALL
+    funnel = fn.Funnel([plain, history], {"coarse": Stage(plain), "fine": Stage(history)}, None, data)
+    n = 2 * fn.pairs_per_call(history, data) + 7
+    users, items = torch.zeros(n, dtype=torch.int64), torch.arange(n) % 1000
+    probs, scores = funnel.score_pairs(history, users, items)
+    assert calls == [n // 2 - 3, n // 2 - 3, 7]
+    assert torch.equal(scores, items.to(torch.float32) / 1000.0) and probs.shape == (n, 1)
+    calls.clear()
+    funnel.score_pairs(plain, users, items)
+    assert calls == [n]
+
+
+def test_ideal_keep_ranks_a_stages_input_by_the_worlds_click_probability():
+    """ideal_pass_through's list: the `keep` items of what a ranker received of highest true P(click) (here
+    P(click) grows with the item id), -1 pads never kept; a request with fewer than `keep` real items pads."""
+    from types import SimpleNamespace
+
+    from recps.pipeline.held_out import ideal_keep
+
+    data = SimpleNamespace(click_prob=lambda users, items: items.to(torch.float64) / 100.0 + users * 0.0)
+    received = torch.tensor([[5, 40, -1, 7, 12], [3, -1, -1, -1, -1]])
+    kept = ideal_keep(data, torch.tensor([0, 1]), received, 3)
+    assert kept.tolist() == [[40, 12, 7], [3, -1, -1]]

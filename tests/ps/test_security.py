@@ -451,18 +451,24 @@ def test_handshake_that_never_finishes_is_dropped():
 # ------------------------------------------------------------------------------------ logs, fuzzing
 
 
-@pytest.mark.e2e
-def test_rejections_are_counted_exactly_and_logged_once_per_interval(caplog):
-    """3000 malformed messages from a token holder and 50 connections that speak no ZMTP: every one
-    counted by reason, and the log has the first at once, then a line per 5 s interval and one at
-    stop, the counts in the lines adding up. (Before: a line per message.)"""
-    server = TransportServer(lambda *a: [], token=TOKEN, num_threads=0, reject_log_interval_s=5.0).start()
+def _token_holder(server: TransportServer) -> tuple[zmq.Context, zmq.Socket]:
+    """A raw DEALER socket with the cluster's CURVE keys, connected to `server` (messages sent as they are)."""
     ctx = zmq.Context()
     raw = ctx.socket(zmq.DEALER)
     raw.linger = 0
     raw.rcvtimeo = 10_000
     security.secure_client_socket(raw, curve_keys(TOKEN))
     raw.connect(server.endpoint)
+    return ctx, raw
+
+
+@pytest.mark.e2e
+def test_rejections_are_counted_exactly_and_logged_once_per_interval(caplog):
+    """3000 malformed messages from a token holder and 50 connections that speak no ZMTP: every one
+    counted by reason, and the log has the first at once, then a line per 5 s interval and one at
+    stop, the counts in the lines adding up. (Before: a line per message.)"""
+    server = TransportServer(lambda *a: [], token=TOKEN, num_threads=0, reject_log_interval_s=5.0).start()
+    ctx, raw = _token_holder(server)
     caplog.set_level(logging.WARNING, logger="recps.ps.transport.server")
     start = time.monotonic()
     try:
@@ -499,12 +505,7 @@ def test_a_token_holders_failing_requests_are_counted_and_logged_once_per_interv
         raise ConfigError(f"no table {text!r}")
 
     server = TransportServer(handler, token=TOKEN, num_threads=0, reject_log_interval_s=5.0).start()
-    ctx = zmq.Context()
-    raw = ctx.socket(zmq.DEALER)
-    raw.linger = 0
-    raw.rcvtimeo = 10_000
-    security.secure_client_socket(raw, curve_keys(TOKEN))
-    raw.connect(server.endpoint)
+    ctx, raw = _token_holder(server)
     caplog.set_level(logging.WARNING, logger="recps.ps.transport.server")
     digest = wire.token_digest(TOKEN)
     start = time.monotonic()

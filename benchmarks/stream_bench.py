@@ -16,10 +16,9 @@ workers x 1 thread (async, DeepFM) runs:
   delta / checkpoint seconds and each delta's seconds over its pass's training seconds (the
   issue's target: <= 10%), the day end's saves, worker 0's
   RSS after each pass (first, last, max: flat when a worker holds one pass at a time);
-- restart: the same command again: it verifies the records, the servers load the last
-  checkpoint and redo the day end's statistics (base and batch model saved aside, no record
-  written), and finds nothing left to train: its wall seconds are what a restart costs before
-  training goes on;
+- restart: the same command again: the launcher reads the records, finds every pass committed and
+  recorded, and says so without starting a cluster: its wall seconds are what a rerun of a finished
+  stream costs;
 - batch: the same files as one data set (`dataset.train=[...]`, one epoch, no checkpoint):
   examples/s, for the ratio streaming / batch.
 
@@ -48,7 +47,9 @@ COMMON = ["ps=async", "model=deepfm", "cluster.servers=1", "cluster.workers=2", 
 TIMEOUT_S = 3600
 
 
-def _train(overrides: list[str], run_dir: Path) -> tuple[dict, float]:
+def _train(overrides: list[str], run_dir: Path, finished: bool = False) -> tuple[dict, float]:
+    """(metrics.json, wall seconds) of one `recps.train` run; `finished`: a stream with nothing left, which
+    writes no metrics ({}) and must say so."""
     from recps.config import PROJECT_ROOT
 
     cmd = [sys.executable, "-m", "recps.train", *overrides, f"hydra.run.dir={run_dir}"]
@@ -57,6 +58,11 @@ def _train(overrides: list[str], run_dir: Path) -> tuple[dict, float]:
     wall = time.perf_counter() - t
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+    if finished:
+        if "[recps] nothing to do" not in proc.stdout:
+            raise RuntimeError(f"{' '.join(cmd)}: a rerun of the finished stream did not say 'nothing to do':\n"
+                               f"{proc.stdout[-3000:]}")
+        return {}, wall
     return json.loads((run_dir / "metrics.json").read_text()), wall
 
 
@@ -74,7 +80,7 @@ def run_stream(root: str, out: str, passes: int, run_dir: Path) -> dict[str, Any
     # The target's measure: a delta's seconds against the training seconds of its pass.
     delta_share = [r["delta_s"] / r["train_s"] for r in day if "delta_s" in r and r["train_s"] > 0]
     rss = [r["rss_mib"] for r in day if r.get("rss_mib") is not None]
-    _, restart_s = _train(_stream_overrides(root, out, passes), run_dir / "restart")
+    _, restart_s = _train(_stream_overrides(root, out, passes), run_dir / "restart", finished=True)
     return {
         "kind": "stream", "passes": len(day), "examples": metrics["train_examples"],
         "examples_per_sec": round(metrics["examples_per_sec"], 1),

@@ -11,8 +11,8 @@ default one, a stream, a funnel) are forked from the launcher instead, which has
 and the model and checked the config already, so each starts at its role (recps.cluster.launch's preloaded
 image; the command is exec'd where a fork is not safe, and with RECPS_LAUNCH_FORK=0). The launcher's data
 preparation and checks run in a child forked for them (`run_in_fork`), whose threads (pyarrow's, torch's,
-an HDFS client's) would otherwise make the forks unsafe. Each worker parses only its own training rows (recps.data.dataset.WorkerExamplesSource; worker 0
-its held-out rows when it evaluates). Their output is
+an HDFS client's) would otherwise make the forks unsafe. Each worker parses only its own training rows
+(recps.data.dataset.WorkerExamplesSource; worker 0 its held-out rows when it evaluates). Their output is
 forwarded with a "[worker0] " prefix and copied to <run dir>/cluster.log. `launch` supervises:
 when the workers are done the servers stop; when any process dies every other one is stopped
 and the run fails naming it; nothing is left behind.

@@ -240,11 +240,11 @@ def can_fork() -> bool:
 
 def run_in_fork(fn: Callable[[], Any], what: str) -> Any:
     """fn() in a child forked from this process, waited for: its result (pickled) is returned and its
-    exception raised here. The threads fn
-    starts (pyarrow's pools while a data set is read, torch's OpenMP team, an HDFS client's runtime) end
-    with that child, so this process can still fork its cluster's processes afterwards (`can_fork`). Where
-    a fork is not safe now, or RECPS_LAUNCH_FORK=0, fn runs in this process. fn's effects on disk stay;
-    its effects on this process's memory do not: give it only checks and preparation (`what` names it)."""
+    exception raised here. The threads fn starts (pyarrow's pools while a data set is read, torch's OpenMP
+    team, an HDFS client's runtime) end with that child, so this process can still fork its cluster's
+    processes afterwards (`can_fork`). Where a fork is not safe now, or RECPS_LAUNCH_FORK=0, fn runs in
+    this process. fn's effects on disk stay; its effects on this process's memory do not: give it only
+    checks and preparation (`what` names it in an error)."""
     if os.environ.get(FORK_ENV, "1") == "0" or not can_fork():
         return fn()
     for stream in (sys.stdout, sys.stderr):  # nothing of ours is written twice by the child

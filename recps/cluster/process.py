@@ -11,7 +11,6 @@ import os
 import sys
 from typing import Sequence
 
-from recps import quiet_libraries
 from recps.job.settings import NodeSettings
 from recps.ps.fleet import Fleet
 from recps.ps.roles import ROLE_ENV
@@ -44,7 +43,6 @@ def on_this_machine(role) -> bool:
 def role_logging(role) -> None:
     """recps' INFO lines and everyone's warnings on stdout (library INFO chatter stays out)."""
     prefix = "" if os.environ.get(ROLE_ENV) else f"[{role.name}] "  # recps.cluster.launch adds it itself
-    quiet_libraries()  # the libraries' import-time lines a user cannot act on
     logging.basicConfig(stream=sys.stdout, level=logging.WARNING, force=True,
                         format=f"{prefix}%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("recps").setLevel(logging.INFO)

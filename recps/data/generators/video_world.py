@@ -166,6 +166,7 @@ __all__ = [
     "read_info",
     "ensure_split",
     "ensure_world",
+    "world_home",
     "tune_split",
     "prepare_recall",
     "ideal_metrics",
@@ -1133,6 +1134,31 @@ def ensure_world(directory: str | os.PathLike, cfg: VideoWorldConfig) -> WorldIn
         pass
     write(generate(cfg), directory)
     return WorldInfo(directory, cfg, read_info(directory))
+
+
+def _held_config(directory: str) -> dict[str, Any] | None:
+    """The config of the complete world under `directory` (world.json and every file it lists), else None."""
+    try:
+        meta = read_info(directory)
+    except DataError:
+        return None
+    return meta["config"] if all(fs.exists(fs.join(directory, f)) for f in meta["files"]) else None
+
+
+def world_home(directory: str | os.PathLike, cfg: VideoWorldConfig) -> str:
+    """Where the world of `cfg` lives: `directory`, unless a complete world of another config is there;
+    then `<directory>-<digest of cfg>` beside it, so that a world is never overwritten by another one
+    (another run may be reading it). The same answer in every process of a job."""
+    directory = os.fspath(directory).rstrip("/")
+    held = _held_config(directory)
+    if held is None or held == cfg.to_dict():
+        return directory
+    digest = hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True).encode()).hexdigest()[:10]
+    home = f"{directory}-{digest}"
+    differ = sorted(k for k in set(held) | set(cfg.to_dict()) if held.get(k) != cfg.to_dict().get(k))
+    log.info("video world: %s holds another world (its %s differ); this one lives in %s", directory,
+             ", ".join(differ), home)
+    return home
 
 
 def ensure_split(directory: str | os.PathLike, train_rows: int = 0, test_rows: int = 0, *, seed: int = 0,

@@ -257,6 +257,27 @@ def test_ensure_split_reuses_a_world_and_checks_sizes(tmp_path):
         vw.ensure_split(tmp_path, 0, 0, seed=1, colour=3, **opts)
 
 
+def test_a_world_of_another_config_lives_beside_it_never_over_it(tmp_path):
+    """The funnel's world folder names a few knobs (conf/pipeline/video_funnel.yaml): a run with another
+    value of an unnamed one (click_bias) gets a sibling folder; the world already there stays as it was."""
+    from recps.pipeline.data import video_world, video_world_dir
+
+    opts = dict(users=60, items=2000, creators=100, metric_users=10, impressions_per_user=50)
+    folder = tmp_path / "world"
+    assert video_world_dir(str(folder), **opts) == str(folder)  # nothing there yet
+    first = video_world(str(folder), **opts)
+    snapshot = lambda: {f.relative_to(folder): f.read_bytes() for f in folder.rglob("*") if f.is_file()}  # noqa: E731
+    files = snapshot()
+    assert video_world_dir(str(folder), **opts) == str(folder)  # its own world
+    other = video_world_dir(str(folder), **opts, click_bias=-5.0)
+    assert other.startswith(f"{folder}-") and other != str(folder)
+    second = video_world(str(folder), **opts, click_bias=-5.0)
+    assert snapshot() == files  # untouched
+    assert vw.read_info(other)["config"]["click_bias"] == -5.0
+    assert video_world_dir(str(folder), **opts, click_bias=-5.0) == other  # the same answer again
+    assert not np.array_equal(first.train_labels.numpy(), second.train_labels.numpy())  # another world
+
+
 @pytest.mark.parametrize("bad, match", [
     (dict(impressions_per_user=55), "impressions_per_user=55 is not a multiple of request_size=10"),
     (dict(creators=5000), "creators=5000 > items=4000"),

@@ -274,6 +274,9 @@ def summary_lines(cfg: DictConfig, metrics: dict[str, Any]) -> list[str]:
         steps = f"{metrics['train_steps']} steps" + (" on worker 0" if isinstance(workers, int) and workers > 1 else "")
         examples = f"{metrics.get('train_examples', '?')} examples" + (
             f" over {workers} workers" if isinstance(workers, int) and workers > 1 else "")
+        step, count = metrics.get("step"), metrics["train_steps"]
+        if isinstance(step, int) and isinstance(count, int) and step > count > 0:  # a resumed job's steps
+            steps += f" (steps {step - count + 1}-{step})"
         lines.append(f"trained {steps}, {examples}, {metrics['examples_per_sec']:.0f} examples/s")
     return lines
 

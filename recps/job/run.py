@@ -109,10 +109,12 @@ def train(job: Job, out_dir: Path, fit: Fit, *, client: Any = None, rank: int = 
 
 def base_metrics(job: Job, trained: Trained) -> dict[str, Any]:
     """The fields of metrics.json every batch job writes beside the evaluation's (a PS worker 0 then
-    replaces the throughput with the sum over the workers)."""
+    replaces the throughput with the sum over the workers). `step`: the job's step count when the fit
+    ended (its steps before it, a resumed checkpoint's, included: call it after adding the fit's)."""
     stats = trained.stats
     metrics: dict[str, Any] = dict(
         examples_per_sec=stats.examples_per_sec, train_examples=stats.examples, train_steps=stats.steps,
+        step=job.steps_done,
         train_seconds=stats.seconds, train_loss=stats.last_loss, first_losses=stats.first_losses,
         model=job.settings.model_target, ps=job.settings.ps, threads=job.settings.trainer.threads)
     if trained.reports is not None:

@@ -422,7 +422,7 @@ class _Loop:
             self.job.steps_done += stats.steps
             self.passes_done += 1
             # This worker's steps, examples and rate; "eval" holds the pass's examples over every worker.
-            record.update(steps=stats.steps, examples=stats.examples, train_s=round(stats.seconds, 3),
+            record.update(step=self.job.steps_done, steps=stats.steps, examples=stats.examples, train_s=round(stats.seconds, 3),
                           examples_per_sec=round(stats.examples_per_sec, 1), loss=stats.last_loss)
             checkpoint, delta = self.plan.saves(p)
             self.fleet.flush()  # every push of this worker applied (geo: its deltas added)
@@ -477,9 +477,9 @@ class _Loop:
     def _log(self, record: dict) -> None:
         e = record.get("eval", {})
         shown = ", ".join(f"{k} {v:.4f}" for k, v in e.items() if k in ("auc", "logloss", "copc"))
-        log.info("stream pass %s/%d: %s%d examples, %.0f examples/s, pass %.1f s", record["day"], record["pass"],
-                 f"before training {shown}; " if shown else "", record["examples"], record["examples_per_sec"],
-                 record["pass_s"])
+        log.info("stream pass %s/%d, step %d: %s%d examples, %.0f examples/s, pass %.1f s", record["day"],
+                 record["pass"], record["step"], f"before training {shown}; " if shown else "", record["examples"],
+                 record["examples_per_sec"], record["pass_s"])
         line = json.dumps({k: v for k, v in record.items()}, sort_keys=True, default=str)
         with open(self.out_dir / METRICS_FILE, "a", encoding="utf-8") as f:
             f.write(line + "\n")
@@ -553,7 +553,7 @@ def stream_work(work: StreamWork, role, out_dir: Path, observers: Sequence = ())
         job.trainer.updater = dist.updater
         job.trainer.prefetch = strategy.mode.prefetches
         fleet.create_dense_table(STATS_TABLE, 4, mode="geo")
-        job.trainer.on_step = ProgressLog(t.batch_size, t.threads) if role.index == 0 else None
+        job.trainer.on_step = ProgressLog(t.batch_size, t.threads, job) if role.index == 0 else None
         tables = [*job.collection.table_dims(), DENSE_TABLE]
         if resume.folder:
             log.info("%s resumes stream %s from %s (step %d); next pass %s", role.name, config.root, resume.folder,
@@ -580,7 +580,7 @@ def stream_work(work: StreamWork, role, out_dir: Path, observers: Sequence = ())
         metrics.update(model=settings.model_target, ps=settings.ps, servers=role.num_servers,
                        workers=role.num_workers, threads=t.threads,
                        train_examples=int(total_examples), examples_per_sec=total_rate, worker_cpu_seconds=total_cpu,
-                       train_steps=sum(r["steps"] for r in passes), train_seconds=seconds)
+                       train_steps=sum(r["steps"] for r in passes), step=job.steps_done, train_seconds=seconds)
         rfs.write_atomic(str(out_dir / "metrics.json"),
                          json.dumps(metrics, indent=2, sort_keys=True, default=str) + "\n", overwrite=True)
         return metrics

@@ -134,10 +134,12 @@ def _run_stream(cfg: DictConfig, out_dir: Path) -> dict[str, Any] | None:
         raise ConfigError(f"stream=hourly trains on the parameter server; ps={cfg.ps.name!r}: use ps=sync, async or geo")
     from recps.cluster.driver import run_distributed  # deferred: torch, torchrec, zmq (the PS); `--cfg job` needs none
     from recps.cluster.driver import environment_role  # deferred: as run_distributed
-    from recps.stream import StreamConfig, check_stream_out, nothing_left  # deferred: torch, the PS; a stream's only
+    from recps.stream import StreamConfig, check_stream_out, nothing_left, with_start_day  # deferred: torch, the PS
 
     # A bad stream key fails here, in the launcher, before any process starts.
-    config = StreamConfig.from_config(OmegaConf.to_container(cfg.stream, resolve=True))
+    values = with_start_day(OmegaConf.to_container(cfg.stream, resolve=True))
+    cfg.stream.start_day = values["start_day"]  # the cluster's processes read it from the config
+    config = StreamConfig.from_config(values)
     if environment_role(cfg) is None and (left := _launch.run_in_fork(lambda: nothing_left(config),
                                                                       "reading the stream's records")):
         print(f"[recps] {left}")  # decided from the records: no cluster starts

@@ -235,10 +235,12 @@ def test_a_malformed_pass_stops_the_stream_naming_the_file_and_keeps_what_was_co
     lines[5] = b"not\ta\tcriteo\tline"
     part.write_bytes(b"\n".join(lines))
     cmd = [sys.executable, "-m", "recps.train", "stream=hourly", f"stream.root={root}", f"stream.out={out}",
-           "ps=async", "model=deepfm", "cluster.workers=1", "stream.start_day=20261201", "stream.end_day=20261201",
+           "ps=async", "model=deepfm", "cluster.workers=1", "stream.end_day=20261201",
            "stream.hours=3", "dataset.error_budget=0", "cluster.restarts=0", f"hydra.run.dir={tmp_path / 'run1'}"]
     proc = run_command(cmd, timeout=RUN_TIMEOUT_S, check=None)
     assert proc.returncode != 0
+    # no stream.start_day: the stream's own (issue 32.2), logged by the launcher
+    assert (f"stream.start_day not set: 20261201, from {root}/_stream.json" in proc.output), proc.output[-3000:]
     assert f"{part.name}:6" in proc.stdout + proc.stderr, proc.stdout[-3000:] + proc.stderr[-3000:]
     # a stream's processes fork from the launcher's preloaded image too (up at once, not importing anew)
     assert (proc.stdout + proc.stderr).count(") forked from this image") == 2, proc.stderr[-3000:]

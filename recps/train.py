@@ -232,6 +232,11 @@ def held_out_metric_names(cfg: DictConfig, metrics: dict[str, Any]) -> list[str]
     return sorted(keys, key=rank)
 
 
+# What the baselines' metric prefixes stand for (recps.tasks.retrieval, recps.tasks.next_item).
+_BASELINES = {"most_popular": "most popular items",
+              "session_items": "the session's own items, most recent first, then popular"}
+
+
 def summary_lines(cfg: DictConfig, metrics: dict[str, Any]) -> list[str]:
     """What the run's numbers are, in words: the held-out split's metrics (a stream's: its last pass,
     evaluated before training on it), the baseline's on the same split, the training throughput.
@@ -255,9 +260,10 @@ def summary_lines(cfg: DictConfig, metrics: dict[str, Any]) -> list[str]:
         name = f"{last['day']}/{last['pass']}" if last.get("day") else str(last.get("pass", ""))
         where = f"last pass ({name}), evaluated before training on it" if passes else "last pass"
     else:
-        where = "held-out test split"
-        if isinstance(metrics.get("queries"), (int, float)):
-            where += f" ({int(metrics['queries'])} queries)"
+        where = f"held-out {'validation' if metrics.get('evaluated_on') == 'validation' else 'test'} split"
+        for count in ("queries", "predictions"):  # retrieval's queries; next-item's predicted clicks
+            if isinstance(metrics.get(count), (int, float)):
+                where += f" ({int(metrics[count])} {count})"
     own = [k for k in names if "/" not in k]
     lines = [f"{where}: " + (" ".join(f"{k}={metrics[k]:.4f}" for k in own) or "no metrics")]
     if isinstance(metrics.get("best_reachable_auc"), float):
@@ -268,7 +274,7 @@ def summary_lines(cfg: DictConfig, metrics: dict[str, Any]) -> list[str]:
         if tail and head not in task_names:
             baselines.setdefault(head, []).append(k)
     for name, keys in baselines.items():
-        what = "most popular items" if name == "most_popular" else name
+        what = _BASELINES.get(name, name)
         lines.append(f"baseline on the same split, {what}: "
                      + " ".join(f"{k.partition('/')[2]}={metrics[k]:.4f}" for k in keys))
     if "train_steps" in metrics and "examples_per_sec" in metrics:

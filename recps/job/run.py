@@ -123,8 +123,12 @@ def base_metrics(job: Job, trained: Trained) -> dict[str, Any]:
 
 
 def data_metrics(job: Job) -> dict[str, Any]:
-    """What a generated data set knows of itself: the best reachable AUC (per label)."""
+    """What a data set knows of itself: the best reachable AUC (per label) of a generated one; which
+    split the run evaluated on when it is not the test split (`evaluated_on`: "validation", a session
+    data set's dataset.valid_days)."""
     out: dict[str, Any] = {}
+    if (split := getattr(job.data, "evaluated_on", None)) not in (None, "test"):
+        out["evaluated_on"] = split
     if best := getattr(job.data, "best_auc", None):
         out["best_reachable_auc"] = best
     if best_per_label := getattr(job.data, "best_aucs", None):  # multi-label generators: one per label

@@ -298,7 +298,7 @@ def _tensorboard_test_metrics(cfg: DictConfig, metrics: dict[str, Any], out_dir:
     from torch.utils.tensorboard import SummaryWriter  # deferred: tensorboard is optional, asked for
 
     reports = [r for r in metrics.get("train_metrics") or () if isinstance(r, dict) and "step" in r]
-    step = int(reports[-1]["step"]) if reports else int(metrics.get("train_steps", 0))
+    step = int(reports[-1]["step"]) if reports else int(metrics.get("step", metrics.get("train_steps", 0)))
     names = held_out_metric_names(cfg, metrics)
     if isinstance(metrics.get("best_reachable_auc"), float):
         names.append("best_reachable_auc")

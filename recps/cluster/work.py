@@ -58,9 +58,9 @@ class ProgressLog:
 
     def __call__(self, thread: int, step: int, loss: float) -> None:
         now = time.perf_counter()
-        if step == 1:  # a fit's first step: its rate counts from here (a stream runs one fit per pass)
-            with self.lock:
-                self.start = now
+        if step == 1:  # a fit's first step: its rate counts from here (a stream runs one fit per pass), its
+            with self.lock:  # first line comes a whole interval later (a rate over a few steps says little)
+                self.start = self.last = now
                 first, self.first = self.first, False
             if first:
                 age = process_age()

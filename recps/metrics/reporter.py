@@ -21,9 +21,10 @@ finished when it ran (with threads=1: exactly the pass's steps up to s); a pass 
 the whole pass, after which its states are dropped. Values are those of
 ``recps.metrics`` (NaN, written as null in JSON, where undefined: one class seen so far).
 
-Step reports fall on global steps that are multiples of ``every_steps``. The thread that
-counts step s makes every report due up to s, in order, so each worker makes the same
-sequence of reports however its threads interleave.
+Step reports fall on global steps that are multiples of ``every_steps``: a run resumed at step
+392 with every_steps=100 reports at 400 (the 8 steps of its pass so far), 500, ... as the run it
+continues would have. The thread that counts step s makes every report due up to s, in order, so
+each worker makes the same sequence of reports however its threads interleave.
 
 Across workers every report is a collective (all workers take part, in the same order).
 Workers rarely take the same number of steps (uneven shards, async mode), so each report
@@ -303,7 +304,7 @@ class MetricsReporter(TrainObserver):
         self._report_lock = threading.Lock()  # one round at a time, in order
         self._ended: dict[int, set[int]] = {}
         self._thread_pass: list[int | None] = [None] * self.threads
-        self._last_due = self.step_base
+        self._last_due = self._last_multiple(self.step_base)
         self._fit_steps = 0
 
     # ---- TrainObserver -------------------------------------------------------------------------
@@ -313,7 +314,11 @@ class MetricsReporter(TrainObserver):
             raise ConfigError(f"MetricsReporter was built for {self.threads} threads, the trainer runs {len(replicas)}")
         self._fit_steps = 0
         self._thread_pass = [None] * self.threads
-        self._last_due = max(self._last_due, self.step_base)
+        self._last_due = max(self._last_due, self._last_multiple(self.step_base))
+
+    def _last_multiple(self, step: int) -> int:
+        """The last step report's step due at or before global step `step` (a multiple of every_steps)."""
+        return step - step % self.every_steps if self.every_steps else step
 
     def on_batch(self, thread: int, step: int, epoch: int, batch: Any, logits: Tensor, loss: float) -> None:
         # Stash, update later: one tensor op here (detach: holding the graph could hold what

@@ -481,7 +481,7 @@ class FunnelLoop(PassLoop):
         self.export_root = rfs.join(str(Path(out_dir).resolve()), EXPORT_DIR)
         self.funnel_merger = None  # one worker: nothing to merge
         if role.num_workers > 1:
-            self.funnel_merger = PSMerger(fleet.channel(), prefix="pipeline.stream.eval",
+            self.funnel_merger = PSMerger(fleet.channel(), prefix="recps.pipeline.stream.eval",
                                           timeout_s=max(self.timeout_s, _EVAL_TIMEOUT_S))
 
     # -- the three steps ----------------------------------------------------------------------------

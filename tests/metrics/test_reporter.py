@@ -126,6 +126,17 @@ def test_a_late_thread_does_not_repeat_or_skip_a_report():
     assert [(r["step"], r["examples"]) for r in rep.reports] == [(2, ROWS), (4, ROWS)]
 
 
+def test_a_resumed_run_reports_on_the_steps_of_the_run_it_continues():
+    """Resumed at step 10 with every_steps=4: reports at 12 (the pass's 2 steps so far) and 16, a pass
+    report at 17, as the run it continues would have labelled them (issue 32.3: "step 400" held 100 steps)."""
+    batches = make_batches(0, 7)
+    rep = MetricsReporter(NAMES, BinaryTask(), threads=1, every_steps=4, step_base=10)
+    trainer(1, [rep]).fit(ListSource(batches), ROWS, progress=False, first_epoch=1)
+    assert [(r["kind"], r["step"], r["pass"], r["examples"]) for r in rep.reports] == [
+        ("step", 12, 1, 2 * ROWS), ("step", 16, 1, 6 * ROWS), ("pass", 17, 1, 7 * ROWS)]
+    assert_values(rep.reports[0], expected(batches[:2]), 1e-12)
+
+
 class TwoHeads(nn.Module):
     """Two logit columns (B, 2) from fixed weights: click and conversion towers."""
 

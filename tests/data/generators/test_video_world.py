@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -31,6 +32,20 @@ def world() -> vw.VideoWorld:
 @pytest.fixture(scope="module")
 def written(world, tmp_path_factory) -> str:
     return vw.write(world, tmp_path_factory.mktemp("world"))
+
+
+def test_the_generation_line_says_the_best_aucs_in_words(caplog):
+    """Issue 32.7: the line was a 530-character dict whose "ideal" NDCG@10 (on the logged test clicks of
+    metric_users users) sat below most-popular's and beside other ideal figures of the run's own."""
+    small = vw.VideoWorldConfig(**{**SMALL.to_dict(), "users": 60, "items": 500, "creators": 50, "metric_users": 20})
+    with caplog.at_level(logging.INFO, logger="recps.data.generators.video_world"):
+        world = vw.generate(small)
+    (line,) = [r.getMessage() for r in caplog.records if "generated in" in r.getMessage()]
+    best = world.metrics
+    assert line.endswith(f"; best reachable test AUC: click {best['auc']['click']:.4f}, long_view "
+                         f"{best['auc']['long_view']:.4f}, click without history "
+                         f"{best['auc_without_history']['click']:.4f}"), line
+    assert "{" not in line and "ideal" not in line and "most_popular" not in line
 
 
 def test_same_seed_same_world_other_seed_other_world(world):

@@ -47,7 +47,8 @@ from recps.errors import ConfigError
 from recps.targets import check_target_args
 
 __all__ = ["FunnelData", "Csr", "History", "HISTORY_FEATURES", "HELD_OUT", "movielens", "video_world", "video_world_dir",
-           "pair_examples", "csr_from_pairs", "exposure_bucket", "latest_share", "load_world", "ValidationPeriod", "validation_period"]
+           "pair_examples", "csr_from_pairs", "exposure_bucket", "latest_share", "load_world", "ValidationPeriod",
+           "validation_period", "period_requests"]
 
 HISTORY_FEATURES = ("history_item_id", "history_category", "history_click", "history_long_view")
 HELD_OUT = torch.iinfo(torch.int64).max  # the time of a held-out request: after every training exposure
@@ -267,11 +268,12 @@ class ValidationPeriod:
     rank what the funnel trained on `fit` retrieves for them, the way the held-out requests are served.
     `labels[j]` (a Csr over those requests): the period's items whose label column j is set; `shown`: every
     item the period showed them (clicked or not); `rows` (P,): the period's exposures, indices into the
-    data's train_* rows."""
+    data's train_* rows. A streaming funnel's period is a pass (recps.pipeline.incremental.pass_period:
+    `fit` the passes before it, `fraction` None)."""
 
     fit: FunnelData
     labels: tuple[Csr, ...]
-    fraction: float
+    fraction: float | None
     rows: torch.Tensor | None = None
     shown: Csr | None = None
 
@@ -301,14 +303,8 @@ def validation_period(data: FunnelData, fraction: float) -> ValidationPeriod:
     latest = torch.zeros(n, dtype=torch.bool)
     latest[order] = torch.from_numpy(latest_share(data.train_user[order], fraction))  # (N,) in the data's row order
     fit_rows, period_rows = (~latest).nonzero().squeeze(1), latest.nonzero().squeeze(1)
-    p_user, p_item, p_labels = data.train_user[period_rows], data.train_item[period_rows], data.train_labels[period_rows]
-    requests = torch.unique(p_user[p_labels[:, 0] > 0])  # (R,) users with a click in the period
-    slot = torch.searchsorted(requests, p_user)  # (P,)
-    asked = (slot < requests.numel()) & (requests[slot.clamp(max=max(0, requests.numel() - 1))] == p_user)
-
-    def period_csr(mask: torch.Tensor) -> Csr:
-        return csr_from_pairs(slot[asked & mask], p_item[asked & mask], int(requests.numel()))
-
+    requests, positives, labels, shown = period_requests(data.train_user[period_rows], data.train_item[period_rows],
+                                                         data.train_labels[period_rows])
     item_features = dict(data.item_features)
     f_user, f_item = data.train_user[fit_rows], data.train_item[fit_rows]
     if "exposures" in item_features:
@@ -317,13 +313,29 @@ def validation_period(data: FunnelData, fraction: float) -> ValidationPeriod:
         name=f"{data.name} (validation fit)", user_features=data.user_features, item_features=item_features,
         train_user=f_user, train_item=f_item, train_labels=data.train_labels[fit_rows],
         seen=csr_from_pairs(f_user, f_item, data.num_users), test_users=requests,
-        test_positives=period_csr(p_labels[:, 0] > 0), label_names=data.label_names,
+        test_positives=positives, label_names=data.label_names,
         train_time=None if data.train_time is None else data.train_time[fit_rows], history_length=data.history_length)
-    labels = tuple(period_csr(p_labels[:, j] > 0) for j in range(p_labels.shape[1]))
     log.info("validation period: each user's latest %.0f%% of training exposures, %d rows, %d requests (%d clicks); "
              "%d exposures before it", 100 * float(fraction), int(period_rows.numel()), int(requests.numel()),
              int(labels[0].items.numel()), int(fit_rows.numel()))
-    return ValidationPeriod(fit, labels, float(fraction), period_rows, period_csr(torch.ones_like(asked)))
+    return ValidationPeriod(fit, labels, float(fraction), period_rows, shown)
+
+
+def period_requests(users: torch.Tensor, items: torch.Tensor, labels: torch.Tensor
+                    ) -> tuple[torch.Tensor, Csr, tuple[Csr, ...], Csr]:
+    """A validation period's requests from its exposures (users, items (P,), labels (P, T)): (requests (R,), the
+    users with a click in it; their clicked items (a Csr over requests); per label column j the items whose
+    label j is set; every item the period showed them, clicked or not). Exposures of users without a click
+    are no request's."""
+    requests = torch.unique(users[labels[:, 0] > 0])  # (R,) users with a click in the period
+    slot = torch.searchsorted(requests, users)  # (P,)
+    asked = (slot < requests.numel()) & (requests[slot.clamp(max=max(0, requests.numel() - 1))] == users)
+
+    def period_csr(mask: torch.Tensor) -> Csr:
+        return csr_from_pairs(slot[asked & mask], items[asked & mask], int(requests.numel()))
+
+    columns = tuple(period_csr(labels[:, j] > 0) for j in range(labels.shape[1]))
+    return requests, columns[0], columns, period_csr(torch.ones_like(asked))
 
 
 def pair_examples(data: FunnelData, features: Sequence[str], users: torch.Tensor, items: torch.Tensor,

@@ -267,10 +267,12 @@ class EaseBaseline:
         return out
 
 
-def fit_ease(data: FunnelData, settings: dict[str, Any], k: int, purpose: str = "EASE baseline") -> EaseBaseline:
+def fit_ease(data: FunnelData, settings: dict[str, Any], k: int, purpose: str = "EASE baseline",
+             l2: float | None = None) -> EaseBaseline:
     """EASE on data's training interactions: λ chosen on each user's latest validation_fraction of them
     (rows in each user's time order: train_time when the data has it, else the data's row order), then
-    fitted on all of them. The held-out requests are never read. `purpose` names the fit in the log."""
+    fitted on all of them. The held-out requests are never read. `purpose` names the fit in the log.
+    `l2`: that λ, not chosen again (one fit instead of one per grid value and one; `validation` is then {})."""
     start = time.perf_counter()
     dtype = getattr(torch, settings["dtype"])
     users, items = data.train_user, data.train_item
@@ -294,11 +296,17 @@ def fit_ease(data: FunnelData, settings: dict[str, Any], k: int, purpose: str = 
         order = torch.argsort(users, stable=True)
     users, items, keep = users[order], items[order], keep[order]
     t = int(modelled.numel())
-    train, validation = holdout_latest(users, items, float(settings["validation_fraction"]), keep=keep)
-    l2, grid = choose_l2(train, validation, t, settings["grid"], k=k, dtype=dtype)
-    model = EASE.fit((users, items), t, l2, dtype=dtype)
+    given = l2 is not None
+    grid: dict[float, float] = {}
+    if not given:
+        train, validation = holdout_latest(users, items, float(settings["validation_fraction"]), keep=keep)
+        l2, grid = choose_l2(train, validation, t, settings["grid"], k=k, dtype=dtype)
+    model = EASE.fit((users, items), t, float(l2), dtype=dtype)
     history = csr_from_pairs(users, items, data.num_users)
     seconds = time.perf_counter() - start
-    log.info("%s: l2 %g chosen on the training data's validation split (ndcg@%d %s), %d items, %.1f s",
-             purpose, l2, k, {v: round(x, 4) for v, x in grid.items()}, t, seconds)
+    if given:
+        log.info("%s: l2 %g given (not chosen again), %d items, %.1f s", purpose, l2, t, seconds)
+    else:
+        log.info("%s: l2 %g chosen on the training data's validation split (ndcg@%d %s), %d items, %.1f s",
+                 purpose, l2, k, {v: round(x, 4) for v, x in grid.items()}, t, seconds)
     return EaseBaseline(model, modelled, history, l2, grid, seconds)

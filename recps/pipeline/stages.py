@@ -23,6 +23,7 @@ from recps.errors import ConfigError
 from recps.pipeline.sasrec_alone import sasrec_settings
 
 __all__ = ["StageSpec", "EvalSettings", "eval_settings", "enabled", "pipeline_specs", "schedule", "check_data", "ease_settings", "validation_fraction",
+           "stream_validation_note",
            "refresh_epochs", "sasrec_baseline", "item_cf_settings", "STAGE_KEYS", "INPUT_KEYS", "EASE_DEFAULTS",
            "ITEM_CF", "COUNT_FEATURES", "COUNT_PRIOR"]
 
@@ -102,6 +103,12 @@ class StageSpec:
     @property
     def is_retrieval(self) -> bool:
         return self.upstream is None
+
+    @property
+    def validates(self) -> bool:
+        """Whether the stage trains on a validation period (`validation`, `validation_exposures`): in the batch
+        funnel each user's latest pipeline.validation_fraction, in a stream each pass (recps.pipeline.incremental)."""
+        return bool(set(VALIDATION) & set(self.train_on))
 
     @property
     def reads_dense(self) -> bool:
@@ -301,6 +308,11 @@ def pipeline_specs(cfg: DictConfig) -> list[StageSpec]:
                               "user's latest pipeline.validation_fraction of the TRAINING exposures)")
         if not train_on or any(t not in TRAIN_ON for t in train_on):
             raise ConfigError(f"{where}.inputs.train_on={train_on}: give some of {list(TRAIN_ON)}")
+        mixed = [t for t in train_on if t not in VALIDATION]
+        if _streaming(cfg) and mixed and len(mixed) < len(train_on):
+            raise ConfigError(f"{where}.inputs.train_on={train_on} with stream.enabled: a stream's validation period is "
+                              f"the pass itself, scored by the stages of the previous pass, so {mixed} would be the "
+                              f"same impressions again; use {[t for t in train_on if t in VALIDATION]} or {mixed}")
         if counts and not set(train_on) <= set(VALIDATION) and not _streaming(cfg):
             raise ConfigError(f"{where}.inputs.counts={counts} but train_on={train_on}: the batch funnel reads the "
                               "counts as of the end of the period its stages train on, so a training exposure's own "
@@ -415,20 +427,31 @@ def validation_fraction(cfg: DictConfig, specs: list[StageSpec]) -> float | None
     """pipeline.validation_fraction when a stage trains on `validation` (then required, in (0, 1)), else None.
     With a validation stage every stage trains on the earlier part of the training data (the period is what
     the funnel trained on the rest retrieves and ranks); the held-out requests are never read for it.
-    `pipeline.refresh` ({stage: epochs}) is checked too (`refresh_epochs`)."""
-    users = [s.name for s in specs if set(VALIDATION) & set(s.train_on)]
+    `pipeline.refresh` ({stage: epochs}) is checked too (`refresh_epochs`). A streaming funnel's validation
+    period is each pass (recps.pipeline.incremental): None, the value is not read (`stream_validation_note`)."""
+    users = [s.name for s in specs if s.validates]
     value = cfg.pipeline.get("validation_fraction")
     refresh_epochs(cfg, specs)
-    if not users:
+    if not users or _streaming(cfg):
         return None
-    if _streaming(cfg):
-        raise ConfigError(f"pipeline.stages.{users[0]}.inputs.train_on names validation, which a streaming funnel "
-                          "does not have (each pass trains on what arrived); use [exposures, candidates] there")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < float(value) < 1.0:
         raise ConfigError(f"pipeline.validation_fraction={value!r} but stage(s) {users} train on validation; set it in "
                           "(0, 1), e.g. +pipeline.validation_fraction=0.2 (each user's latest share of training "
                           "exposures)")
     return float(value)
+
+
+def stream_validation_note(cfg: DictConfig, specs: list[StageSpec]) -> str | None:
+    """The line a streaming funnel with validation stages logs once (None without them): their period is each
+    pass, and the batch funnel's pipeline.validation_fraction and pipeline.refresh are not used."""
+    users = [s.name for s in specs if s.validates]
+    if not users or not _streaming(cfg):
+        return None
+    p = cfg.pipeline
+    return (f"stream: stage(s) {', '.join(users)} train on a validation period, which in a stream is each pass: its "
+            "impressions, scored by the stages as of the end of the previous pass (from the second pass on); "
+            f"pipeline.validation_fraction ({p.get('validation_fraction')}) and pipeline.refresh "
+            f"({_plain(p.get('refresh'))}) are the batch funnel's and are not used")
 
 
 def refresh_epochs(cfg: DictConfig, specs: list[StageSpec]) -> dict[str, int]:

@@ -13,10 +13,16 @@ exactly-once restarts); this module gives it the funnel's three steps:
              evaluated. Each pass's record in <run dir>/stream_metrics.jsonl holds the metrics flat
              (ndcg@10, stage/<stage>/pass_through, most_popular/ndcg@10, ...) and `evaluated_model`, the
              pass whose exports were evaluated with their sha256
-    train    each stage in order on the pass's impressions (its `trainer.epochs` epochs over the pass) (a ranker also on its upstream's candidates from
-             this pass's freshly trained upstream, as recps.pipeline.runner), its own mode's communicator
+    train    first the stages that train on a validation period (`validation`, `validation_exposures`: fusion in
+             video_funnel.yaml): a stream's period is the pass itself (`pass_period`), scored by the stages,
+             index, counts and item_cf as of the end of the previous pass, as its evaluation read them
+             (out-of-sample, as a held-out request gets them); a fresh stream's first pass has no earlier
+             model, so they train from the second pass on (pass 1 exports them untrained).
+             Then each other stage in order on the pass's impressions (its `trainer.epochs` epochs over the
+             pass) (a ranker also on its upstream's candidates from this pass's freshly trained upstream, as
+             recps.pipeline.runner). Each stage: its own mode's communicator
              flushed (not closed: it trains again next pass), a barrier; then the stage is exported from
-             what the servers hold (<run dir>/funnel/<day>-<pass>/<stage>.pt, and the latest in
+             what the servers hold (<run dir>/funnel/pass-NNNNN/<stage>.pt, and the latest in
              <run dir>/funnel/ for recps.pipeline.recommend) and, for recall, the item index rebuilt
 
 A pass's checkpoint, delta, base and day model (saved by PassLoop on worker 0 after every worker's
@@ -37,6 +43,9 @@ the servers' statistics in the stage's counting table `<stage>_counts`: each pas
 the previous pass (its evaluation and its training alike; <run dir>/funnel/pass-NNNNN/counts.pt), and counts
 its own impressions once every stage trained on it (<run dir>/funnel/counts.pt, for recommend: as of the end
 of the latest pass). The counting tables are saved, loaded and shrunk (day end: decayed) with the others.
+The item_cf score (a validation stage's `scores`) is EASE fitted on the passes read so far, refitted after each
+pass (`FunnelLoop._item_cf`: <run dir>/funnel/pass-NNNNN/item_cf.pt what the pass read, <run dir>/funnel/
+item_cf.pt for recommend), its L2 weight chosen on the job's first fit and kept.
 Shapes: N impressions, U users, I items.
 """
 
@@ -76,9 +85,11 @@ from recps.job.settings import JobSettings, NodeSettings
 from recps.metrics.ps_merger import PSMerger
 from recps.pipeline.counts import COUNTS_EXPORT, count_exposures, counts_table, counts_to_bytes, read_counts
 from recps.pipeline.stages import StageSpec
-from recps.pipeline.data import FunnelData, History, csr_from_pairs, exposure_bucket, video_world_dir
-from recps.pipeline.funnel import (EXPORT_DIR, Funnel, build_index, build_stage_model, dense_width, export_stage,
-                                   load_stage, stage_collection)
+from recps.pipeline.data import (FunnelData, History, ValidationPeriod, csr_from_pairs, exposure_bucket,
+                                 period_requests, video_world_dir)
+from recps.pipeline.ease import fit_ease
+from recps.pipeline.funnel import (EXPORT_DIR, ITEM_CF_EXPORT, Funnel, build_index, build_stage_model, dense_width,
+                                   export_stage, load_stage, stage_collection)
 from recps.pipeline.runner import load_world, training_examples
 from recps.ps.fleet import DistributedStrategy
 from recps.stream import PassLoop, StreamConfig, resume_point
@@ -86,11 +97,14 @@ from recps.stream.plan import StreamPlan, next_day, parse_day
 from recps.stream.source import pass_files, wait_for_splits
 
 __all__ = ["Impressions", "FunnelLoop", "FunnelStreamWork", "write_world_passes", "read_pass", "funnel_view",
-           "funnel_stream_work", "flat_metrics", "summary_lines", "main"]
+           "pass_period", "VALIDATION_EXAMPLES", "funnel_stream_work", "flat_metrics", "summary_lines", "main"]
 
 log = logging.getLogger("recps.pipeline")
 
 PASS_FILE = "part-00000.parquet"
+# <run dir>/funnel/pass-NNNNN/validation_<stage>.pt: the rows a validation stage trained on that pass (users,
+# items, labels, dense inputs; worker 0 writes them, tests recompute them)
+VALIDATION_EXAMPLES = "validation_{stage}.pt"
 COLUMNS = ("user_id", "item_id", "time", "click", "long_view")
 _EVAL_TIMEOUT_S = 3600.0  # how long a worker waits for the others to merge a pass's evaluation
 
@@ -204,6 +218,20 @@ def funnel_view(world: FunnelData, history: Impressions, current: Impressions | 
                    history=History.of(known.users, known.items, known.times, known.labels, world.num_users))
 
 
+def pass_period(world: FunnelData, history: Impressions, current: Impressions) -> ValidationPeriod:
+    """A pass as the stream's validation period (what the batch funnel's recps.pipeline.data.validation_period
+    is for the training data): `fit` is the world as the funnel knew it before the pass (`funnel_view` of
+    `history`: seen items, item statistics and behaviour histories of the passes before it), its requests
+    (`fit.test_users`) the users with a click in the pass, their clicks `fit.test_positives`; `labels` and
+    `shown` over those requests from the pass's impressions (`current`); `rows` index `current`. A stage that
+    trains on it reads the stages as of the end of the previous pass: out-of-sample scores, as a held-out
+    request gets them."""
+    requests, positives, labels, shown = period_requests(current.users, current.items, current.labels)
+    fit = replace(funnel_view(world, history), name=f"{world.name} (before the pass)", test_users=requests,
+                  test_positives=positives, logged_positives=None, test_shown=None)
+    return ValidationPeriod(fit, labels, None, torch.arange(len(current)), shown)
+
+
 def flat_metrics(metrics: dict[str, Any]) -> dict[str, float]:
     """evaluate_funnel's metrics as one flat dict of numbers: the funnel's as they are (ndcg@10),
     `stage/<stage>/<metric>`, `<baseline>/<metric>`, `requests`, `positives`."""
@@ -230,7 +258,8 @@ class FunnelStreamWork:
     conf `metrics:`); `node`: the cluster's settings; `pipeline`: pipeline.name; `top_n`: pipeline.top_n;
     `index`: pipeline.index (plain), the recall stage's item index; `load_world()`: the world (called
     once the resume point is read); `evaluate(funnel, merger=, worker=, workers=)`:
-    recps.pipeline.held_out.evaluate_funnel with the config's EvalSettings."""
+    recps.pipeline.held_out.evaluate_funnel with the config's EvalSettings; `item_cf`: the EASE settings of
+    the item_cf score (recps.pipeline.stages.item_cf_settings) when a stage reads it, else None."""
 
     config: StreamConfig
     specs: list[StageSpec]
@@ -241,6 +270,7 @@ class FunnelStreamWork:
     index: dict | None
     load_world: Callable[[], FunnelData]
     evaluate: Callable[..., dict[str, Any]]
+    item_cf: dict[str, Any] | None = None
 
 
 # ------------------------------------------------------------------------------------ a stage
@@ -469,6 +499,11 @@ class FunnelLoop(PassLoop):
         self.specs, self.world, self.trainers = work.specs, world, trainers
         self.history = history
         self.counted = [s for s in self.specs if s.counts]
+        # the stages trained on the stream's validation period, each pass's impressions (`_train_validation`)
+        self.validating = [s for s in self.specs if s.validates]
+        self.item_cf = None  # EASE of the passes read so far, for the stages reading item_cf (`_item_cf`)
+        self.item_cf_rows = -1  # ... fitted on that many impressions
+        self.item_cf_l2: float | None = None  # λ chosen on this job's first fit, then kept
         # stage -> Counts as of the end of the previous pass (recps.pipeline.counts); None: not read since the
         # servers' statistics last changed (a pass counted its impressions, a day end shrank, a restart)
         self.counts: dict[str, Any] | None = None
@@ -503,7 +538,8 @@ class FunnelLoop(PassLoop):
             self.pending = {"evaluated_model": None}  # a fresh stream's first pass: no model yet
             return {}
         view = funnel_view(self.world, self.history)
-        funnel = Funnel(self.specs, self.stages, self.index, view, counts=self._read_counts(view))
+        funnel = Funnel(self.specs, self.stages, self.index, view, item_cf=self._item_cf(),
+                        counts=self._read_counts(view))
         metrics = self.work.evaluate(funnel, merger=self.funnel_merger, worker=self.role.index,
                                      workers=self.role.num_workers)
         if self.role.index != 0:
@@ -527,6 +563,70 @@ class FunnelLoop(PassLoop):
             self.counts = {s.name: read_counts(self.fleet, s, view, self.timeout_s) for s in self.counted}
         return self.counts
 
+    def _item_cf(self):
+        """The item_cf score's EASE (when a stage reads it): fitted on the passes read so far (`history`), once
+        per pass: what this pass's evaluation and validation stages read (their requests come after every
+        impression it saw) and, written to <run dir>/funnel/item_cf.pt once a pass is trained, what recommend
+        serves. λ is chosen from pipeline.baselines.ease.grid on this job's first fit and kept (a choice fits
+        EASE once per grid value: ~30 s at the default size under load, a fit with λ given ~8 s)."""
+        if self.work.item_cf is None or not len(self.history):
+            return None
+        if self.item_cf_rows != len(self.history):
+            what = (f"item_cf of the stream's {len(self.history)} impressions read so far"
+                    + (f" (l2 chosen on this job's first fit, {self.item_cf_l2:g})" if self.item_cf_l2 else ""))
+            self.item_cf = fit_ease(funnel_view(self.world, self.history), self.work.item_cf, self.work.top_n, what,
+                                    l2=self.item_cf_l2)
+            self.item_cf_l2, self.item_cf_rows = self.item_cf.l2, len(self.history)
+        return self.item_cf
+
+    def _train_validation(self, current: Impressions, counts: dict[str, Any], pass_name: str, folder: str,
+                          view: FunnelData, trained: dict[str, Any]) -> dict[str, Any]:
+        """The validation stages first (before any stage trains on the pass): each on the pass as its validation
+        period (`pass_period`), scored by the stages, index, item_cf and counts as of the end of the previous
+        pass, as the pass's held-out requests were evaluated. A fresh stream's first pass has no earlier model:
+        they do not train on it (steps 0), their export is untrained (the dense parameters as initialised; no
+        embedding row was created: they read as zeros), and the second pass evaluates that. Returns their
+        StageModels."""
+        if not self.validating:
+            return {}
+        period = funnel = None
+        if self.stages:
+            period = pass_period(self.world, self.history, current)
+            funnel = Funnel(self.specs, self.stages, self.index, period.fit, item_cf=self._item_cf(), counts=counts)
+        else:
+            log.info("stream pass %s: no model before it, so stage(s) %s do not train on it: a stream's validation "
+                     "period is a pass scored by the stages of the previous one; they train from pass %d on (their "
+                     "export of this pass is untrained: dense parameters as initialised, no embedding rows)", pass_name,
+                     ", ".join(s.name for s in self.validating), self.passes_done + 2)
+        out = {}
+        for s in self.validating:
+            seed = self.settings.seed + s.index + 1000 * self.passes_done
+            if period is None:
+                trained[s.name] = {"mode": s.mode.name, "steps": 0, "examples": 0, "train_rows": 0, "seconds": 0.0,
+                                   "loss": float("nan"), "prepare_seconds": 0.0, "validation": None}
+            else:
+                t = time.perf_counter()
+                examples = training_examples(s, self.specs, period.fit, funnel, seed, period)
+                prepare_s = time.perf_counter() - t
+                if self.role.index == 0:  # what it trains on (tests recompute it)
+                    buffer = io.BytesIO()
+                    torch.save({"features": list(examples.feature_names), "keys": examples.keys,
+                                "dense": examples.dense, "labels": examples.labels}, buffer)
+                    rfs.write_atomic(rfs.join(folder, VALIDATION_EXAMPLES.format(stage=s.name)), buffer.getvalue(),
+                                     overwrite=True)
+                trained[s.name] = self.trainers[s.name].fit(examples, seed, pass_name)
+                trained[s.name]["prepare_seconds"] = round(prepare_s, 3)
+                trained[s.name]["validation"] = {"requests": int(period.fit.test_users.numel()),
+                                                 "clicks": int(period.labels[0].items.numel()),
+                                                 "rows": len(examples), "model": self.model_pass}
+            blob = self.trainers[s.name].export(view)
+            trained[s.name]["export_sha256"] = hashlib.sha256(blob).hexdigest()
+            if self.role.index == 0:
+                rfs.write_atomic(rfs.join(folder, f"{s.name}.pt"), blob, overwrite=True)
+                rfs.write_atomic(rfs.join(self.export_root, f"{s.name}.pt"), blob, overwrite=True)
+            out[s.name] = load_stage(s, blob)
+        return out
+
     def _train(self, source: _PassData) -> _PassStats:
         current = source.impressions
         pass_name = f"{self.passes_done + 1}"
@@ -539,7 +639,16 @@ class FunnelLoop(PassLoop):
         folder = rfs.join(self.export_root, f"pass-{self.passes_done + 1:05d}")
         if counts and self.role.index == 0:  # what this pass's rankers read (tests recount it)
             rfs.write_atomic(rfs.join(folder, COUNTS_EXPORT), counts_to_bytes(counts), overwrite=True)
+        if self.validating and not self.stages and self.resume.folder:
+            self.refresh()  # a resumed job that evaluated nothing (stream.eval_before_train false): the model read
+        if self.validating and self.stages and self._item_cf() is not None and self.role.index == 0:
+            # the item_cf its evaluation and validation stages read (tests refit it)
+            rfs.write_atomic(rfs.join(folder, ITEM_CF_EXPORT), self.item_cf.to_bytes(), overwrite=True)
+        validated = self._train_validation(current, counts, pass_name, folder, view, trained)
         for s in self.specs:
+            if s.name in validated:  # trained first, on the pass scored by the previous pass's stages
+                stages[s.name] = validated[s.name]
+                continue
             funnel = Funnel(self.specs, stages, index, view, counts=counts) if stages else None
             t = time.perf_counter()
             examples = training_examples(s, self.specs, view, funnel, seed + s.index + 1000 * self.passes_done)
@@ -566,13 +675,16 @@ class FunnelLoop(PassLoop):
                 rfs.write_atomic(rfs.join(self.export_root, COUNTS_EXPORT), counts_to_bytes(latest), overwrite=True)
         self.history = self.history + current
         self.stages, self.index = stages, index
+        if self._item_cf() is not None and self.role.index == 0:  # what recommend serves: EASE of every pass so far
+            rfs.write_atomic(rfs.join(self.export_root, ITEM_CF_EXPORT), self.item_cf.to_bytes(), overwrite=True)
         self.model_sha = {n: t["export_sha256"] for n, t in trained.items()}
         self.pending["stages"] = trained
         self.pending["exports"] = folder
         steps = sum(t["steps"] for t in trained.values())
         examples = sum(t["examples"] for t in trained.values())
         seconds = sum(t["seconds"] for t in trained.values())
-        return _PassStats(steps, examples, seconds, trained[self.specs[-1].name]["loss"],
+        losses = [trained[s.name]["loss"] for s in self.specs if trained[s.name]["steps"]]  # the last that trained
+        return _PassStats(steps, examples, seconds, losses[-1] if losses else float("nan"),
                           [(self.passes_done, 0)] * self.specs[0].threads)
 
     def _log(self, record: dict) -> None:

@@ -7,6 +7,7 @@ worker's body (recps.pipeline.incremental.funnel_stream_work) takes the typed Fu
 
 from __future__ import annotations
 
+import logging
 from functools import partial
 from pathlib import Path
 from typing import Any, Sequence
@@ -22,10 +23,13 @@ from recps.pipeline.data import FunnelData
 from recps.pipeline.held_out import evaluate_funnel
 from recps.pipeline.incremental import FunnelStreamWork, funnel_stream_work, summary_lines
 from recps.pipeline.runner import load_world
-from recps.pipeline.stages import check_data, eval_settings, pipeline_specs, schedule
+from recps.pipeline.stages import (check_data, eval_settings, item_cf_settings, pipeline_specs, schedule,
+                                   stream_validation_note)
 from recps.stream import StreamConfig, check_stream_out, nothing_left, with_start_day
 
 __all__ = ["run_funnel_stream"]
+
+log = logging.getLogger("recps.pipeline")
 
 
 def run_funnel_stream(cfg: DictConfig, out_dir: Path) -> float:
@@ -44,6 +48,9 @@ def run_funnel_stream(cfg: DictConfig, out_dir: Path) -> float:
         raise ConfigError(f"pipeline.schedule={OmegaConf.to_container(cfg.pipeline.schedule)}: a stream trains its "
                           "stages one after another each pass; drop pipeline.schedule (null) with stream=hourly")
     _fill_accessors(cfg, specs)
+    note = stream_validation_note(cfg, specs)
+    if note and environment_role(cfg) is None:  # once, by the launcher
+        log.info(note)
     if environment_role(cfg) is None and (left := run_in_fork(lambda: nothing_left(config),
                                                               "reading the stream's records")):
         print(f"[recps] {left}")  # decided from the records: no cluster starts
@@ -66,13 +73,13 @@ def run_funnel_stream(cfg: DictConfig, out_dir: Path) -> float:
 def _funnel_stream_worker(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -> dict[str, Any] | None:
     """A worker of the streaming funnel (recps.cluster.driver.run_role's `work`): recps.pipeline.incremental's
     funnel_stream_work with the typed values of the composed config; `data`: an in-process cluster's world."""
+    work_specs = pipeline_specs(cfg)  # after _fill_accessors: each stage's mode has the stream's accessor
     work = FunnelStreamWork(
-        config=StreamConfig.from_config(OmegaConf.to_container(cfg.stream, resolve=True)),
-        specs=pipeline_specs(cfg),  # after _fill_accessors: each stage's mode has the stream's accessor
+        config=StreamConfig.from_config(OmegaConf.to_container(cfg.stream, resolve=True)), specs=work_specs,
         settings=build_settings(cfg), node=node_settings(cfg), pipeline=str(cfg.pipeline.name),
         top_n=int(cfg.pipeline.top_n), index=OmegaConf.to_container(cfg.pipeline.index, resolve=True),
         load_world=lambda: data if isinstance(data, FunnelData) else load_world(cfg),
-        evaluate=partial(evaluate_funnel, settings=eval_settings(cfg)))
+        evaluate=partial(evaluate_funnel, settings=eval_settings(cfg)), item_cf=item_cf_settings(cfg, work_specs))
     return funnel_stream_work(work, role, Path(out_dir))
 
 

@@ -1,6 +1,7 @@
 """The tiny streaming funnel the pipeline tests train (tests/pipeline/test_stream_funnel*.py,
-test_counts.py): its days, the modes its stages run in, and its overrides of pipeline=video_funnel
-stream=hourly (a world of 120 users x 600 items, one epoch a stage)."""
+test_stream_validation.py, test_counts.py): its days, the modes its stages run in, and its overrides of
+pipeline=video_funnel stream=hourly (a world of 120 users x 600 items, one epoch a stage; fusion as
+video_funnel.yaml has it: trained on each pass as the stream's validation period, from the second pass on)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ __all__ = ["DAY", "DAY2", "DAY3", "STAGES", "STREAM_FUSION", "TINY"]
 
 DAY, DAY2, DAY3 = "20261201", "20261202", "20261203"
 STAGES = {"recall": "geo", "coarse": "async", "fine": "async", "fusion": "sync"}
-# A stream has no validation period (each pass trains on what arrived): fusion trains on the pass's exposures,
-# reading the stages' scores and no counting features, as before video_funnel.yaml's fusion moved to the period
-# (docs/funnel.md)
+# The fusion streams trained before a stream had a validation period (docs/funnel.md, "Streaming funnel"): on
+# the pass's exposures, scored by the stages freshly trained on them, reading no item_cf and no counting features.
+# Not needed to run a stream any more; benchmarks/RESULTS.md compares it with the default ("Streaming funnel:
+# fusion on each pass as its validation period")
 STREAM_FUSION = ["pipeline.stages.fusion.inputs.train_on=[exposures]",
                  "pipeline.stages.fusion.inputs.scores=[recall,coarse,fine]",
                  "pipeline.stages.fusion.inputs.score_norm=none", "pipeline.validation_fraction=null",
@@ -30,7 +32,6 @@ TINY = [
     "pipeline.stages.recall.trainer.epochs=1", "pipeline.stages.coarse.trainer.epochs=1",
     "pipeline.stages.fine.trainer.epochs=1", "pipeline.stages.fusion.trainer.epochs=1",
     "pipeline.eval_users=0", "pipeline.eval_batch_users=128",
-    *STREAM_FUSION,
     f"stream.start_day={DAY}", "stream.hours=1", "stream.data_sleep_second=0.2", "stream.wait_timeout_s=60",
     "stream.shrink=false",  # the day end keeps every row: the resumed model is pass 1's exactly
 ]

@@ -102,8 +102,8 @@ __all__ = ["Impressions", "FunnelLoop", "FunnelStreamWork", "write_world_passes"
 log = logging.getLogger("recps.pipeline")
 
 PASS_FILE = "part-00000.parquet"
-# <run dir>/funnel/pass-NNNNN/validation_<stage>.pt: the rows a validation stage trained on that pass (users,
-# items, labels, dense inputs; worker 0 writes them, tests recompute them)
+# <run dir>/funnel/pass-NNNNN/validation_<stage>.pt: the rows a validation stage trained on that pass (its
+# features' keys, dense inputs and labels; worker 0 writes them, tests recompute them)
 VALIDATION_EXAMPLES = "validation_{stage}.pt"
 COLUMNS = ("user_id", "item_id", "time", "click", "long_view")
 _EVAL_TIMEOUT_S = 3600.0  # how long a worker waits for the others to merge a pass's evaluation
@@ -677,6 +677,7 @@ class FunnelLoop(PassLoop):
         self.stages, self.index = stages, index
         if self._item_cf() is not None and self.role.index == 0:  # what recommend serves: EASE of every pass so far
             rfs.write_atomic(rfs.join(self.export_root, ITEM_CF_EXPORT), self.item_cf.to_bytes(), overwrite=True)
+        trained = {s.name: trained[s.name] for s in self.specs}  # in the stages' order (validation stages trained first)
         self.model_sha = {n: t["export_sha256"] for n, t in trained.items()}
         self.pending["stages"] = trained
         self.pending["exports"] = folder

@@ -677,7 +677,7 @@ class FunnelLoop(PassLoop):
         self.stages, self.index = stages, index
         if self._item_cf() is not None and self.role.index == 0:  # what recommend serves: EASE of every pass so far
             rfs.write_atomic(rfs.join(self.export_root, ITEM_CF_EXPORT), self.item_cf.to_bytes(), overwrite=True)
-        trained = {s.name: trained[s.name] for s in self.specs}  # in the stages' order (validation stages trained first)
+        trained = {s.name: trained[s.name] for s in self.specs}  # the stages' order (validation ones trained first)
         self.model_sha = {n: t["export_sha256"] for n, t in trained.items()}
         self.pending["stages"] = trained
         self.pending["exports"] = folder

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from recps.config import PROJECT_ROOT
-from tests.helpers.cli import recps_train
+from tests.helpers.cli import recps_train, run_module
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -57,6 +57,34 @@ def retrieval(tmp_path_factory) -> tuple[str, dict]:
     if not (SHARED / "movielens_latest_small").is_dir():
         pytest.skip(f"{SHARED / 'movielens_latest_small'} absent")
     return train(tmp_path_factory.mktemp("two_tower") / "run", "model=two_tower", "ps=local", "trainer.max_steps=5")
+
+
+TINY_WORLD = ["pipeline=video_funnel", "pipeline.world.users=60", "pipeline.world.items=2000",
+              "pipeline.world.creators=100", "pipeline.world.metric_users=10", "pipeline.world.impressions_per_user=30",
+              "pipeline.world.random_items_per_user=100"]
+# The other entry points a user runs (issue 32.4; recps.evaluate and recps.pipeline.recommend are checked where
+# their runs are made: tests/cluster/test_ps_checkpoint.py, tests/pipeline/test_funnel.py); {tmp} is a folder.
+ENTRY_POINTS = {
+    "generators video_world": ("recps.data.generators", "video_world", "--out", "{tmp}/world", "--users", "40",
+                               "--items", "2000", "--creators", "100", "--metric-users", "10",
+                               "--impressions-per-user", "30"),
+    "generators ctr": ("recps.data.generators", "ctr", "--rows", "2000", "--out", "{tmp}/ctr.txt"),
+    "pipeline.incremental": ("recps.pipeline.incremental", "--root", "file://{tmp}/impressions", "--start-day",
+                             "20261201", "--hours", "1", *TINY_WORLD, "pipeline.world.dir={tmp}/funnel_world"),
+    "launch --help": ("recps.launch", "--help"),
+    "debug --help": ("recps.debug", "--help"),
+    "benchmarks.tier_store_bench": ("benchmarks.tier_store_bench", "--rows", "20000", "--batches", "5",
+                                    "--stores", "rocksdict", "--workdir", "{tmp}"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ENTRY_POINTS))
+def test_every_entry_point_is_as_quiet_as_train(name, tmp_path):
+    module, *args = (a.format(tmp=tmp_path) for a in ENTRY_POINTS[name])
+    proc = run_module(module, *args, timeout=300)
+    assert proc.returncode == 0, proc.describe(name)
+    for noise in (*NOISE, "not confined"):
+        assert noise not in proc.output, (noise, proc.output[-3000:])
 
 
 def test_a_run_prints_nothing_the_user_cannot_act_on(ranking, next_item, retrieval):

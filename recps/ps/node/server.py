@@ -271,6 +271,11 @@ class PSServer:
         """Messages and connections the transport refused, by reason (TransportServer.rejections)."""
         return self._transport.rejections
 
+    @property
+    def resends(self) -> int:
+        """Requests that arrived again and were answered with their first reply (TransportServer.resends)."""
+        return self._transport.resends
+
     def start(self) -> "PSServer":
         warm_up_kernels()  # before the first request: loading the tables' compiled loops takes ~1 s
         self._transport.start()

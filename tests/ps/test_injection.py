@@ -122,6 +122,33 @@ def test_a_request_resent_after_it_ran_gets_its_first_reply():
         server.stop()
 
 
+def test_the_at_most_once_log_waits_answers_again_and_forgets_in_bounds():
+    """A resend of a running request waits for its reply, of an ended one gets it; an ended entry is
+    forgotten after retain_s, or earlier (counted) beyond max_entries, a running one never."""
+    from recps.ps.transport.server import ONCE_REPLY_BYTES, _OnceLog
+
+    log = _OnceLog(retain_s=0.2, max_entries=3)
+    assert log.begin(1, b"a") == (True, None)
+    assert log.begin(1, b"b") == (False, None)  # running: b waits
+    reply = wire.encode(wire.REPLY, 1)
+    assert log.end(1, reply) == [b"b"]
+    assert log.begin(1, b"c") == (False, reply) and log.resends == 2
+    big = wire.encode(wire.REPLY, 2, tensors=[torch.zeros(ONCE_REPLY_BYTES // 4 + 1)])
+    log.begin(2, b"a")
+    log.end(2, big)
+    (kept,) = log.begin(2, b"d")[1]  # too large to keep: an error that says it ran
+    assert "ran already" in wire.decode([kept]).text
+    log.begin(3, b"a")  # running
+    log.begin(4, b"a")  # the 4th entry: the oldest ended one (1) goes early
+    assert log.forgotten_early == 1
+    assert log.begin(1, b"e") == (True, None)  # (a resend would run again: the price of the bound)
+    log.end(4, reply)
+    time.sleep(0.3)  # retain_s passed: 4 (ended) goes, 3 and 1 (running) stay
+    assert log.begin(5, b"a") == (True, None)
+    assert log.begin(4, b"f") == (True, None)
+    assert log.begin(3, b"g") == (False, None)
+
+
 # ------------------------------------------------------------------------------------------- a job
 
 

@@ -24,9 +24,10 @@ is dropped within security.HEARTBEAT_TIMEOUT_S + HEARTBEAT_IVL_S by the ZMTP hea
 client reconnects and resends what was in flight (`TransportClient`).
 
 At most once: a request of kind wire.REQUEST_ONCE (the client's default; reads are plain REQUESTs)
-is remembered by its request id for 2 x wire.RESEND_WINDOW_S. A resend of one that is still running
-gets its reply when it ends; a resend of one that ended gets the same reply again (kept up to
-ONCE_REPLY_BYTES; a larger one is answered with an error saying it ran). Resends are counted (`resends`).
+is remembered by its request id for 2 x wire.RESEND_WINDOW_S (at most ONCE_ENTRIES ended ones). A
+resend of one that is still running gets its reply when it ends; a resend of one that ended gets the
+same reply again (kept up to ONCE_REPLY_BYTES; a larger one is answered with an error saying it
+ran). Resends are counted (`resends`).
 
 Handler contract:
 
@@ -77,6 +78,7 @@ _MONITORED = int(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHA
                  | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 _POLL_MS = 1000  # the front thread re-checks its stop flag at least this often
 ONCE_REPLY_BYTES = 1 << 16  # a REQUEST_ONCE's reply up to this size is kept for a resend
+ONCE_ENTRIES = 200_000  # REQUEST_ONCEs remembered at most (~250 B each): beyond, the oldest ended are forgotten early
 
 
 class _Once:
@@ -90,11 +92,14 @@ class _Once:
 
 class _OnceLog:
     """The REQUEST_ONCEs of the last `retain_s` seconds by request id (and the running ones, however
-    old). Thread-safe; a request id is unique per client (TransportClient: a random session prefix)."""
+    old), at most `max_entries` (then the oldest ended ones go first, counted in `forgotten_early`: a
+    resend of one of those would run again). Thread-safe; a request id is unique per client
+    (TransportClient: a random session prefix)."""
 
-    def __init__(self, retain_s: float = 2 * wire.RESEND_WINDOW_S) -> None:
-        self.retain_s = retain_s
+    def __init__(self, retain_s: float = 2 * wire.RESEND_WINDOW_S, max_entries: int = ONCE_ENTRIES) -> None:
+        self.retain_s, self.max_entries = retain_s, max_entries
         self.resends = 0
+        self.forgotten_early = 0
         self._lock = threading.Lock()
         self._entries: collections.OrderedDict[int, _Once] = collections.OrderedDict()  # arrival order
 
@@ -127,15 +132,18 @@ class _OnceLog:
             return waiting
 
     def _expire(self, now: float) -> None:
-        """Forget ended requests that arrived more than retain_s ago (lock held)."""
+        """Forget ended requests that arrived more than retain_s ago, or the oldest ended ones beyond
+        max_entries (lock held)."""
         for _ in range(len(self._entries)):
             rid, entry = next(iter(self._entries.items()))
-            if now - entry.arrived < self.retain_s:
+            full = len(self._entries) >= self.max_entries
+            if now - entry.arrived < self.retain_s and not full:
                 return
             if entry.reply is None:
                 self._entries.move_to_end(rid)  # still running: its resends must find it
             else:
                 del self._entries[rid]
+                self.forgotten_early += now - entry.arrived < self.retain_s
 
 
 def _endpoint(bind: str, port: int) -> str:

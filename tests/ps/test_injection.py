@@ -23,8 +23,6 @@ import re
 import subprocess
 import sys
 import threading
-import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -35,6 +33,7 @@ from recps.ps.roles import UserDefinedRoleMaker
 from recps.ps.transport import TransportClient, TransportServer, security, wire
 from tests.helpers.cli import child_env, output_excerpt
 from tests.helpers.onpath import ONPATH_ENV, OnPathProxy
+from tests.helpers.threads import wait_until
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -79,9 +78,7 @@ def test_injected_frames_cost_a_reconnect_and_every_push_counts_once():
         client.call(0, "push", "counter", [torch.tensor([0])])  # answered after both drops
         assert total["sum"] == 200 * 201 // 2
         assert len(_dropped_by_server(proxy, BOUND_S)) == 2
-        deadline = time.monotonic() + BOUND_S
-        while server.rejections.get("handshake", 0) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: server.rejections.get("handshake", 0) >= 2, BOUND_S, "two handshake rejections counted")
         assert server.rejections == {"handshake": 2}
         assert client.resends >= 1  # what was in flight on a dropped connection was sent again
         assert server.resends <= client.resends
@@ -127,7 +124,8 @@ def test_the_at_most_once_log_waits_answers_again_and_forgets_in_bounds():
     forgotten after retain_s, or earlier (counted) beyond max_entries, a running one never."""
     from recps.ps.transport.server import ONCE_REPLY_BYTES, _OnceLog
 
-    log = _OnceLog(retain_s=0.2, max_entries=3)
+    clock = {"now": 0.0}
+    log = _OnceLog(retain_s=10.0, max_entries=3, clock=lambda: clock["now"])
     assert log.begin(1, b"a") == (True, None)
     assert log.begin(1, b"b") == (False, None)  # running: b waits
     reply = wire.encode(wire.REPLY, 1)
@@ -143,7 +141,7 @@ def test_the_at_most_once_log_waits_answers_again_and_forgets_in_bounds():
     assert log.forgotten_early == 1
     assert log.begin(1, b"e") == (True, None)  # (a resend would run again: the price of the bound)
     log.end(4, reply)
-    time.sleep(0.3)  # retain_s passed: 4 (ended) goes, 3 and 1 (running) stay
+    clock["now"] = 11.0  # retain_s passed: 4 (ended) goes, 3 and 1 (running) stay
     assert log.begin(5, b"a") == (True, None)
     assert log.begin(4, b"f") == (True, None)
     assert log.begin(3, b"g") == (False, None)

@@ -96,8 +96,9 @@ class _OnceLog:
     resend of one of those would run again). Thread-safe; a request id is unique per client
     (TransportClient: a random session prefix)."""
 
-    def __init__(self, retain_s: float = 2 * wire.RESEND_WINDOW_S, max_entries: int = ONCE_ENTRIES) -> None:
-        self.retain_s, self.max_entries = retain_s, max_entries
+    def __init__(self, retain_s: float = 2 * wire.RESEND_WINDOW_S, max_entries: int = ONCE_ENTRIES,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.retain_s, self.max_entries, self._clock = retain_s, max_entries, clock
         self.resends = 0
         self.forgotten_early = 0
         self._lock = threading.Lock()
@@ -106,7 +107,7 @@ class _OnceLog:
     def begin(self, rid: int, identity) -> tuple[bool, list | None]:
         """(True, None): the first arrival, run it. (False, reply): a resend of one that ended, answer
         `reply`. (False, None): a resend of one still running: `identity` gets its reply (see end)."""
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             self._expire(now)
             entry = self._entries.get(rid)

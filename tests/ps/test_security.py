@@ -284,6 +284,8 @@ def test_attack_replay_of_a_captured_request(curve, encryption):
         else:  # create and push arrive again: answered from the log, not run
             _wait_for(lambda: server.resends == 2, what="the replayed requests read as resends")
             assert server.sparse("emb").pull(torch.tensor([7])).tolist() == [[-1000.0, -1000.0]]
+            with PSClient([server.endpoint], token=TOKEN, timeout_s=10.0) as probe:
+                assert probe.stats()["servers"][0]["resends"] == 2
     finally:
         proxy.close()
         server.stop()

@@ -544,7 +544,8 @@ class PSServer:
             pending = {mode: half.pending() for mode, half in self._halves.items()}
         return [], {"stats": json.dumps({"server": self.index, "tables": stats, "pending": pending,
                                          "rejected": self.rejections,
-                                         "handler_errors": self._transport.handler_errors})}
+                                         "handler_errors": self._transport.handler_errors,
+                                         "resends": self._transport.resends})}
 
     def _stop_verb(self, name, fields, meta):
         logger.info("server %d: stop requested by a client", self.index)

@@ -134,10 +134,12 @@ def _run_stream(cfg: DictConfig, out_dir: Path) -> dict[str, Any] | None:
         raise ConfigError(f"stream=hourly trains on the parameter server; ps={cfg.ps.name!r}: use ps=sync, async or geo")
     from recps.cluster.driver import run_distributed  # deferred: torch, torchrec, zmq (the PS); `--cfg job` needs none
     from recps.cluster.driver import environment_role  # deferred: as run_distributed
-    from recps.stream import StreamConfig, check_stream_out, nothing_left  # deferred: torch, the PS; a stream's only
+    from recps.stream import StreamConfig, check_stream_out, nothing_left, with_start_day  # deferred: torch, the PS
 
     # A bad stream key fails here, in the launcher, before any process starts.
-    config = StreamConfig.from_config(OmegaConf.to_container(cfg.stream, resolve=True))
+    values = with_start_day(OmegaConf.to_container(cfg.stream, resolve=True))
+    cfg.stream.start_day = values["start_day"]  # the cluster's processes read it from the config
+    config = StreamConfig.from_config(values)
     if environment_role(cfg) is None and (left := _launch.run_in_fork(lambda: nothing_left(config),
                                                                       "reading the stream's records")):
         print(f"[recps] {left}")  # decided from the records: no cluster starts
@@ -230,6 +232,11 @@ def held_out_metric_names(cfg: DictConfig, metrics: dict[str, Any]) -> list[str]
     return sorted(keys, key=rank)
 
 
+# What the baselines' metric prefixes stand for (recps.tasks.retrieval, recps.tasks.next_item).
+_BASELINES = {"most_popular": "most popular items",
+              "session_items": "the session's own items, most recent first, then popular"}
+
+
 def summary_lines(cfg: DictConfig, metrics: dict[str, Any]) -> list[str]:
     """What the run's numbers are, in words: the held-out split's metrics (a stream's: its last pass,
     evaluated before training on it), the baseline's on the same split, the training throughput.
@@ -253,9 +260,10 @@ def summary_lines(cfg: DictConfig, metrics: dict[str, Any]) -> list[str]:
         name = f"{last['day']}/{last['pass']}" if last.get("day") else str(last.get("pass", ""))
         where = f"last pass ({name}), evaluated before training on it" if passes else "last pass"
     else:
-        where = "held-out test split"
-        if isinstance(metrics.get("queries"), (int, float)):
-            where += f" ({int(metrics['queries'])} queries)"
+        where = f"held-out {'validation' if metrics.get('evaluated_on') == 'validation' else 'test'} split"
+        for count in ("queries", "predictions"):  # retrieval's queries; next-item's predicted clicks
+            if isinstance(metrics.get(count), (int, float)):
+                where += f" ({int(metrics[count])} {count})"
     own = [k for k in names if "/" not in k]
     lines = [f"{where}: " + (" ".join(f"{k}={metrics[k]:.4f}" for k in own) or "no metrics")]
     if isinstance(metrics.get("best_reachable_auc"), float):
@@ -266,7 +274,7 @@ def summary_lines(cfg: DictConfig, metrics: dict[str, Any]) -> list[str]:
         if tail and head not in task_names:
             baselines.setdefault(head, []).append(k)
     for name, keys in baselines.items():
-        what = "most popular items" if name == "most_popular" else name
+        what = _BASELINES.get(name, name)
         lines.append(f"baseline on the same split, {what}: "
                      + " ".join(f"{k.partition('/')[2]}={metrics[k]:.4f}" for k in keys))
     if "train_steps" in metrics and "examples_per_sec" in metrics:
@@ -274,6 +282,9 @@ def summary_lines(cfg: DictConfig, metrics: dict[str, Any]) -> list[str]:
         steps = f"{metrics['train_steps']} steps" + (" on worker 0" if isinstance(workers, int) and workers > 1 else "")
         examples = f"{metrics.get('train_examples', '?')} examples" + (
             f" over {workers} workers" if isinstance(workers, int) and workers > 1 else "")
+        step, count = metrics.get("step"), metrics["train_steps"]
+        if isinstance(step, int) and isinstance(count, int) and step > count > 0:  # a resumed job's steps
+            steps += f" (steps {step - count + 1}-{step})"
         lines.append(f"trained {steps}, {examples}, {metrics['examples_per_sec']:.0f} examples/s")
     return lines
 
@@ -287,7 +298,7 @@ def _tensorboard_test_metrics(cfg: DictConfig, metrics: dict[str, Any], out_dir:
     from torch.utils.tensorboard import SummaryWriter  # deferred: tensorboard is optional, asked for
 
     reports = [r for r in metrics.get("train_metrics") or () if isinstance(r, dict) and "step" in r]
-    step = int(reports[-1]["step"]) if reports else int(metrics.get("train_steps", 0))
+    step = int(reports[-1]["step"]) if reports else int(metrics.get("step", metrics.get("train_steps", 0)))
     names = held_out_metric_names(cfg, metrics)
     if isinstance(metrics.get("best_reachable_auc"), float):
         names.append("best_reachable_auc")

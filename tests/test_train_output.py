@@ -91,9 +91,41 @@ def test_the_retrieval_baseline_is_printed_beside_the_model(retrieval):
     assert f"[recps] baseline on the same split, most popular items: {baseline}\n" in output, output
 
 
+def test_a_next_item_run_prints_its_baselines_beside_the_model(next_item):
+    """Issue 32.11: GRU4Rec / SASRec printed no baseline; retrieval runs printed most-popular."""
+    output, metrics = next_item
+    for prefix, what in (("most_popular", "most popular items"),
+                         ("session_items", "the session's own items, most recent first, then popular")):
+        values = " ".join(f"{k}={metrics[f'{prefix}/{k}']:.4f}" for k in ("recall@20", "mrr@20"))
+        assert f"[recps] baseline on the same split, {what}: {values}\n" in output, output[-3000:]
+    # the session's own items are a strong baseline on session logs (repeat clicks): above most popular
+    assert metrics["session_items/recall@20"] > metrics["most_popular/recall@20"]
+
+
+@pytest.fixture(scope="module")
+def validation(tmp_path_factory) -> tuple[str, dict]:
+    if not (SHARED / "rsc15_yoochoose").is_dir():
+        pytest.skip(f"{SHARED / 'rsc15_yoochoose'} absent")
+    return train(tmp_path_factory.mktemp("sasrec-valid") / "run", "model=sasrec", "ps=local", "trainer.max_steps=4",
+                 "dataset.valid_days=1")
+
+
+def test_a_validation_split_is_evaluated_instead_of_the_test_split(validation):
+    """Issue 32.11: dataset.valid_days holds the last days of the training clicks out, so that settings are
+    chosen without the test split."""
+    output, metrics = validation
+    assert metrics["evaluated_on"] == "validation"
+    assert "dataset rsc15: the validation split is the last 1 days of the training clicks" in output
+    assert (f"[recps] held-out validation split ({int(metrics['predictions'])} predictions): "
+            f"recall@20={metrics['recall@20']:.4f}") in output, output[-3000:]
+    assert "held-out test split" not in output
+
+
 def test_next_item_and_retrieval_runs_return_their_own_objective(next_item, retrieval):
     """No `objective=auc is not a metric` warning (NOISE): the task config names its objective."""
-    assert f"[recps] held-out test split: recall@20={next_item[1]['recall@20']:.4f} mrr@20=" in next_item[0]
+    predictions = int(next_item[1]["predictions"])
+    assert (f"[recps] held-out test split ({predictions} predictions): recall@20={next_item[1]['recall@20']:.4f} "
+            "mrr@20=") in next_item[0]
     for output, _ in (next_item, retrieval):
         assert "objective" not in output, output
 

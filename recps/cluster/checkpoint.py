@@ -158,7 +158,9 @@ def read_progress(ckpt: str, num_workers: int) -> list[dict]:
 class CheckpointPauses:
     """`recps.job.loop.Pauses` of ps.checkpoint_every_steps / ps.checkpoint_every_seconds: committed
     checkpoints of a running job at `<checkpoint dir>/step-N/` (N: each worker's steps, over its
-    threads, since the job began: the resumed steps count).
+    threads, since the job began: the resumed steps count). With checkpoint_every_steps=E they fall
+    on the multiples of E of that count, as the metrics reports do: a run resumed at step 392 with
+    E=200 checkpoints at 400, 600, ... as the run it continues would have.
 
     The workers agree first (one barrier) on the smallest number of steps any of them will take;
     meetings fall strictly before it (the checkpoint at the end covers the rest), so every worker
@@ -198,13 +200,18 @@ class CheckpointPauses:
         self.limit = min((values[2 * i] << 20) | values[2 * i + 1] for i in range(workers))
         log.info("%s: checkpoints every %s during training, before step %d (the fewest steps of a worker)",
                  self.role.name, f"{self._round(self.every_steps)} steps" if self.every_steps else f"{self.every_s:g} s",
-                 self.limit)
+                 self.job.steps_done + self.limit)
 
     def _round(self, steps: int) -> int:
         return max(self.unit, -(-int(steps) // self.unit) * self.unit)
 
     def _next(self, steps: int) -> int | None:
-        at = steps + self._round(self.every_steps if self.every_steps else self.interval)
+        """The fit's step count of the meeting after the one at `steps` (None: none before the limit)."""
+        if self.every_steps:  # the next multiple of the interval on the job's step count
+            every, done = self._round(self.every_steps), self.job.steps_done
+            at = self._round((done + steps) // every * every + every - done)
+        else:
+            at = steps + self._round(self.interval)
         self.at = at if at < self.limit else None
         return self.at
 

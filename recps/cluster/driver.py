@@ -327,14 +327,29 @@ def _forked_process(cfg: DictConfig, out_dir: Path, work=None):
     return run
 
 
+def _what_runs(cfg: DictConfig) -> tuple[str, str]:
+    """(what the launcher starts, each worker's threads) for its first line: `ps=async`, "x 2 thread(s)";
+    a funnel's stages each train in their own mode with their own threads (trainer.threads is not read):
+    `pipeline=video_funnel (recall geo, coarse async, fine async, fusion sync)`, "x 1 thread(s) per stage"."""
+    p = cfg.get("pipeline")
+    stages = p.get("stages") if p is not None and str(p.get("name", "none")) != "none" else None
+    if not stages:
+        return f"ps={cfg.ps.name}", f"x {cfg.trainer.threads} thread(s)"
+    modes = ", ".join(f"{name} {stage.ps.get('name')}" for name, stage in stages.items())
+    threads = {name: int(stage.trainer.threads) for name, stage in stages.items()}
+    each = (f"x {next(iter(threads.values()))} thread(s) per stage" if len(set(threads.values())) == 1 else
+            "x " + ", ".join(f"{t} ({name})" for name, t in threads.items()) + " thread(s)")
+    return f"pipeline={p.get('name')} ({modes})", each
+
+
 def _launch_local(cfg: DictConfig, out_dir: Path, fork=None) -> dict[str, Any]:
     c = cfg.cluster
     out_dir.mkdir(parents=True, exist_ok=True)
     metrics_file = out_dir / "metrics.json"
     metrics_file.unlink(missing_ok=True)
     command = child_command(cfg, out_dir)
-    log.info("ps=%s: starting %d server(s) and %d worker(s) x %d thread(s) on %s", cfg.ps.name, c.servers,
-             c.workers, cfg.trainer.threads, c.host)
+    what, threads = _what_runs(cfg)
+    log.info("%s: starting %d server(s) and %d worker(s) %s on %s", what, c.servers, c.workers, threads, c.host)
     tee = _Tee(out_dir / "cluster.log")
     streaming = cfg.get("stream") is not None and bool(cfg.stream.get("enabled", False))
 

@@ -43,31 +43,49 @@ _PROGRESS_EVERY_S = 5.0
 
 class ProgressLog:
     """A log line every few seconds from worker 0 (a tqdm bar does not survive line forwarding), and one
-    at its first step (with the process's age: benchmarks/startup_bench.py reads it)."""
+    at its first step (with the process's age: benchmarks/startup_bench.py reads it).
 
-    def __init__(self, batch_size: int, threads: int) -> None:
-        self.batch_size, self.threads = batch_size, threads
+    Its `step` is the job's (`job.steps_done`, what the job trained before this fit, plus the fit's
+    steps: continuous across resumes, restarts and a stream's passes, as the metrics records'); its rate
+    is this worker's since the current fit's first step (a fit numbers its steps from 1), as the fit's
+    own "examples/s" when it ends."""
+
+    def __init__(self, batch_size: int, threads: int, job=None) -> None:
+        self.batch_size, self.threads, self.job = batch_size, threads, job
         self.start = self.last = time.perf_counter()
         self.lock = threading.Lock()
         self.first = True
 
     def __call__(self, thread: int, step: int, loss: float) -> None:
         now = time.perf_counter()
-        if self.first:
-            with self.lock:
+        if step == 1:  # a fit's first step: its rate counts from here (a stream runs one fit per pass), its
+            with self.lock:  # first line comes a whole interval later (a rate over a few steps says little)
+                self.start = self.last = now
                 first, self.first = self.first, False
             if first:
                 age = process_age()
                 log.info("first training step done (loss %.4f)%s", loss,
                          f", {age:.2f} s after this process started" if age is not None else "")
+            return
         if now - self.last < _PROGRESS_EVERY_S:
             return
         with self.lock:
             if now - self.last < _PROGRESS_EVERY_S:
                 return
             self.last = now
-        log.info("step %d, %.0f examples/s on this worker, loss %.4f", step,
-                 step * self.batch_size / (now - self.start), loss)
+            start = self.start
+        base = self.job.steps_done if self.job is not None else 0
+        log.info("step %d, %.0f examples/s on this worker, loss %.4f", base + step,
+                 (step - 1) * self.batch_size / max(now - start, 1e-9), loss)
+
+
+def _step_range(step: int, steps: int) -> str:
+    """" (steps 393-784)" when the fit of `steps` steps ending at the job's step `step` continued a job; else "".
+
+    >>> _step_range(784, 392), _step_range(392, 392)
+    (' (steps 393-784)', '')
+    """
+    return f" (steps {step - steps + 1}-{step})" if step > steps and steps > 0 else ""
 
 
 def work(job: Job, mode, node: NodeSettings, role, out_dir: Path, observers: Sequence = ()) -> dict[str, Any] | None:
@@ -121,7 +139,7 @@ def _train(job: Job, strategy: DistributedStrategy, open_fleet, role, out_dir: P
         job.trainer.updater = dist.updater
         job.trainer.prefetch = strategy.mode.prefetches
         fleet.create_dense_table(STATS_TABLE, 4, mode="geo")  # GEO's server half adds what arrives
-        job.trainer.on_step = ProgressLog(batch_size, threads) if role.index == 0 else None
+        job.trainer.on_step = ProgressLog(batch_size, threads, job) if role.index == 0 else None
         tables = [*job.collection.table_dims(), DENSE_TABLE]  # named: the servers hold other tables too
         pauses = None
         if strategy.mode.checkpoint_every_steps or strategy.mode.checkpoint_every_seconds:
@@ -139,10 +157,11 @@ def _train(job: Job, strategy: DistributedStrategy, open_fleet, role, out_dir: P
         fleet.close_communicators()
         fleet.push_dense(STATS_TABLE, torch.tensor(
             [float(stats.examples), stats.examples_per_sec, stats.seconds, cpu])).wait()
-        log.info("%s trained: %d steps, %d examples, %.0f examples/s", role.name, stats.steps, stats.examples,
-                 stats.examples_per_sec)
+        job.steps_done += stats.steps
+        log.info("%s trained: %d steps%s, %d examples, %.0f examples/s", role.name, stats.steps,
+                 _step_range(job.steps_done, stats.steps), stats.examples, stats.examples_per_sec)
         if job.settings.checkpoint.save:  # where every thread stopped, for a resume
-            write_progress(ckpt, role, job.steps_done + stats.steps, stats.positions, fleet)
+            write_progress(ckpt, role, job.steps_done, stats.positions, fleet)
         fleet.barrier("recps.trained")
         if role.index != 0:
             return None
@@ -160,7 +179,7 @@ def _train(job: Job, strategy: DistributedStrategy, open_fleet, role, out_dir: P
             metrics["checkpoints"] = pauses.records
         if job.settings.checkpoint.save:
             progress = read_progress(ckpt, role.num_workers)
-            commit_ps_checkpoint(ckpt, tables, job.settings, {"steps": job.steps_done + stats.steps, "workers": progress,
+            commit_ps_checkpoint(ckpt, tables, job.settings, {"steps": job.steps_done, "workers": progress,
                                                      "origin": origin},
                                  save=lambda: fleet.save(ckpt, mode="full", tables=tables,
                                                                 timeout=max(strategy.mode.timeout_s, 600.0)))

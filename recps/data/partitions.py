@@ -7,17 +7,23 @@ A stream root (any fsspec URL, recps.fs) holds one folder per split of `split_in
     <root>/day=<YYYYMMDD>/hour=<HH>/...          layout "hive" (hourly splits only)
 
 A split is ready when its data donefile (default `_SUCCESS`, written last by the producer) exists.
+Where a stream starts (`first_day`): the `start_day` of its `<root>/_stream.json` (what
+recps.data.generators.drifting writes), else its earliest day folder.
 """
 
 from __future__ import annotations
 
+import json
+import re
+
 from recps import fs as rfs
 from recps.errors import ConfigError
 
-__all__ = ["LAYOUTS", "DEFAULT_DONEFILE", "split_path"]
+__all__ = ["LAYOUTS", "DEFAULT_DONEFILE", "STREAM_FILE", "split_path", "first_day"]
 
 LAYOUTS = ("hhmm", "hh", "hive")
 DEFAULT_DONEFILE = "_SUCCESS"
+STREAM_FILE = "_stream.json"  # a stream's description, written by its producer before any split
 
 
 def split_path(root: str, day: str, minute: int, layout: str = "hhmm") -> str:
@@ -37,3 +43,33 @@ def split_path(root: str, day: str, minute: int, layout: str = "hhmm") -> str:
     if layout == "hh":
         return rfs.join(root, day, f"{hour:02d}")
     return rfs.join(root, f"day={day}", f"hour={hour:02d}")
+
+
+def first_day(root: str, layout: str = "hhmm") -> tuple[str, str]:
+    """(the first day of the stream under `root`, YYYYMMDD; what said so): the `start_day` of
+    `<root>/_stream.json` when there is one, else the earliest day folder (`<root>/<YYYYMMDD>/`; layout
+    hive: `<root>/day=<YYYYMMDD>/`). A ConfigError names the root when neither says, and the file
+    when its start_day is not a day."""
+    if layout not in LAYOUTS:
+        raise ConfigError(f"stream layout={layout!r}; use one of {LAYOUTS}")
+    described = rfs.join(root, STREAM_FILE)
+    if rfs.exists(described):
+        try:
+            day = str(json.loads(rfs.read_bytes(described))["start_day"])
+        except (ValueError, KeyError, TypeError):
+            day = ""
+        if not re.fullmatch(r"\d{8}", day):
+            raise ConfigError(f"{described} holds no start_day (YYYYMMDD) to start the stream at; "
+                              "give stream.start_day=YYYYMMDD")
+        return day, described
+    fs, path = rfs.resolve(root)
+    pattern = re.compile(r"day=(\d{8})" if layout == "hive" else r"(\d{8})")
+    days = sorted(m.group(1) for info in (fs.ls(path, detail=True) if fs.exists(path) else [])
+                  if info.get("type") == "directory"
+                  and (m := pattern.fullmatch(str(info["name"]).rstrip("/").rsplit("/", 1)[-1])))
+    if not days:
+        folder = "day=YYYYMMDD/" if layout == "hive" else "YYYYMMDD/"
+        raise ConfigError(f"stream.start_day is not set and {root} holds neither {STREAM_FILE} nor a day folder "
+                          f"({folder}) to start at; give stream.start_day=YYYYMMDD")
+    first = days[0]
+    return first, rfs.join(root, f"day={first}" if layout == "hive" else first)

@@ -11,9 +11,20 @@ vocabulary (ids 0..C-1 in sorted raw-id order), and GRU4Rec's evaluation protoco
 filters the test split: clicks on items unseen in training are dropped, then sessions
 left with fewer than `min_length` (2) clicks.
 
+The order within a session and the day of the split may be two columns: public click logs
+often date each click for the split and give a timestamp or sequence number for the order
+(DIGINETICA's eventdate and timeframe; SR-GNN's preprocessing sorts by the latter and splits
+by the former). `order_key` names the column that orders a session's clicks (`order_format`:
+number or datetime); `time_key` then only places sessions in time for the splits. Without
+`order_key` the time column does both.
+
 The test split is either its own files, or, with `test_days` = N, the sessions of the
 training files whose last click lies within N days (N x 86,400 s) of the latest click:
-GRU4Rec's and SR-GNN's split of one click file (`split_last_days`).
+GRU4Rec's and SR-GNN's split of one click file (`split_last_days`). `valid_days` = V holds
+out a validation split the same way from what is left for training (the sessions ending in
+its last V days): the run trains on the rest and evaluates on the validation split, never
+reading the test split's metrics, so that settings are chosen without it; then the same
+settings without `valid_days` train on all training sessions and evaluate on the test split.
 
 Bad rows (a wrong field count, a missing or non-numeric value) are skipped, counted and
 logged with their file and line; beyond `error_budget` the reader raises DataError.
@@ -248,14 +259,16 @@ class SequenceSource:
     """Rows of whole sessions (windows of `max_len` clicks for longer ones); see the module docstring.
 
     Shard k of n takes rows order[k::n] (order: shuffled per (seed, epoch) when `shuffle`).
-    `bucket` > 1 groups rows of similar length: each run of `bucket` batches of the shard is
+    `item_counts` (C,): the training clicks per item, on an evaluation split's source (the
+    baselines of recps.tasks.next_item rank by them). `bucket` > 1 groups rows of similar length: each run of `bucket` batches of the shard is
     sorted by row length before it is cut into batches, and the batches are visited in a
     shuffled order (rsc15's training rows average 3 inputs but reach 57: a random batch of 128
     pads to 8.1 positions per real one, a bucketed one to 1.4, and SASRec trains 2.4x faster).
     """
 
     def __init__(self, sessions: Sessions, feature: str = "item", max_len: int | None = None,
-                 shuffle: bool = True, seed: int = 0, bucket: int = 32) -> None:
+                 shuffle: bool = True, seed: int = 0, bucket: int = 32,
+                 item_counts: torch.Tensor | None = None) -> None:
         if max_len is not None and int(max_len) < 1:
             raise ConfigError(f"dataset.max_len={max_len}; use a positive length or null (whole sessions)")
         if bool((sessions.lengths < 2).any()):
@@ -269,6 +282,7 @@ class SequenceSource:
         if int(bucket) < 1:
             raise ConfigError(f"SequenceSource: bucket={bucket}; use 1 (no length bucketing) or more batches")
         self.bucket = int(bucket)
+        self.item_counts = item_counts  # (C,) training clicks per item: an evaluation split's baselines rank by it
         self.row_start, self.row_len, self.row_first = self._rows()  # (R,) each
 
     def _rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -351,8 +365,11 @@ def _seconds(column: pd.Series, time_format: str) -> pd.Series:
 
 
 def _check_layout(paths: Any, header: Any, columns: Any, separator: Any, time_format: Any,
-                  keys: dict[str, str]) -> list[str] | None:
+                  keys: dict[str, str], order_format: Any = "number") -> list[str] | None:
     """Validates the layout options (ConfigError naming the key and the files); returns the columns."""
+    if order_format not in _TIME_FORMATS:
+        raise ConfigError(f"dataset.order_format={order_format!r} (files {paths!r}); use 'number' (a timestamp or "
+                          "sequence number, e.g. 1396860669.277 or 17) or 'datetime' (ISO-8601 text)")
     if not isinstance(header, bool):
         raise ConfigError(f"dataset.header={header!r} (files {paths!r}); use true (the first line names the "
                           "columns) or false (then dataset.columns names them)")
@@ -387,23 +404,33 @@ def read_clicks(
     header: bool = True,
     columns: Sequence[str] | None = None,
     time_format: str = "number",
+    order_key: str | None = None,
+    order_format: str = "number",
 ) -> pd.DataFrame:
-    """Reads click files (local paths or fsspec URLs) into a frame sorted by (session, time).
+    """Reads click files (local paths or fsspec URLs) into a frame sorted by (session, order).
 
     Layout: `separator` (one character); `header` True: the first line names the columns
     (with `columns` given too, that line is skipped and `columns` name them instead), False:
     `columns` names every column in file order; `time_format` "number" (seconds) or "datetime"
-    (ISO-8601 text, read as seconds since 1970 UTC).
+    (ISO-8601 text, read as seconds since 1970 UTC). `order_key`: the column that orders a
+    session's clicks (a timestamp or sequence number; `order_format` as time_format's), when
+    it is not the time column (None: the time orders them).
 
     Returns columns `session`, `item` (int64 when `integer_ids`, else strings) and `time`
-    (float64 seconds). Raises DataError when the bad rows exceed `error_budget` (a fraction of
-    the rows when a float in [0, 1], else a count).
+    (float64 seconds, what the splits read), rows sorted by session, then order (stable: ties keep
+    file order). Raises DataError when the bad rows exceed `error_budget` (a fraction of the rows
+    when a float in [0, 1], else a count).
     """
     if isinstance(error_budget, bool) or not isinstance(error_budget, (int, float)) or error_budget < 0 or (
             isinstance(error_budget, float) and error_budget > 1):
         raise ConfigError(f"dataset.error_budget={error_budget!r}; use a fraction in [0, 1] or a row count >= 0")
-    names = _check_layout(paths, header, columns, separator, time_format,
-                          {"session_key": session_key, "item_key": item_key, "time_key": time_key})
+    if order_key is not None and (not isinstance(order_key, str) or not order_key):
+        raise ConfigError(f"dataset.order_key={order_key!r} (files {paths!r}); name the column that orders a "
+                          "session's clicks, or null (the time column orders them)")
+    used = {"session_key": session_key, "item_key": item_key, "time_key": time_key}
+    if order_key is not None:
+        used["order_key"] = order_key
+    names = _check_layout(paths, header, columns, separator, time_format, used, order_format)
     files = expand_paths(paths)
     if not files:
         raise ConfigError(f"no click files at {paths!r}; check the dataset's train/test paths")
@@ -417,16 +444,18 @@ def read_clicks(
                                     header=0 if header else None, names=names, index_col=False)
             except FileNotFoundError as exc:
                 raise DataError(f"click file {path} does not exist; check the dataset's train/test paths") from exc
-        missing = [c for c in (session_key, item_key, time_key) if c not in frame.columns]
+        missing = [c for c in used.values() if c not in frame.columns]
         if missing:
             raise DataError(f"{path}: no columns {missing} in the header {list(frame.columns)}; set the dataset's "
-                            "session_key / item_key / time_key (and separator, or header=false with columns)")
+                            f"{' / '.join(used)} (and separator, or header=false with columns)")
         skipped = _bad_lines(caught)  # wrong field counts: pandas skipped them
         part = pd.DataFrame({
             "session": _ids(frame[session_key], integer_ids),
             "item": _ids(frame[item_key], integer_ids),
             "time": _seconds(frame[time_key], time_format),
         })
+        if order_key is not None:
+            part["order"] = _seconds(frame[order_key], order_format)
         broken = (part.isna().any(axis=1) | (frame[[session_key, item_key]] == "").any(axis=1)).to_numpy()
         n_bad += len(skipped) + int(broken.sum())
         examples += [f"{path}: {line}" for line in skipped[:_MAX_IN_MESSAGE]]
@@ -446,17 +475,21 @@ def read_clicks(
         log.warning("skipped %d bad rows of %d in %s (e.g. %s)", n_bad, rows, files, quoted)
     if integer_ids:
         clicks = clicks.astype({"session": np.int64, "item": np.int64})
-    return clicks.sort_values(["session", "time"], kind="stable", ignore_index=True)
+    if order_key is None:
+        return clicks.sort_values(["session", "time"], kind="stable", ignore_index=True)
+    return clicks.sort_values(["session", "order"], kind="stable", ignore_index=True).drop(columns="order")
 
 
-def split_last_days(clicks: pd.DataFrame, days: float) -> tuple[pd.DataFrame, pd.DataFrame]:
+def split_last_days(clicks: pd.DataFrame, days: float,
+                    key: str = "dataset.test_days") -> tuple[pd.DataFrame, pd.DataFrame]:
     """(train, test) clicks: a session is test when its last click is at or after the latest
     click minus `days` x 86,400 s (GRU4Rec's rsc15 preparation with days=1; SR-GNN's split).
 
     `clicks` as `read_clicks` returns them; whole sessions go to one side, each keeps its order.
+    `key` names the setting in an error (dataset.test_days, dataset.valid_days).
     """
     if isinstance(days, bool) or not isinstance(days, (int, float)) or not days > 0:
-        raise ConfigError(f"dataset.test_days={days!r}; use a positive number of days (or null: dataset.test files)")
+        raise ConfigError(f"{key}={days!r}; use a positive number of days (or null)")
     if len(clicks) == 0:
         return clicks, clicks
     ends = clicks.groupby("session", sort=False)["time"].transform("max").to_numpy()  # (M,) the session's last click
@@ -505,7 +538,9 @@ def build_sessions(clicks: pd.DataFrame, vocabulary: ItemVocabulary, min_length:
 class SessionData:
     """What `recps.job` trains and evaluates on: as `PreparedData`, plus the vocabulary.
 
-    train: the batching the model asks for; test: a non-shuffled `SequenceSource`.
+    train: the batching the model asks for; test: a non-shuffled `SequenceSource` of the split the
+    run evaluates on: the test split, or with `valid_days` the validation split (`evaluated_on`
+    says which; test_sessions then holds the validation sessions).
     num_embeddings: C, the rows the item table needs (ids are 0..C-1).
     """
 
@@ -516,6 +551,7 @@ class SessionData:
     train: SessionParallelSource | SequenceSource
     test: SequenceSource
     best_auc: float | None = None
+    evaluated_on: str = "test"
 
     @property
     def num_embeddings(self) -> int:
@@ -543,6 +579,9 @@ def prepare_sessions(
     columns: Sequence[str] | None = None,
     time_format: str = "number",
     test_days: float | None = None,
+    order_key: str | None = None,
+    order_format: str = "number",
+    valid_days: float | None = None,
 ) -> SessionData:
     """Reads train and test click files into sessions and builds the sources.
 
@@ -552,6 +591,11 @@ def prepare_sessions(
         bucket: sequence rows of similar length share a batch (see `SequenceSource`).
         test_days: None: `test` files are the test split; N: `test` must be empty and the
             sessions of `train` whose last click is within the last N days are (`split_last_days`).
+        valid_days: None: the run evaluates on the test split; V: the sessions of the training
+            clicks (what test_days left) ending within their last V days are the validation split,
+            held out of training, and the run evaluates on it instead (see the module docstring).
+        order_key, order_format: the column that orders a session's clicks when the time column
+            (`time_key`, what the splits read) does not (see `read_clicks`).
         Others: the file layout (see `read_clicks`), `min_length` of a kept session, `shuffle`
         the training order per epoch, `seed`.
     """
@@ -560,23 +604,34 @@ def prepare_sessions(
                           "GRU4Rec trains session-parallel, SASRec on sequences)")
     read = dict(session_key=session_key, item_key=item_key, time_key=time_key, separator=separator,
                 integer_ids=integer_ids, error_budget=error_budget, header=header, columns=columns,
-                time_format=time_format)
+                time_format=time_format, order_key=order_key, order_format=order_format)
     train_clicks, test_clicks = read_train_test(name, train, test, test_days, **read)
+    split = "test"
+    if valid_days is not None:
+        everything = train_clicks["session"].nunique()
+        train_clicks, test_clicks = split_last_days(train_clicks, valid_days, "dataset.valid_days")
+        split = "validation"
+        log.info("dataset %s: the validation split is the last %s days of the training clicks, %d of their %d "
+                 "sessions; the run trains on the rest and evaluates on it, not on the test split "
+                 "(dataset.valid_days=%s)", name, valid_days, test_clicks["session"].nunique(), everything, valid_days)
     vocabulary = ItemVocabulary.from_items(train_clicks["item"].to_numpy())
     if len(vocabulary) >= MAX_ITEMS:
         raise DataError(f"dataset {name!r} has {len(vocabulary)} items; labels hold ids exactly below {MAX_ITEMS}")
     train_sessions = build_sessions(train_clicks, vocabulary, min_length)
     test_sessions = build_sessions(test_clicks, vocabulary, min_length)
     if train_sessions.num_sessions == 0 or test_sessions.num_sessions == 0:
-        raise DataError(f"dataset {name!r}: {train_sessions.num_sessions} train / {test_sessions.num_sessions} test "
-                        f"sessions with >= {min_length} known clicks; check the files and min_length")
-    log.info("dataset %s: %d items; train %d sessions, %d clicks; test %d sessions, %d clicks (%d next-click targets)",
-             name, len(vocabulary), train_sessions.num_sessions, train_sessions.num_clicks,
+        raise DataError(f"dataset {name!r}: {train_sessions.num_sessions} train / {test_sessions.num_sessions} {split} "
+                        f"sessions with >= {min_length} known clicks; check the files and min_length"
+                        + (", or give dataset.valid_days more days" if split == "validation" else ""))
+    log.info("dataset %s: %d items; train %d sessions, %d clicks; %s %d sessions, %d clicks (%d next-click targets)",
+             name, len(vocabulary), train_sessions.num_sessions, train_sessions.num_clicks, split,
              test_sessions.num_sessions, test_sessions.num_clicks, test_sessions.num_targets)
     if batching == "session_parallel":
         train_source = SessionParallelSource(train_sessions, feature, shuffle, seed)
     else:
         train_source = SequenceSource(train_sessions, feature, max_len, shuffle, seed, bucket)  # type: ignore[assignment]
     schema = Schema(labels=("next_item",), sequence=(feature,), separator=separator)
-    return SessionData(schema, vocabulary, train_sessions, test_sessions, train_source,
-                       SequenceSource(test_sessions, feature, max_len, shuffle=False, seed=seed, bucket=bucket))
+    evaluation = SequenceSource(test_sessions, feature, max_len, shuffle=False, seed=seed, bucket=bucket,
+                                item_counts=train_sessions.item_counts(len(vocabulary)))
+    return SessionData(schema, vocabulary, train_sessions, test_sessions, train_source, evaluation,
+                       evaluated_on=split)

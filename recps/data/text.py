@@ -598,15 +598,18 @@ def prepare_session_corpus(
     columns: Sequence[str] | None = None,
     time_format: str = "number",
     test_days: float | None = None,
+    order_key: str | None = None,
+    order_format: str = "number",
 ) -> TextData:
     """Click files → a corpus whose documents are the training sessions (item ids 0..C-1, the
     vocabulary of recps.data.sessions) and a SessionProbe of the test sessions (clicks on items
     unseen in training dropped, then sessions shorter than `min_length`, as GRU4Rec's protocol).
-    The layout and `test_days` (the last N days of `train` as the test split) are
+    The layout (`order_key`: the column ordering a session's clicks, when the time column does not)
+    and `test_days` (the last N days of `train` as the test split) are
     recps.data.sessions.prepare_sessions'."""
     read = dict(session_key=session_key, item_key=item_key, time_key=time_key, separator=separator,
                 integer_ids=integer_ids, error_budget=error_budget, header=header, columns=columns,
-                time_format=time_format)
+                time_format=time_format, order_key=order_key, order_format=order_format)
     clicks, test_clicks = read_train_test(name, train, test, test_days, **read)
     items = ItemVocabulary.from_items(clicks["item"].to_numpy())
     sessions = build_sessions(clicks, items, min_length)

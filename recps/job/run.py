@@ -109,10 +109,12 @@ def train(job: Job, out_dir: Path, fit: Fit, *, client: Any = None, rank: int = 
 
 def base_metrics(job: Job, trained: Trained) -> dict[str, Any]:
     """The fields of metrics.json every batch job writes beside the evaluation's (a PS worker 0 then
-    replaces the throughput with the sum over the workers)."""
+    replaces the throughput with the sum over the workers). `step`: the job's step count when the fit
+    ended (its steps before it, a resumed checkpoint's, included: call it after adding the fit's)."""
     stats = trained.stats
     metrics: dict[str, Any] = dict(
         examples_per_sec=stats.examples_per_sec, train_examples=stats.examples, train_steps=stats.steps,
+        step=job.steps_done,
         train_seconds=stats.seconds, train_loss=stats.last_loss, first_losses=stats.first_losses,
         model=job.settings.model_target, ps=job.settings.ps, threads=job.settings.trainer.threads)
     if trained.reports is not None:
@@ -121,8 +123,12 @@ def base_metrics(job: Job, trained: Trained) -> dict[str, Any]:
 
 
 def data_metrics(job: Job) -> dict[str, Any]:
-    """What a generated data set knows of itself: the best reachable AUC (per label)."""
+    """What a data set knows of itself: the best reachable AUC (per label) of a generated one; which
+    split the run evaluated on when it is not the test split (`evaluated_on`: "validation", a session
+    data set's dataset.valid_days)."""
     out: dict[str, Any] = {}
+    if (split := getattr(job.data, "evaluated_on", None)) not in (None, "test"):
+        out["evaluated_on"] = split
     if best := getattr(job.data, "best_auc", None):
         out["best_reachable_auc"] = best
     if best_per_label := getattr(job.data, "best_aucs", None):  # multi-label generators: one per label

@@ -16,18 +16,19 @@ Grouped metrics (gauc, pnr) take each example's group from the batch's sparse fe
 is exactly the one process's value on the union.
 
 What a report covers: the current pass so far ("pass-to-date", as Paddle's global AUC).
-A step report at global step s holds every example of steps 1..s of its pass, and those of
+A step report at global step s holds every example of its pass's steps up to s, and those of
 any later step a thread had handed over when it ran (with threads=1: exactly the pass's steps
 up to s); a pass report holds the whole pass, after which its states are dropped. Values are
 those of ``recps.metrics`` (NaN, written as null in JSON, where undefined: one class seen so
 far). A report of zero examples (every worker's) is not written.
 
-Step reports fall on global steps that are multiples of ``every_steps``. A thread counts its
-step under the trainer's lock but hands the batch over after it, so step s+1 may arrive before
-step s: the thread whose batch completes steps 1..s (no step up to s missing any more) makes
-every report due up to s, in order, so each worker makes the same sequence of reports however
-its threads interleave. The pass a step report covers is the oldest pass a thread is still in;
-a thread that ended a pass is in the next one.
+Step reports fall on global steps that are multiples of ``every_steps``: a run resumed at step
+392 with every_steps=100 reports at 400 (the 8 steps of its pass so far), 500, ... as the run it
+continues would have. A thread counts its step under the trainer's lock but hands the batch over
+after it, so step s+1 may arrive before step s: the thread whose batch completes the fit's steps
+up to s (none of them missing any more) makes every report due up to s, in order, so each worker
+makes the same sequence of reports however its threads interleave. The pass a step report covers
+is the oldest pass a thread is still in; a thread that ended a pass is in the next one.
 
 Across workers every report is a collective (all workers take part, in the same order).
 Workers rarely take the same number of steps (uneven shards, async mode), so each report
@@ -307,7 +308,7 @@ class MetricsReporter(TrainObserver):
         self._report_lock = threading.Lock()  # one round at a time, in order
         self._ended: dict[int, set[int]] = {}
         self._thread_pass: list[int | None] = [None] * self.threads
-        self._last_due = self.step_base
+        self._last_due = self._last_multiple(self.step_base)
         self._fit_steps = 0
         self._complete = 0  # steps 1.._complete of this fit all handed over (under _steps_lock)
         self._early: set[int] = set()  # steps handed over after _complete + 1 (under _steps_lock)
@@ -320,7 +321,11 @@ class MetricsReporter(TrainObserver):
         self._fit_steps = 0
         self._complete, self._early = 0, set()
         self._thread_pass = [None] * self.threads
-        self._last_due = max(self._last_due, self.step_base)
+        self._last_due = max(self._last_due, self._last_multiple(self.step_base))
+
+    def _last_multiple(self, step: int) -> int:
+        """The last step report's step due at or before global step `step` (a multiple of every_steps)."""
+        return step - step % self.every_steps if self.every_steps else step
 
     def on_batch(self, thread: int, step: int, epoch: int, batch: Any, logits: Tensor, loss: float) -> None:
         # Stash, update later: one tensor op here (detach: holding the graph could hold what

@@ -33,21 +33,21 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from recps.data.generators.video_world import VideoWorldConfig, ensure_world, load, tune_split
+from recps.data.generators.video_world import VideoWorldConfig, ensure_world, load, tune_split, world_home
 from recps.data.interactions import read_catalogue, read_ratings
 from recps.data.reader import Examples
 from recps.errors import ConfigError
 from recps.targets import check_target_args
 
-__all__ = ["FunnelData", "Csr", "History", "HISTORY_FEATURES", "HELD_OUT", "movielens", "video_world", "pair_examples",
-           "csr_from_pairs", "exposure_bucket", "latest_share", "load_world", "ValidationPeriod", "validation_period"]
+__all__ = ["FunnelData", "Csr", "History", "HISTORY_FEATURES", "HELD_OUT", "movielens", "video_world", "video_world_dir",
+           "pair_examples", "csr_from_pairs", "exposure_bucket", "latest_share", "load_world", "ValidationPeriod", "validation_period"]
 
 HISTORY_FEATURES = ("history_item_id", "history_category", "history_click", "history_long_view")
 HELD_OUT = torch.iinfo(torch.int64).max  # the time of a held-out request: after every training exposure
@@ -427,6 +427,21 @@ def movielens(ratings: str, movies: str, test_fraction: float = 0.2, click_ratin
     )
 
 
+def _world_home(dir: str, config: Mapping[str, Any]) -> tuple[str, VideoWorldConfig]:
+    try:
+        wcfg = VideoWorldConfig(**config)
+    except TypeError as exc:
+        raise ConfigError(f"pipeline.world: {exc}; its keys are recps.data.generators.video_world."
+                          "VideoWorldConfig's fields") from exc
+    return world_home(dir, wcfg), wcfg
+
+
+def video_world_dir(dir: str, tune: bool = False, **config) -> str:
+    """The folder that holds (or will hold) the world `video_world` reads for the same arguments: `dir`, or a
+    sibling when `dir` holds a world of another config (recps.data.generators.video_world.world_home)."""
+    return _world_home(dir, config)[0]
+
+
 def video_world(dir: str, tune: bool = False, **config) -> FunnelData:
     """The generated video world (recps.data.generators.video_world) under `dir` (generated there once, by the
     launcher, when its world.json is not of this config) as funnel data: users (user_id, age, region,
@@ -437,12 +452,9 @@ def video_world(dir: str, tune: bool = False, **config) -> FunnelData:
     `tune`: for choosing settings without the test split, the world is held out inside its training impressions
     (`tune_split`: each user's last train requests held out, a random bucket of their own drawn for them); the
     test requests and the random bucket are never read."""
-    try:
-        wcfg = VideoWorldConfig(**config)
-    except TypeError as exc:
-        raise ConfigError(f"pipeline.world: {exc}; its keys are recps.data.generators.video_world.VideoWorldConfig's fields") from exc
-    ensure_world(dir, wcfg)
-    world = tune_split(load(dir)) if tune else load(dir)
+    home, wcfg = _world_home(dir, config)
+    ensure_world(home, wcfg)
+    world = tune_split(load(home)) if tune else load(home)
     t = lambda frame, col: torch.from_numpy(frame[col].to_numpy(np.int64, copy=True))  # noqa: E731
     users, items, train, test = world.users, world.items, world.train, world.test
     clicked = test[test["click"].to_numpy() > 0]

@@ -189,7 +189,7 @@ def evaluate_funnel(funnel: Funnel, settings: EvalSettings, merger: Any = None, 
     said, done = start, 0
     for part in requests.split(batch):
         if (now := time.perf_counter()) - said >= PROGRESS_S:  # a long evaluation says how far it is
-            log.info("funnel evaluation: %d of this worker's %d held-out requests in %.0f s", done,
+            log.info("funnel evaluation: %d of this worker's %d requests in %.0f s", done,
                      requests.numel(), now - start)
             said = now
         done += part.numel()
@@ -298,7 +298,8 @@ def evaluate_funnel(funnel: Funnel, settings: EvalSettings, merger: Any = None, 
     latency = {s.name: 1000.0 * v[f"seconds.{s.name}"] for s in specs}
     return {"stages": stages, "funnel": funnel_metrics, "baselines": baselines, "requests": users_n, **info,
             "verdicts": verdicts(funnel_metrics, baselines, n),
-            "requests_asked": total_requests, "positives": num("positives"), "eval_seconds": wall,
+            "requests_asked": total_requests, "requests_held_out": int(data.test_users.numel()),
+            "positives": num("positives"), "eval_seconds": wall,
             "evaluated_on": data.evaluated_on, "latency_ms_per_user": latency,
             "users_per_sec": users_n / max(1e-9, sum(seconds.values())),
             "final_lists": {"users": data.test_users[requests].tolist(),

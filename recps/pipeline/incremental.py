@@ -76,7 +76,7 @@ from recps.job.settings import JobSettings, NodeSettings
 from recps.metrics.ps_merger import PSMerger
 from recps.pipeline.counts import COUNTS_EXPORT, count_exposures, counts_table, counts_to_bytes, read_counts
 from recps.pipeline.stages import StageSpec
-from recps.pipeline.data import FunnelData, History, csr_from_pairs, exposure_bucket
+from recps.pipeline.data import FunnelData, History, csr_from_pairs, exposure_bucket, video_world_dir
 from recps.pipeline.funnel import (EXPORT_DIR, Funnel, build_index, build_stage_model, dense_width, export_stage,
                                    load_stage, stage_collection)
 from recps.pipeline.runner import load_world, training_examples
@@ -481,7 +481,7 @@ class FunnelLoop(PassLoop):
         self.export_root = rfs.join(str(Path(out_dir).resolve()), EXPORT_DIR)
         self.funnel_merger = None  # one worker: nothing to merge
         if role.num_workers > 1:
-            self.funnel_merger = PSMerger(fleet.channel(), prefix="pipeline.stream.eval",
+            self.funnel_merger = PSMerger(fleet.channel(), prefix="recps.pipeline.stream.eval",
                                           timeout_s=max(self.timeout_s, _EVAL_TIMEOUT_S))
 
     # -- the three steps ----------------------------------------------------------------------------
@@ -745,11 +745,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError(f"pipeline.world._target_={world.get('_target_')!r}: the passes are written from a "
                               "generated video world; give pipeline=video_funnel (and its pipeline.world.* overrides)")
         load_world(cfg)  # generates it under pipeline.world.dir when it is not there
-        out = write_world_passes(str(cfg.pipeline.world.dir), a.root, a.start_day, a.days, a.hours,
-                                 a.split_interval, a.layout, overwrite=a.overwrite)
+        settings = {k: v for k, v in OmegaConf.to_container(world, resolve=True).items() if k != "_target_"}
+        home = video_world_dir(**settings)  # pipeline.world.dir, or its sibling if that holds another world
+        out = write_world_passes(home, a.root, a.start_day, a.days, a.hours, a.split_interval, a.layout,
+                                 overwrite=a.overwrite)
     except (ConfigError, DataError, FileExistsError) as e:
         p.error(str(e))
-    print(json.dumps({"world": str(cfg.pipeline.world.dir), "splits": len(out["splits"]), "rows": out["rows"]}))
+    print(json.dumps({"world": home, "splits": len(out["splits"]), "rows": out["rows"]}))
     return 0
 
 

@@ -23,7 +23,7 @@ from recps.pipeline.held_out import evaluate_funnel
 from recps.pipeline.incremental import FunnelStreamWork, funnel_stream_work, summary_lines
 from recps.pipeline.runner import load_world
 from recps.pipeline.stages import check_data, eval_settings, pipeline_specs, schedule
-from recps.stream import StreamConfig, check_stream_out, nothing_left
+from recps.stream import StreamConfig, check_stream_out, nothing_left, with_start_day
 
 __all__ = ["run_funnel_stream"]
 
@@ -35,7 +35,9 @@ def run_funnel_stream(cfg: DictConfig, out_dir: Path) -> float:
         raise ConfigError("stream=hourly needs the tables' CTR accessor (deltas, bases and shrink select by it); "
                           "ps.table.accessor is null: drop that override (stream=hourly sets it)")
     # A bad stream key fails here, before any process starts.
-    config = StreamConfig.from_config(OmegaConf.to_container(cfg.stream, resolve=True))
+    values = with_start_day(OmegaConf.to_container(cfg.stream, resolve=True))
+    cfg.stream.start_day = values["start_day"]  # the cluster's processes read it from the config
+    config = StreamConfig.from_config(values)
     _check(cfg)
     specs = pipeline_specs(cfg)  # a bad stage too
     if any(len(group) > 1 for group in schedule(cfg, specs)):

@@ -349,11 +349,11 @@ def funnel_work(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -
                                                                           f"{s.name}_dense"]} for s in specs}
 
         # every worker evaluates its share of the held-out requests; the tallies merge through the servers
-        merger = PSMerger(fleet.channel(), prefix="pipeline.eval", timeout_s=max(timeout_s, _EVAL_TIMEOUT_S))
+        merger = PSMerger(fleet.channel(), prefix="recps.pipeline.eval", timeout_s=max(timeout_s, _EVAL_TIMEOUT_S))
         metrics = evaluate_funnel(Funnel(specs, stages, index, world, item_cf, counts), eval_settings(cfg),
                                   merger=merger, worker=role.index, workers=role.num_workers)
         lists = metrics.pop("final_lists")  # <run dir>/funnel/final_lists.json: what recommend must return
-        log.info("%s: funnel evaluated: %d of its %d held-out requests here in %.1f s, merged through the servers",
+        log.info("%s: funnel evaluated: %d of the %d requests evaluated here in %.1f s, merged through the servers",
                  role.name, len(lists["users"]), metrics["requests"], metrics["eval_seconds"])
         if role.index != 0:
             metrics = None
@@ -387,6 +387,18 @@ def _fmt(value) -> str:
     return str(value)
 
 
+
+def _requests(metrics: dict[str, Any]) -> str:
+    """How many held-out requests the funnel was evaluated on, and of how many (pipeline.eval_users).
+
+    >>> _requests({"requests": 500, "requests_held_out": 2000}), _requests({"requests": 300, "requests_held_out": 300})
+    ('500 of the 2000 held-out requests: pipeline.eval_users=500', '300 held-out requests')
+    """
+    evaluated, held_out = int(metrics.get("requests", 0)), metrics.get("requests_held_out")
+    if isinstance(held_out, int) and held_out > evaluated:
+        return f"{evaluated} of the {held_out} held-out requests: pipeline.eval_users={evaluated}"
+    return f"{evaluated} held-out requests"
+
 def summary_lines(metrics: dict[str, Any]) -> list[str]:
     """Each stage's metrics, the funnel's, the baselines' (see recps.pipeline.held_out)."""
     lines = []
@@ -401,8 +413,7 @@ def summary_lines(metrics: dict[str, Any]) -> list[str]:
                  f"{round(float(t.get('examples_per_sec', 0.0))):,} ex/s" if t else "")
         lines.append(f"{head} {shown}{train}")
     funnel = metrics.get("funnel") or {}
-    lines.append(f"funnel ({int(metrics.get('requests', 0))} held-out requests): "
-                 + " ".join(f"{k}={_fmt(v)}" for k, v in funnel.items()))
+    lines.append(f"funnel ({_requests(metrics)}): " + " ".join(f"{k}={_fmt(v)}" for k, v in funnel.items()))
     for name, values in (metrics.get("baselines") or {}).items():
         lines.append(f"baseline {name}: " + " ".join(f"{k}={_fmt(v)}" for k, v in values.items()))
     return lines + list(metrics.get("verdicts") or ())  # "funnel beats ease: no (...)" (recps.pipeline.held_out)

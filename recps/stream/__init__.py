@@ -6,8 +6,8 @@ donefiles, committed atomically), recps.stream.pass_loop (the loop, exactly-once
 typed values (StreamConfig, StreamWork); recps.train builds them from the composed config.
 """
 
-from recps.stream.plan import Pass, StreamConfig, StreamPlan
+from recps.stream.plan import Pass, StreamConfig, StreamPlan, with_start_day
 from recps.stream.pass_loop import PassLoop, StreamWork, check_stream_out, nothing_left, resume_point, stream_work
 
 __all__ = ["Pass", "StreamConfig", "StreamPlan", "PassLoop", "StreamWork", "check_stream_out", "nothing_left",
-           "resume_point", "stream_work"]
+           "resume_point", "stream_work", "with_start_day"]

@@ -346,8 +346,18 @@ class _Loop:
             rows, seconds = self._export(batch, "batch", p)
             self.done.add_model(ModelRecord(following, self.base_key, batch, DAY_MODEL_PASS))
             out.update(batch_model=batch, batch_rows=rows, batch_s=round(seconds, 3))
-        log.info("stream: day %s ended: %s", p.day, out)
         return out
+
+    @staticmethod
+    def _log_day_end(day: str, out: dict) -> None:
+        """The day end's line (after its last pass's line: `_log`), from `_day_end`'s record."""
+        parts = [f"shrink deleted {out['shrunk_rows']} rows" if "shrunk_rows" in out else "no shrink"]
+        for what, key, name in (("base", "base", "base"), ("batch model", "batch_model", "batch")):
+            if key in out:
+                parts.append(f"{what} {out[f'{name}_rows']} rows -> {out[key]} ({out[f'{name}_s']:.2f} s)")
+            else:  # recorded by the run that crashed after it: saved aside, only for its statistics
+                parts.append(f"{what} published before (its statistics replayed in {out[f'{name}_s']:.2f} s)")
+        log.info("stream: day %s ended: %s", day, "; ".join(parts))
 
     # -- every worker ------------------------------------------------------------------------------
 
@@ -406,8 +416,9 @@ class _Loop:
             if r.publish_delta:
                 self._publish_delta(r.publish_delta, {})
         if zero and r.day_end is not None:
-            self.records.append({"day_end": r.day_end.day, "replayed": list(r.day_end_published),
-                                 **self._day_end(r.day_end, r.day_end_published)})
+            out = self._day_end(r.day_end, r.day_end_published)
+            self._log_day_end(r.day_end.day, out)
+            self.records.append({"day_end": r.day_end.day, "replayed": list(r.day_end_published), **out})
         self.fleet.barrier("recps.stream.resumed", timeout=self.timeout_s)  # nobody trains before that
         p = r.next
         while p is not None:
@@ -422,7 +433,7 @@ class _Loop:
             self.job.steps_done += stats.steps
             self.passes_done += 1
             # This worker's steps, examples and rate; "eval" holds the pass's examples over every worker.
-            record.update(steps=stats.steps, examples=stats.examples, train_s=round(stats.seconds, 3),
+            record.update(step=self.job.steps_done, steps=stats.steps, examples=stats.examples, train_s=round(stats.seconds, 3),
                           examples_per_sec=round(stats.examples_per_sec, 1), loss=stats.last_loss)
             checkpoint, delta = self.plan.saves(p)
             self.fleet.flush()  # every push of this worker applied (geo: its deltas added)
@@ -477,9 +488,11 @@ class _Loop:
     def _log(self, record: dict) -> None:
         e = record.get("eval", {})
         shown = ", ".join(f"{k} {v:.4f}" for k, v in e.items() if k in ("auc", "logloss", "copc"))
-        log.info("stream pass %s/%d: %s%d examples, %.0f examples/s, pass %.1f s", record["day"], record["pass"],
-                 f"before training {shown}; " if shown else "", record["examples"], record["examples_per_sec"],
-                 record["pass_s"])
+        log.info("stream pass %s/%d, step %d: %s%d examples, %.0f examples/s%s, pass %.1f s", record["day"],
+                 record["pass"], record["step"], f"before training {shown}; " if shown else "", record["examples"],
+                 record["examples_per_sec"], " on worker 0" if self.role.num_workers > 1 else "", record["pass_s"])
+        if "day_end" in record:  # after the day's last pass line
+            self._log_day_end(record["day"], record["day_end"])
         line = json.dumps({k: v for k, v in record.items()}, sort_keys=True, default=str)
         with open(self.out_dir / METRICS_FILE, "a", encoding="utf-8") as f:
             f.write(line + "\n")
@@ -553,7 +566,7 @@ def stream_work(work: StreamWork, role, out_dir: Path, observers: Sequence = ())
         job.trainer.updater = dist.updater
         job.trainer.prefetch = strategy.mode.prefetches
         fleet.create_dense_table(STATS_TABLE, 4, mode="geo")
-        job.trainer.on_step = ProgressLog(t.batch_size, t.threads) if role.index == 0 else None
+        job.trainer.on_step = ProgressLog(t.batch_size, t.threads, job) if role.index == 0 else None
         tables = [*job.collection.table_dims(), DENSE_TABLE]
         if resume.folder:
             log.info("%s resumes stream %s from %s (step %d); next pass %s", role.name, config.root, resume.folder,
@@ -580,7 +593,7 @@ def stream_work(work: StreamWork, role, out_dir: Path, observers: Sequence = ())
         metrics.update(model=settings.model_target, ps=settings.ps, servers=role.num_servers,
                        workers=role.num_workers, threads=t.threads,
                        train_examples=int(total_examples), examples_per_sec=total_rate, worker_cpu_seconds=total_cpu,
-                       train_steps=sum(r["steps"] for r in passes), train_seconds=seconds)
+                       train_steps=sum(r["steps"] for r in passes), step=job.steps_done, train_seconds=seconds)
         rfs.write_atomic(str(out_dir / "metrics.json"),
                          json.dumps(metrics, indent=2, sort_keys=True, default=str) + "\n", overwrite=True)
         return metrics

@@ -24,10 +24,10 @@ import logging
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
-from recps.data.partitions import DEFAULT_DONEFILE, LAYOUTS, split_path
+from recps.data.partitions import DEFAULT_DONEFILE, LAYOUTS, first_day, split_path
 from recps.errors import ConfigError
 
-__all__ = ["StreamConfig", "StreamPlan", "Pass", "next_day", "parse_day"]
+__all__ = ["StreamConfig", "StreamPlan", "Pass", "next_day", "parse_day", "with_start_day"]
 
 log = logging.getLogger("recps.stream")
 
@@ -101,7 +101,7 @@ class StreamConfig:
         for name in ("start_day", "end_day"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, parse_day(getattr(self, name), f"stream.{name}"))
-        if self.start_day is None:
+        if self.start_day is None:  # (recps.train fills it from the stream first: with_start_day)
             raise ConfigError("stream.start_day is not set; give the first day to train, YYYYMMDD "
                               "(e.g. stream.start_day=20261201)")
         if self.end_day is None and not self.follow:
@@ -119,6 +119,24 @@ class StreamConfig:
         if unknown:
             raise ConfigError(f"stream: unknown key(s) {unknown}; the stream's keys are {sorted(known)}")
         return cls(**values)
+
+
+def with_start_day(values: Mapping[str, Any]) -> dict[str, Any]:
+    """conf `stream:`'s values, a null `start_day` taken from the stream itself
+    (recps.data.partitions.first_day: the start_day of `<root>/_stream.json`, else its first day folder)
+    and the choice logged. The root is read in a child forked for it (recps.cluster.launch.run_in_fork: an
+    HDFS client's threads end with it, and the launcher can still fork its processes)."""
+    values = dict(values)
+    root = values.get("root")
+    if values.get("start_day") is not None or not str(root or "").strip() or str(root) == "???":
+        return values  # given, or no root to look in (StreamConfig names what is missing)
+    from recps.cluster.launch import run_in_fork  # deferred: the launcher's module, only when the day is looked for
+
+    layout = str(values.get("layout") or "hhmm")
+    day, source = run_in_fork(lambda: first_day(str(root), layout), "looking for the stream's first day")
+    log.info("stream.start_day not set: %s, from %s (stream.start_day=YYYYMMDD starts elsewhere)", day, source)
+    values["start_day"] = day
+    return values
 
 
 @dataclass(frozen=True)

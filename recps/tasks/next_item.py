@@ -23,7 +23,12 @@ model returns (GRU4Rec's one-step truncated backpropagation). Other batches call
 Evaluation (GRU4Rec's protocol): every next click of every test session is predicted from
 its prefix (whole sessions in one pass; SequenceSource windows longer ones), items are
 ranked by score, and recall@K / MRR@K average over the predictions (ties count against the
-target: recps.metrics.retrieval).
+target: recps.metrics.retrieval). With `baseline` and a source that carries the training
+clicks per item (`item_counts`: recps.data.sessions' evaluation source does), two baselines
+are ranked on the same predictions: most popular (`MostPopular`, "most_popular/<metric>") and
+the session's own items, most recent first, then popular (`SessionItemsThenPopular`,
+"session_items/<metric>": repeat clicks are common in session logs, and a model that does not
+beat this has not learned more than to recall what the session showed).
 
 Example:
     >>> import torch
@@ -54,7 +59,7 @@ from recps.errors import ConfigError, DataError
 from recps.metrics import MetricCollection
 from recps.tasks.base import TaskBase
 
-__all__ = ["NextItemTask", "MostPopular", "bpr_max_loss"]
+__all__ = ["NextItemTask", "MostPopular", "SessionItemsThenPopular", "bpr_max_loss"]
 
 _LOSSES = ("cross_entropy", "bpr_max")
 
@@ -78,6 +83,8 @@ class NextItemTask(TaskBase):
         metrics: ranking metrics of `evaluate` (recall@K, mrr@K, ndcg@K).
         eval_rows: rows scored at once in `evaluate` (bounds its (N, C) score matrix);
             the engine's eval batch size applies when it is smaller.
+        baseline: `evaluate` also ranks by the baselines (see the module docstring) when the
+            source carries the training clicks per item.
     """
 
     # The next-item models look their clicks up together with every item of the catalogue (one KJT
@@ -86,7 +93,8 @@ class NextItemTask(TaskBase):
     passes_batch_sparse = False
 
     def __init__(self, loss: str = "cross_entropy", bpreg: float = 1.0,
-                 metrics: Sequence[str] = ("recall@20", "mrr@20"), eval_rows: int = 256) -> None:
+                 metrics: Sequence[str] = ("recall@20", "mrr@20"), eval_rows: int = 256,
+                 baseline: bool = True) -> None:
         if loss not in _LOSSES:
             raise ConfigError(f"task.loss={loss!r}; use one of {_LOSSES}")
         if eval_rows < 1:
@@ -98,6 +106,7 @@ class NextItemTask(TaskBase):
             raise ConfigError(f"task.metrics={list(self.metrics)}: next-item evaluation ranks items; use "
                               "recall@K, mrr@K or ndcg@K")
         self.eval_rows = int(eval_rows)
+        self.baseline = bool(baseline)
         self._threads = threading.local()  # .hidden: this training thread's recurrent state
 
     def forward(self, model: nn.Module, batch: Batch) -> torch.Tensor:
@@ -140,7 +149,19 @@ class NextItemTask(TaskBase):
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, source: Any, batch_size: int) -> dict[str, float]:
-        """The ranking metrics over every scored position of one pass of `source` (one shard)."""
+        """The ranking metrics over every scored position of one pass of `source` (one shard), and the
+        baselines' as "<baseline>/<metric>" (see the module docstring)."""
+        out = self._rank(model, source, batch_size)
+        counts = getattr(source, "item_counts", None)  # (C,) training clicks per item
+        if self.baseline and counts is not None:
+            feature = getattr(source, "feature", "item")
+            for name, ranking in (("most_popular", MostPopular(counts, feature)),
+                                  ("session_items", SessionItemsThenPopular(counts, feature))):
+                scored = self._rank(ranking, source, batch_size)
+                out.update({f"{name}/{k}": v for k, v in scored.items() if k != "predictions"})
+        return out
+
+    def _rank(self, model: nn.Module, source: Any, batch_size: int) -> dict[str, float]:
         metrics = MetricCollection(list(self.metrics))
         was_training = model.training
         model.eval()
@@ -179,3 +200,50 @@ class MostPopular(nn.Module):
     def forward(self, sparse: Any) -> torch.Tensor:
         n = sparse[self.feature].values().numel()
         return self.counts.expand(n, -1)  # (N, C)
+
+
+class SessionItemsThenPopular(nn.Module):
+    """The session's own items, most recent first, then popular: after each click the items of the
+    session so far (the row's clicks up to and including it) rank first, the latest clicked first,
+    then every other item by training clicks (ties: the lower id first).
+
+    Args:
+        counts: (C,) clicks per item (`Sessions.item_counts`).
+        feature: the KJT feature that holds the clicks.
+
+    forward(sparse) -> scores (N, C): an item clicked at row position p scores C + p at every later
+    position of its row (its latest position wins), the others their popularity rank in [0, C).
+
+    >>> from torchrec import KeyedJaggedTensor
+    >>> sparse = KeyedJaggedTensor.from_lengths_sync(["item"], torch.tensor([3, 1, 3, 2]), torch.tensor([3, 1]))
+    >>> scores = SessionItemsThenPopular(torch.tensor([5, 9, 0, 1]))(sparse)   # (N=4, C=4)
+    >>> [row.argsort(descending=True).tolist() for row in scores]   # item 1 is the most popular
+    [[3, 1, 0, 2], [1, 3, 0, 2], [3, 1, 0, 2], [2, 1, 0, 3]]
+    """
+
+    def __init__(self, counts: torch.Tensor, feature: str = "item") -> None:
+        super().__init__()
+        self.feature = feature
+        c = counts.numel()
+        rank = torch.empty(c, dtype=torch.float32)  # (C,) 0 the least popular .. C - 1 the most
+        order = torch.argsort(counts.to(torch.float64) - torch.arange(c, dtype=torch.float64) / max(c, 1))
+        rank[order] = torch.arange(c, dtype=torch.float32)
+        self.register_buffer("rank", rank)
+
+    def forward(self, sparse: Any) -> torch.Tensor:
+        jt = sparse[self.feature]
+        items, lengths = jt.values(), jt.lengths()  # (N,), (B,)
+        n, c = items.numel(), self.rank.numel()
+        scores = self.rank.expand(n, -1).clone()  # (N, C)
+        starts = torch.cumsum(lengths, 0) - lengths  # (B,)
+        pos = torch.arange(n, device=items.device) - torch.repeat_interleave(starts, lengths, output_size=n)  # (N,)
+        # Every pair (position n, click m of its row with m <= n): P = sum over positions of pos + 1.
+        counts = pos + 1  # (N,)
+        owner = torch.repeat_interleave(torch.arange(n, device=items.device), counts)  # (P,) position n
+        step = torch.arange(owner.numel(), device=items.device) - torch.repeat_interleave(
+            torch.cumsum(counts, 0) - counts, counts)  # (P,) 0 .. pos of n
+        clicked = owner - pos[owner] + step  # (P,) the click m
+        value = (c + pos[clicked]).to(scores.dtype)  # (P,) later clicks score higher
+        flat = scores.view(-1)
+        flat.scatter_reduce_(0, owner * c + items[clicked], value, reduce="amax")
+        return scores  # (N, C)

@@ -80,6 +80,30 @@ def test_sync_resume_equals_straight_through(tmp_path_factory):
     assert (half["dense"] - a["dense"]).abs().max() > 1e-3
 
 
+def test_a_resumed_run_numbers_its_steps_on_from_the_checkpoint(tmp_path_factory):
+    """Issue 32.3: one step counter across a resume. The first run ends at step 125 (4,000 rows of 32); the
+    resumed one's metrics records, checkpoints and log lines count on from there: a report at 140 holds the
+    15 steps of its pass so far (not 20 labelled 140), checkpoints fall on the multiples of 50."""
+    data = tmp_path_factory.getbasetemp() / "steps-data"
+    common = ["ps=async", "trainer.threads=1", "trainer.batch_size=32", "model=ctr_dnn", "model.hidden=[16,8]",
+              "metrics.every_steps=20", "ps.checkpoint_every_steps=50", f"dataset.dir={data}", *SMALL]
+    first, second = (tmp_path_factory.mktemp(n) for n in ("steps-first", "steps-second"))
+    train(first, *common)
+    run = recps("recps.train", *common, f"trainer.resume={first / 'checkpoint'}", f"hydra.run.dir={second}")
+    records = [json.loads(line) for line in (second / "train_metrics.jsonl").read_text().splitlines()]
+    assert [(r["kind"], r["step"], r["examples"]) for r in records] == [
+        *(("step", s, (s - 125) * 32) for s in (140, 160, 180, 200, 220, 240)), ("pass", 250, 4000)]
+    assert sorted(p.name for p in (second / "checkpoint").glob("step-*")) == ["step-150", "step-200"]
+    metrics = json.loads((second / "metrics.json").read_text())
+    assert metrics["step"] == 250 and metrics["train_steps"] == 125
+    assert [c["steps"] for c in metrics["checkpoints"]] == [150, 200]
+    out = run.output
+    assert "checkpoints every 50 steps during training, before step 250" in out
+    assert "committed " + str(second / "checkpoint" / "step-150") + " at step 150" in out
+    assert "worker0 trained: 125 steps (steps 126-250), 4000 examples" in out
+    assert "[recps] trained 125 steps (steps 126-250), 4000 examples" in out
+
+
 def test_evaluate_a_ps_checkpoint_prints_what_the_run_printed(tmp_path_factory):
     run = tmp_path_factory.mktemp("default")
     metrics = train(run, "trainer.max_steps=60", f"dataset.dir={tmp_path_factory.getbasetemp() / 'default-data'}",

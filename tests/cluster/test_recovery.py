@@ -179,9 +179,10 @@ def test_geo_sync_writes_merged_values_only_between_a_threads_steps():
 
 def test_a_restart_of_a_resumed_job_trains_what_is_left_of_it(tmp_path, monkeypatch, in_process_cluster):
     """A user resumes a 1-epoch checkpoint with trainer.epochs=2: the job trains epochs 1 and 2. A restart
-    of it (RECPS_RESTART_COUNT=1) resumes its own last committed checkpoint, 30 steps into epoch 1, and
-    trains what is left of those 2 epochs (170 steps), not 2 counted from epoch 0 (the rest of epoch 1):
-    every row ends at 3 x its occurrences, as the job without a restart."""
+    of it (RECPS_RESTART_COUNT=1) resumes its own last committed checkpoint, step-120 (checkpoints fall on
+    the multiples of 30 of the job's step count: 20 steps into epoch 1), and trains what is left of those 2
+    epochs (180 steps), not 2 counted from epoch 0 (the rest of epoch 1): every row ends at 3 x its
+    occurrences, as the job without a restart."""
     from recps.cluster.driver import resume_after_restart
     from recps.ps.roles import UserDefinedRoleMaker
 
@@ -194,15 +195,15 @@ def test_a_restart_of_a_resumed_job_trains_what_is_left_of_it(tmp_path, monkeypa
     job = [*base, "trainer.epochs=2", f"trainer.resume={first / 'checkpoint'}", "ps.checkpoint_every_steps=30"]
     straight = in_process_cluster(compose_config(job), tmp_path / "straight", token="resumed")
     assert straight["train_steps"] == 200
-    # The restarted job: its run folder holds the checkpoint it committed 30 steps after the resume.
+    # The restarted job: its run folder holds the checkpoint it committed 20 steps after the resume.
     restarted = tmp_path / "restarted"
-    shutil.copytree(tmp_path / "straight" / "checkpoint" / "step-130", restarted / "checkpoint" / "step-130")
+    shutil.copytree(tmp_path / "straight" / "checkpoint" / "step-120", restarted / "checkpoint" / "step-120")
     monkeypatch.setenv("RECPS_RESTART_COUNT", "1")
     cfg = compose_config(job)
     resume_after_restart(cfg, UserDefinedRoleMaker("worker", 0, 1, 1, "127.0.0.1:1", "t").role(), restarted)
-    assert cfg.trainer.resume == str(restarted / "checkpoint" / "step-130")
+    assert cfg.trainer.resume == str(restarted / "checkpoint" / "step-120")
     metrics = in_process_cluster(cfg, restarted, token="resumed")
-    assert metrics["train_steps"] == 170
+    assert metrics["train_steps"] == 180 and metrics["step"] == 300  # the job's count goes on across the restart
     expected = [*base, "trainer.epochs=3"]  # the data's occurrences x 3: the first epoch and the job's 2
     assert assert_exact_counts(expected, restarted / "checkpoint") == assert_exact_counts(expected, tmp_path / "straight"
                                                                                           / "checkpoint") > 500

@@ -188,6 +188,51 @@ def test_prepare_sessions_splits_one_click_file_by_time(tmp_path):
         prepare_sessions("toy", [f], [])
 
 
+def test_the_order_within_a_session_and_the_splits_day_have_their_own_keys(tmp_path):
+    """Issue 32.11: a date for the split, a sequence number for the order (DIGINETICA's eventdate and
+    timeframe; SR-GNN sorts by the latter and splits by the former)."""
+    f = tmp_path / "clicks.csv"
+    f.write_text("session,item,date,seq\n"
+                 "1,10,2016-05-01,3\n1,20,2016-05-01,1\n1,30,2016-05-01,2\n"     # clicked 20, 30, 10
+                 "2,20,2016-05-02,2\n2,10,2016-05-02,1\n"                         # 10, 20
+                 "3,30,2016-05-09,2\n3,20,2016-05-09,1\n3,10,2016-05-09,3\n")    # the last day: test
+    layout = dict(session_key="session", item_key="item", time_key="date", time_format="datetime", separator=",",
+                  order_key="seq")
+    clicks = read_clicks([f], **layout)
+    assert clicks["item"].tolist() == [20, 30, 10, 10, 20, 20, 30, 10]
+    data = prepare_sessions("toy", [f], [], test_days=1, **layout)
+    assert data.vocabulary.decode(data.train_sessions.items).tolist() == [20, 30, 10, 10, 20]
+    assert data.vocabulary.decode(data.test_sessions.items).tolist() == [20, 30, 10]
+    # without order_key the date orders the clicks: a session's clicks of one day keep their file order
+    assert read_clicks([f], **{**layout, "order_key": None})["item"].tolist() == [10, 20, 30, 20, 10, 30, 20, 10]
+    with pytest.raises(ConfigError, match=r"dataset.order_key='rank' is not among dataset.columns"):
+        read_clicks([f], **{**layout, "header": True, "columns": ["session", "item", "date", "seq"],
+                            "order_key": "rank"})
+    with pytest.raises(DataError, match=r"no columns \['rank'\] in the header.*order_key"):
+        read_clicks([f], **{**layout, "order_key": "rank"})
+    with pytest.raises(ConfigError, match=r"dataset.order_format='seconds'.*use 'number'"):
+        read_clicks([f], **{**layout, "order_format": "seconds"})
+
+
+def test_a_validation_split_is_held_out_of_training_and_evaluated_instead_of_the_test_split(tmp_path):
+    t = lambda days: 1_400_000_000 + days * DAY  # noqa: E731
+    f = write(tmp_path / "all.txt", [
+        (1, 10, t(0)), (1, 20, t(0.1)), (1, 30, t(0.2)),     # train
+        (2, 20, t(1)), (2, 30, t(1.5)), (2, 40, t(1.6)),     # validation (the last day of what test leaves)
+        (3, 10, t(2.5)), (3, 20, t(2.6)),                    # test
+        (4, 30, t(3)), (4, 10, t(3)),                        # test (t_max)
+    ])
+    data = prepare_sessions("toy", [f], [], test_days=1, valid_days=1)
+    assert data.evaluated_on == "validation" and data.train_sessions.session_ids.tolist() == [1]
+    assert data.vocabulary.raw_ids.tolist() == [10, 20, 30]  # 40 is a validation item: unseen in training
+    assert data.test_sessions.session_ids.tolist() == [2]
+    assert data.vocabulary.decode(data.test_sessions.items).tolist() == [20, 30]
+    assert data.test.item_counts.tolist() == [1, 1, 1]  # the baselines rank by the training clicks
+    assert prepare_sessions("toy", [f], [], test_days=1).evaluated_on == "test"
+    with pytest.raises(ConfigError, match=r"dataset.valid_days=0; use a positive number of days"):
+        prepare_sessions("toy", [f], [], test_days=1, valid_days=0)
+
+
 def test_the_item2vec_session_corpus_takes_the_same_split(tmp_path):
     from recps.data.text import prepare_session_corpus
 

@@ -155,6 +155,17 @@ def test_no_report_of_zero_examples(caplog):
     assert rep.reports == [] and "0 examples" not in caplog.text
 
 
+def test_a_resumed_run_reports_on_the_steps_of_the_run_it_continues():
+    """Resumed at step 10 with every_steps=4: reports at 12 (the pass's 2 steps so far) and 16, a pass
+    report at 17, as the run it continues would have labelled them (issue 32.3: "step 400" held 100 steps)."""
+    batches = make_batches(0, 7)
+    rep = MetricsReporter(NAMES, BinaryTask(), threads=1, every_steps=4, step_base=10)
+    trainer(1, [rep]).fit(ListSource(batches), ROWS, progress=False, first_epoch=1)
+    assert [(r["kind"], r["step"], r["pass"], r["examples"]) for r in rep.reports] == [
+        ("step", 12, 1, 2 * ROWS), ("step", 16, 1, 6 * ROWS), ("pass", 17, 1, 7 * ROWS)]
+    assert_values(rep.reports[0], expected(batches[:2]), 1e-12)
+
+
 class TwoHeads(nn.Module):
     """Two logit columns (B, 2) from fixed weights: click and conversion towers."""
 

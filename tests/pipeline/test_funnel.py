@@ -196,7 +196,7 @@ def funnel_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("funnel")
     run = root / "run"
     proc = recps_train(*SMALL, f"pipeline.world.dir={root / 'world'}", f"hydra.run.dir={run}", timeout=600)
-    return run, proc.metrics(), proc.stdout
+    return run, proc.metrics(), proc.output
 
 
 @pytest.mark.e2e
@@ -211,7 +211,13 @@ def test_funnel_trains_end_to_end_each_stage_in_its_mode(funnel_run):
     for stage, mode in modes.items():
         assert metrics["stages_trained"][stage]["mode"] == mode and metrics["stages_trained"][stage]["steps"] > 0
         assert f"stage {stage} ({mode}, keep" in stdout
-    assert "funnel (" in stdout and "baseline most_popular" in stdout
+    assert "funnel (600 held-out requests): " in stdout and "baseline most_popular" in stdout
+    # The launcher names what it starts as the workers do (issue 32.7: it said "1 worker(s) x 2 thread(s)",
+    # trainer.threads, which no stage reads, beside the worker's "1 thread(s)").
+    assert ("pipeline=video_funnel (recall geo, coarse async, fine async, fusion sync): starting 1 server(s) and "
+            "1 worker(s) x 1 thread(s) per stage on 127.0.0.1") in stdout, stdout[:3000]
+    assert "worker0: geo mode + async + async + sync, 1 server(s), 1 worker(s), 1 thread(s)" in stdout
+    assert "x 2 thread(s)" not in stdout
     for name in ("recall", "coarse", "fine", "fusion"):
         assert (run / "funnel" / f"{name}.pt").is_file()
     assert (run / "funnel" / "items.ann").is_file()
@@ -342,8 +348,9 @@ def test_evaluation_split_over_two_workers_merges_through_the_servers_to_the_one
     with caplog.at_level(logging.INFO, logger="recps.pipeline"):
         one = evaluate_funnel(funnel, settings)
     progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith("funnel evaluation: ")]
-    assert [m.split(" in ")[0] for m in progress] == [f"funnel evaluation: {d} of this worker's 64 held-out requests"
+    assert [m.split(" in ")[0] for m in progress] == [f"funnel evaluation: {d} of this worker's 64 requests"
                                                       for d in (0, 16, 32, 48)], progress
+    assert one["requests"] == 64 and one["requests_held_out"] == 600
     got: dict[int, dict] = {}
 
     def work(rank: int, client) -> None:
@@ -383,6 +390,9 @@ def test_summary_prints_counts_as_integers_and_rates_to_four_places():
         "stage fine (async, keep 100): auc=0.8322 hits=48395 pass_through=0.2500 gauc=1.0000 | trained 58 steps, "
         "29000 examples, 42,933 ex/s",
         "funnel (500 held-out requests): ndcg@10=0.1617"]
+    # Issue 32.7: the data line said "2000 held-out requests", the result "500": it names both.
+    assert summary_lines({**metrics, "requests_held_out": 2000})[1] == (
+        "funnel (500 of the 2000 held-out requests: pipeline.eval_users=500): ndcg@10=0.1617")
 
 
 def test_hits_and_csr_rows_match_a_loop():

@@ -32,6 +32,15 @@ SMALL = [
     "pipeline.stages.fusion.trainer.epochs=20",
     "pipeline.baselines.ease.max_items=1500",  # EASE (item_cf and the baseline) over the slice's 1,500 most rated
 ]
+# Each stage keeps its mode, but its staleness no longer depends on how the machine schedules threads: recall's
+# GEO deltas sync on the training thread (not a background thread), and coarse and fine (async) push before their
+# next pull (no prefetch, at most one push unapplied). With the background defaults the funnel's NDCG@10 moved
+# with the machine's load: 0.0724-0.0842 over 9 runs beside other jobs (mean 0.0774, sd 0.0036), and 0.0685 once
+# in CI, below the bound 0.0709; with these, see test_movielens_funnel_end_to_end.
+SETTLED = [
+    "pipeline.stages.recall.ps.background_sync=false",
+    *(f"pipeline.stages.{s}.ps.{k}" for s in ("coarse", "fine") for k in ("max_pending=1", "prefetch=false")),
+]
 STAGES = {"recall": "geo", "coarse": "async", "fine": "async", "fusion": "sync"}
 
 
@@ -82,7 +91,7 @@ def test_movielens_funnel_end_to_end(tmp_path):
     measured: the whole funnel beats recall alone and most-popular on NDCG@10 (issue 29's small-slice test),
     each ranker passes more held-out positives than its chance level."""
     run = tmp_path / "run"
-    done = recps_train(*SMALL, f"hydra.run.dir={run}", timeout=600)
+    done = recps_train(*SMALL, *SETTLED, f"hydra.run.dir={run}", timeout=600)
     # the server and the worker forked from the launcher's preloaded image (up at once, not importing anew)
     assert done.output.count(") forked from this image") == 2, done.output[-3000:]
     metrics = done.metrics()
@@ -92,7 +101,8 @@ def test_movielens_funnel_end_to_end(tmp_path):
     funnel, base = metrics["funnel"], metrics["baselines"]
     print(json.dumps({"funnel": funnel, "baselines": base, "recall": metrics["stages"]["recall"]}))
     assert metrics["stages"]["recall"]["recall@300"] > 0.4, metrics["stages"]["recall"]  # measured 0.425
-    # measured: funnel 0.0796-0.0906, recall alone 0.0584-0.0590, most-popular 0.0675, EASE 0.0813 (HR@10 0.367-0.388)
+    # measured with SETTLED, 8 runs beside other jobs (load 6-14): funnel 0.0845-0.0951 (mean 0.0900, sd 0.0032),
+    # recall alone 0.0590 in every run, most-popular 0.0675; the bounds below are 0.0708 and 0.0709
     assert funnel["ndcg@10"] > 1.2 * base["recall_alone"]["ndcg@10"], (funnel, base)
     assert funnel["ndcg@10"] > 1.05 * base["most_popular"]["ndcg@10"], (funnel, base)
     assert funnel["hr@10"] > 0.3, funnel

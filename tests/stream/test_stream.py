@@ -235,18 +235,34 @@ def test_a_malformed_pass_stops_the_stream_naming_the_file_and_keeps_what_was_co
     lines[5] = b"not\ta\tcriteo\tline"
     part.write_bytes(b"\n".join(lines))
     cmd = [sys.executable, "-m", "recps.train", "stream=hourly", f"stream.root={root}", f"stream.out={out}",
-           "ps=async", "model=deepfm", "cluster.workers=1", "stream.start_day=20261201", "stream.end_day=20261201",
+           "ps=async", "model=deepfm", "cluster.workers=1", "stream.end_day=20261201",
            "stream.hours=3", "dataset.error_budget=0", "cluster.restarts=0", f"hydra.run.dir={tmp_path / 'run1'}"]
     proc = run_command(cmd, timeout=RUN_TIMEOUT_S, check=None)
     assert proc.returncode != 0
+    # no stream.start_day: the stream's own (issue 32.2), logged by the launcher
+    assert (f"stream.start_day not set: 20261201, from {root}/_stream.json" in proc.output), proc.output[-3000:]
     assert f"{part.name}:6" in proc.stdout + proc.stderr, proc.stdout[-3000:] + proc.stderr[-3000:]
     # a stream's processes fork from the launcher's preloaded image too (up at once, not importing anew)
     assert (proc.stdout + proc.stderr).count(") forked from this image") == 2, proc.stderr[-3000:]
     records = (Path(out) / "donefile.txt").read_text().splitlines()
     assert [r.split("\t")[3] for r in records] == ["1"]  # pass 1 committed and recorded, nothing of pass 2
     part.write_bytes(good)
-    metrics = run_stream(cmd[:-1] + [f"hydra.run.dir={tmp_path / 'run2'}"])
-    assert [p["pass"] for p in metrics["stream"]["passes"] if "pass" in p] == [2, 3]
+    resumed = run_command(cmd[:-1] + [f"hydra.run.dir={tmp_path / 'run2'}"], timeout=RUN_TIMEOUT_S)
+    metrics = resumed.metrics()
+    passes = [p for p in metrics["stream"]["passes"] if "pass" in p]
+    assert [p["pass"] for p in passes] == [2, 3]
+    # One step counter (issue 32.3): the resumed run counts on from pass 1's steps, in its records and lines.
+    first = json.loads((Path(out) / DAYS[0] / "1" / "manifest.json").read_text())["progress"]["steps"]
+    assert first > 0 and [p["step"] for p in passes] == [first + passes[0]["steps"],
+                                                         first + passes[0]["steps"] + passes[1]["steps"]]
+    assert metrics["step"] == passes[1]["step"]
+    lines = resumed.output.splitlines()
+    at = [next(i for i, line in enumerate(lines) if f"stream pass 20261201/{p['pass']}, step {p['step']}: " in line)
+          for p in passes]
+    # The day end is told after its last pass's line (issue 32.7: "day ... ended" came before it), in words.
+    ended = [i for i, line in enumerate(lines) if "stream: day 20261201 ended: " in line]
+    assert len(ended) == 1 and ended[0] > at[1], resumed.output[-3000:]
+    assert "; base " in lines[ended[0]] and "{" not in lines[ended[0]], lines[ended[0]]
     # The same command over the finished stream (issue 32.2: it started a cluster and redid the day end):
     # decided from the records in the launcher, nothing started, nothing written, exit 0.
     listing = sorted(str(p.relative_to(out)) for p in Path(out).rglob("*"))

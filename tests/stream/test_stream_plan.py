@@ -170,3 +170,35 @@ def test_resume_point_keeps_a_delta_published_before_its_checkpoint(tmp_path):
     r = resume_point(config(out=out, hours=3))
     assert r.folder == f"{out}/20261201/1" and r.next.name == "20261201/2" and r.base_key == 7
     assert r.published_delta == f"{out}/20261201/delta-2" and r.publish_delta is None
+
+
+@pytest.mark.parametrize("layout", ["hhmm", "hive"])
+def test_a_missing_start_day_is_the_streams_own_and_logged(tmp_path, caplog, layout):
+    """Issue 32.2: stream.start_day was required though the stream's _stream.json or its first partition
+    says where it starts."""
+    import logging
+
+    from recps.stream.plan import with_start_day
+
+    described = tmp_path / "described"
+    write_stream(str(described), days=2, hours=1, rows=20, start_day="20261130")
+    bare = tmp_path / "bare"
+    for day in ("20261203", "20261202"):
+        (bare / (f"day={day}" if layout == "hive" else day) / "part").mkdir(parents=True)
+    (bare / "tmp").mkdir()  # not a day
+    values = {"root": str(described), "out": "/o", "start_day": None, "end_day": "20261201", "layout": layout}
+    with caplog.at_level(logging.INFO, logger="recps.stream"):
+        assert with_start_day(values)["start_day"] == "20261130"
+        assert with_start_day({**values, "root": str(bare)})["start_day"] == "20261202"
+        assert with_start_day({**values, "start_day": "20261201"})["start_day"] == "20261201"  # given: kept
+    first = "day=20261202" if layout == "hive" else "20261202"
+    assert [r.getMessage() for r in caplog.records if "start_day" in r.getMessage()] == [
+        f"stream.start_day not set: 20261130, from {described}/_stream.json (stream.start_day=YYYYMMDD starts elsewhere)",
+        f"stream.start_day not set: 20261202, from {bare}/{first} (stream.start_day=YYYYMMDD starts elsewhere)"]
+    StreamConfig.from_config(with_start_day(values))  # a whole config
+    with pytest.raises(ConfigError, match=f"stream.start_day is not set and {tmp_path / 'empty'} holds neither "
+                                          r"_stream.json nor a day folder .* give stream.start_day=YYYYMMDD"):
+        with_start_day({**values, "root": str(tmp_path / "empty")})
+    (bare / "_stream.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"_stream.json holds no start_day \(YYYYMMDD\).*give stream.start_day"):
+        with_start_day({**values, "root": str(bare)})

@@ -16,7 +16,7 @@ from models import GRU4Rec
 from recps.data.batch import Batch
 from recps.data.sessions import SequenceSource, SessionParallelSource, Sessions
 from recps.errors import ConfigError, DataError
-from recps.tasks.next_item import MostPopular, NextItemTask, bpr_max_loss
+from recps.tasks.next_item import MostPopular, NextItemTask, SessionItemsThenPopular, bpr_max_loss
 
 C = 12
 SESSIONS = [[1, 2, 3, 4], [5, 6], [7, 8, 9], [10, 11], [0, 1, 0], [3, 3], [4, 5, 6, 7, 8]]
@@ -140,6 +140,43 @@ def test_most_popular_baseline_by_hand():
     assert got["recall@2"] == pytest.approx(np.mean([rank(t) <= 2 for t in targets]))
     assert got["mrr@2"] == pytest.approx(np.mean([1 / rank(t) if rank(t) <= 2 else 0 for t in targets]))
     assert len(set(counts.tolist())) > 1  # the counts are not all equal
+
+
+@pytest.mark.parametrize("max_len", [None, 2])
+def test_the_sessions_own_items_then_popular_equal_a_loop(max_len):
+    """Issue 32.11: "the session's own items, most recent first, then popular" beside the model. After each
+    click the row's clicks so far rank first (the latest first), then the rest by training count (ties: the
+    lower id first); with max_len the windowed rows see their window only, as the model does."""
+    sessions = sessions_of(SESSIONS)
+    counts = sessions.item_counts(C)
+    metrics = ("recall@2", "mrr@3")
+    source = SequenceSource(sessions, max_len=max_len, shuffle=False)
+    got = NextItemTask(metrics=metrics).evaluate(SessionItemsThenPopular(counts), source, 3)
+    popular = sorted(range(C), key=lambda i: (-int(counts[i]), i))
+    ranks = []
+    for s in SESSIONS:
+        for j in range(1, len(s)):
+            seen = s[:j] if max_len is None else s[max(0, j - max_len):j]
+            recent = list(dict.fromkeys(reversed(seen)))  # the latest click first, each item once
+            ranking = recent + [i for i in popular if i not in recent]
+            ranks.append(ranking.index(s[j]) + 1)
+    assert got["recall@2"] == pytest.approx(np.mean([r <= 2 for r in ranks]))
+    assert got["mrr@3"] == pytest.approx(np.mean([1 / r if r <= 3 else 0 for r in ranks]))
+    assert any(r == 1 for r in ranks) and any(r > 3 for r in ranks)  # both kinds of position occur
+
+
+def test_evaluate_ranks_both_baselines_when_the_source_has_training_counts():
+    sessions = sessions_of(SESSIONS)
+    counts = sessions.item_counts(C)
+    task, model = NextItemTask(metrics=("recall@3",)), gru()
+    plain = task.evaluate(model, SequenceSource(sessions, shuffle=False), 100)
+    assert set(plain) == {"recall@3", "predictions"}  # no training counts: no baseline
+    got = task.evaluate(model, SequenceSource(sessions, shuffle=False, item_counts=counts), 100)
+    popular = task.evaluate(MostPopular(counts), SequenceSource(sessions, shuffle=False), 100)
+    own = task.evaluate(SessionItemsThenPopular(counts), SequenceSource(sessions, shuffle=False), 100)
+    assert got == {**plain, "most_popular/recall@3": popular["recall@3"], "session_items/recall@3": own["recall@3"]}
+    assert set(NextItemTask(metrics=("recall@3",), baseline=False).evaluate(
+        model, SequenceSource(sessions, shuffle=False, item_counts=counts), 100)) == set(plain)
 
 
 def test_configuration_errors_are_named():

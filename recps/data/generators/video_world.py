@@ -166,9 +166,11 @@ __all__ = [
     "read_info",
     "ensure_split",
     "ensure_world",
+    "world_home",
     "tune_split",
     "prepare_recall",
     "ideal_metrics",
+    "best_summary",
     "topn_metrics",
     "schema",
     "main",
@@ -735,9 +737,24 @@ def generate(cfg: VideoWorldConfig) -> VideoWorld:
                    for split, f in (("train", world.train), ("test", world.test))}
     world.seconds = t3 - t0
     world.rates["seconds"] = {"tables": t1 - t0, "impressions": t2 - t1, "metrics": t3 - t2}
-    log.info("video world %d users x %d items: generated in %.1f s (tables %.1f, impressions %.1f, metrics %.1f); "
-             "best %s", cfg.users, cfg.items, t3 - t0, t1 - t0, t2 - t1, t3 - t2, world.metrics)
+    log.info("video world %d users x %d items: generated in %.1f s (tables %.1f, impressions %.1f, metrics %.1f); %s",
+             cfg.users, cfg.items, t3 - t0, t1 - t0, t2 - t1, t3 - t2, best_summary(world.metrics))
     return world
+
+
+def best_summary(metrics: dict) -> str:
+    """world.metrics in a line: the best reachable test AUCs. The ideal and most-popular lists' metrics
+    (world.json "best") are left out: they are measured on the logged test clicks of `metric_users` users,
+    where most-popular may beat the ideal list (the module docstring's caveat), while a funnel run reports
+    both on its own held-out requests (the random bucket).
+
+    >>> best_summary({"auc": {"click": 0.91, "long_view": 0.89}, "auc_without_history": {"click": 0.88},
+    ...               "ideal": {"ndcg@10": 0.01}})
+    'best reachable test AUC: click 0.9100, long_view 0.8900, click without history 0.8800'
+    """
+    parts = [f"{label} {value:.4f}" for label, value in (metrics.get("auc") or {}).items()]
+    parts += [f"{label} without history {value:.4f}" for label, value in (metrics.get("auc_without_history") or {}).items()]
+    return "best reachable test AUC: " + ", ".join(parts)
 
 
 def _impressions(world: VideoWorld, popularity: np.ndarray) -> None:
@@ -1133,6 +1150,31 @@ def ensure_world(directory: str | os.PathLike, cfg: VideoWorldConfig) -> WorldIn
         pass
     write(generate(cfg), directory)
     return WorldInfo(directory, cfg, read_info(directory))
+
+
+def _held_config(directory: str) -> dict[str, Any] | None:
+    """The config of the complete world under `directory` (world.json and every file it lists), else None."""
+    try:
+        meta = read_info(directory)
+    except DataError:
+        return None
+    return meta["config"] if all(fs.exists(fs.join(directory, f)) for f in meta["files"]) else None
+
+
+def world_home(directory: str | os.PathLike, cfg: VideoWorldConfig) -> str:
+    """Where the world of `cfg` lives: `directory`, unless a complete world of another config is there;
+    then `<directory>-<digest of cfg>` beside it, so that a world is never overwritten by another one
+    (another run may be reading it). The same answer in every process of a job."""
+    directory = os.fspath(directory).rstrip("/")
+    held = _held_config(directory)
+    if held is None or held == cfg.to_dict():
+        return directory
+    digest = hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True).encode()).hexdigest()[:10]
+    home = f"{directory}-{digest}"
+    differ = sorted(k for k in set(held) | set(cfg.to_dict()) if held.get(k) != cfg.to_dict().get(k))
+    log.info("video world: %s holds another world (its %s differ); this one lives in %s", directory,
+             ", ".join(differ), home)
+    return home
 
 
 def ensure_split(directory: str | os.PathLike, train_rows: int = 0, test_rows: int = 0, *, seed: int = 0,

@@ -373,7 +373,10 @@ class PSServer:
                     )
                 return {"spec": old.json, "created": False}
             self._tables[name] = make(self._half(spec["mode"], name))
-            logger.info("server %d: created %s table %r (%s)", self.index, spec["kind"], name, spec["mode"])
+            # The engine's exchange buffers ("recps.metrics.header.w1.b0": a metrics merge's, a stream's
+            # evaluation's, made as the passes need them) at DEBUG; the model's tables at INFO.
+            logger.log(logging.DEBUG if name.startswith("recps.") else logging.INFO, "server %d: created %s table %r (%s)",
+                       self.index, spec["kind"], name, spec["mode"])
             return {"spec": self._tables[name].json, "created": True}
 
     def _create_sparse(self, name, fields, meta):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -31,6 +32,20 @@ def world() -> vw.VideoWorld:
 @pytest.fixture(scope="module")
 def written(world, tmp_path_factory) -> str:
     return vw.write(world, tmp_path_factory.mktemp("world"))
+
+
+def test_the_generation_line_says_the_best_aucs_in_words(caplog):
+    """Issue 32.7: the line was a 530-character dict whose "ideal" NDCG@10 (on the logged test clicks of
+    metric_users users) sat below most-popular's and beside other ideal figures of the run's own."""
+    small = vw.VideoWorldConfig(**{**SMALL.to_dict(), "users": 60, "items": 500, "creators": 50, "metric_users": 20})
+    with caplog.at_level(logging.INFO, logger="recps.data.generators.video_world"):
+        world = vw.generate(small)
+    (line,) = [r.getMessage() for r in caplog.records if "generated in" in r.getMessage()]
+    best = world.metrics
+    assert line.endswith(f"; best reachable test AUC: click {best['auc']['click']:.4f}, long_view "
+                         f"{best['auc']['long_view']:.4f}, click without history "
+                         f"{best['auc_without_history']['click']:.4f}"), line
+    assert "{" not in line and "ideal" not in line and "most_popular" not in line
 
 
 def test_same_seed_same_world_other_seed_other_world(world):
@@ -255,6 +270,27 @@ def test_ensure_split_reuses_a_world_and_checks_sizes(tmp_path):
         vw.ensure_split(tmp_path, 5, 0, seed=1, **opts)
     with pytest.raises(ConfigError, match=r"unknown keys \['colour'\]"):
         vw.ensure_split(tmp_path, 0, 0, seed=1, colour=3, **opts)
+
+
+def test_a_world_of_another_config_lives_beside_it_never_over_it(tmp_path):
+    """The funnel's world folder names a few knobs (conf/pipeline/video_funnel.yaml): a run with another
+    value of an unnamed one (click_bias) gets a sibling folder; the world already there stays as it was."""
+    from recps.pipeline.data import video_world, video_world_dir
+
+    opts = dict(users=60, items=2000, creators=100, metric_users=10, impressions_per_user=50)
+    folder = tmp_path / "world"
+    assert video_world_dir(str(folder), **opts) == str(folder)  # nothing there yet
+    first = video_world(str(folder), **opts)
+    snapshot = lambda: {f.relative_to(folder): f.read_bytes() for f in folder.rglob("*") if f.is_file()}  # noqa: E731
+    files = snapshot()
+    assert video_world_dir(str(folder), **opts) == str(folder)  # its own world
+    other = video_world_dir(str(folder), **opts, click_bias=-5.0)
+    assert other.startswith(f"{folder}-") and other != str(folder)
+    second = video_world(str(folder), **opts, click_bias=-5.0)
+    assert snapshot() == files  # untouched
+    assert vw.read_info(other)["config"]["click_bias"] == -5.0
+    assert video_world_dir(str(folder), **opts, click_bias=-5.0) == other  # the same answer again
+    assert not np.array_equal(first.train_labels.numpy(), second.train_labels.numpy())  # another world
 
 
 @pytest.mark.parametrize("bad, match", [

@@ -327,3 +327,21 @@ def test_client_is_thread_safe(cluster2):
         t.join(30)
     assert not errors
     assert torch.equal(client.pull("emb", keys).wait(), torch.full((64, 2), -100.0))
+
+
+def test_the_engines_exchange_tables_are_created_at_debug_the_models_at_info(caplog):
+    """Issue 32.7: every stream pass logged `created dense table 'recps.metrics.header.w1.b0'` at INFO; the
+    engine's buffers (names under recps.) are created at DEBUG, the model's tables stay at INFO."""
+    import logging
+
+    c = Cluster(1)
+    try:
+        client = c.client()
+        with caplog.at_level(logging.DEBUG, logger="recps.ps.node.server"):
+            client.create_dense_table("dense", 3)
+            client.create_dense_table("recps.metrics.header.w0.b0", 4, mode="geo")
+    finally:
+        c.close()
+    created = [(r.levelname, r.getMessage()) for r in caplog.records if "created" in r.getMessage()]
+    assert created == [("INFO", "server 0: created dense table 'dense' (async)"),
+                       ("DEBUG", "server 0: created dense table 'recps.metrics.header.w0.b0' (geo)")]

@@ -16,15 +16,19 @@ Grouped metrics (gauc, pnr) take each example's group from the batch's sparse fe
 is exactly the one process's value on the union.
 
 What a report covers: the current pass so far ("pass-to-date", as Paddle's global AUC).
-A step report at global step s holds every example of the pass that the threads had
-finished when it ran (with threads=1: exactly the pass's steps up to s); a pass report holds
-the whole pass, after which its states are dropped. Values are those of
-``recps.metrics`` (NaN, written as null in JSON, where undefined: one class seen so far).
+A step report at global step s holds every example of its pass's steps up to s, and those of
+any later step a thread had handed over when it ran (with threads=1: exactly the pass's steps
+up to s); a pass report holds the whole pass, after which its states are dropped. Values are
+those of ``recps.metrics`` (NaN, written as null in JSON, where undefined: one class seen so
+far). A report of zero examples (every worker's) is not written.
 
 Step reports fall on global steps that are multiples of ``every_steps``: a run resumed at step
 392 with every_steps=100 reports at 400 (the 8 steps of its pass so far), 500, ... as the run it
-continues would have. The thread that counts step s makes every report due up to s, in order, so
-each worker makes the same sequence of reports however its threads interleave.
+continues would have. A thread counts its step under the trainer's lock but hands the batch over
+after it, so step s+1 may arrive before step s: the thread whose batch completes the fit's steps
+up to s (none of them missing any more) makes every report due up to s, in order, so each worker
+makes the same sequence of reports however its threads interleave. The pass a step report covers
+is the oldest pass a thread is still in; a thread that ended a pass is in the next one.
 
 Across workers every report is a collective (all workers take part, in the same order).
 Workers rarely take the same number of steps (uneven shards, async mode), so each report
@@ -300,12 +304,14 @@ class MetricsReporter(TrainObserver):
         self._locks = [threading.Lock() for _ in range(self.threads)]
         self._finished: dict[int, MetricCollection] = {}
         self._state_lock = threading.Lock()  # _finished, _ended
-        self._steps_lock = threading.Lock()  # _fit_steps (taken every step: never held long)
+        self._steps_lock = threading.Lock()  # _fit_steps, _complete, _early (taken every step: never held long)
         self._report_lock = threading.Lock()  # one round at a time, in order
         self._ended: dict[int, set[int]] = {}
         self._thread_pass: list[int | None] = [None] * self.threads
         self._last_due = self._last_multiple(self.step_base)
         self._fit_steps = 0
+        self._complete = 0  # steps 1.._complete of this fit all handed over (under _steps_lock)
+        self._early: set[int] = set()  # steps handed over after _complete + 1 (under _steps_lock)
 
     # ---- TrainObserver -------------------------------------------------------------------------
 
@@ -313,6 +319,7 @@ class MetricsReporter(TrainObserver):
         if len(replicas) != self.threads:
             raise ConfigError(f"MetricsReporter was built for {self.threads} threads, the trainer runs {len(replicas)}")
         self._fit_steps = 0
+        self._complete, self._early = 0, set()
         self._thread_pass = [None] * self.threads
         self._last_due = max(self._last_due, self._last_multiple(self.step_base))
 
@@ -335,12 +342,20 @@ class MetricsReporter(TrainObserver):
         self._thread_pass[thread] = epoch
         with self._steps_lock:
             self._fit_steps = max(self._fit_steps, step)
-        if self.every_steps and (self.step_base + step) - self._last_due >= self.every_steps:
-            self._step_reports(self.step_base + step)
+            self._early.add(step)
+            while self._complete + 1 in self._early:  # (a handful: as many as steps in flight)
+                self._complete += 1
+                self._early.discard(self._complete)
+            complete = self._complete
+        if self.every_steps and (self.step_base + complete) - self._last_due >= self.every_steps:
+            self._step_reports(self.step_base + complete)
 
     def on_epoch_end(self, thread: int, epoch: int) -> None:
         with self._locks[thread]:
             self._flush_locked(thread)
+        # Its next pass: a step report made by another thread before this one's next batch must not
+        # cover `epoch`, whose states the pass report below may drop.
+        self._thread_pass[thread] = epoch + 1
         with self._state_lock:
             done = self._ended.setdefault(epoch, set())
             done.add(thread)
@@ -372,7 +387,8 @@ class MetricsReporter(TrainObserver):
     # ---- rounds ------------------------------------------------------------------------------
 
     def _step_reports(self, step: int) -> None:
-        """Makes every step report due up to `step`, in order (called by the thread counting `step`)."""
+        """Makes every step report due up to `step`, in order (called by the thread whose batch
+        completed steps 1..`step`)."""
         with self._report_lock:
             while step - self._last_due >= self.every_steps:
                 due = (self._last_due // self.every_steps + 1) * self.every_steps
@@ -510,6 +526,9 @@ class MetricsReporter(TrainObserver):
     def _record(self, kind: str, step: int, epoch: int, merged: MetricCollection) -> None:
         values = merged.compute()
         examples = int(values.pop("examples"))
+        if examples == 0:  # every worker's merged count: all of them skip it (a pass with no data)
+            log.debug("[worker %d] %s report, step %d, pass %d: no examples, not written", self.merger.rank, kind, step, epoch)
+            return
         record: dict[str, Any] = {"kind": kind, "step": int(step), "pass": int(epoch), "examples": examples}
         record.update({k: _json_value(float(v)) for k, v in values.items()})
         self.reports.append(record)

@@ -117,13 +117,42 @@ def test_threads_merge_to_the_values_of_all_batches_and_passes_reset():
 
 
 def test_a_late_thread_does_not_repeat_or_skip_a_report():
+    """Steps handed over out of order: a report waits for every step it covers, and the batch that
+    completes them makes every report due, once each."""
     rep = MetricsReporter(["auc"], BinaryTask(), threads=2, every_steps=2)
     batch = make_batches(0, 1)[0]
     logits = torch.linspace(-2, 2, ROWS)
-    rep.on_batch(1, 4, 0, batch, logits, 0.0)  # the thread that counted step 4 reports 2 and 4
-    rep.on_batch(0, 2, 0, batch, logits, 0.0)  # ... so step 2's thread has nothing left to do
-    rep.on_batch(0, 3, 0, batch, logits, 0.0)
-    assert [(r["step"], r["examples"]) for r in rep.reports] == [(2, ROWS), (4, ROWS)]
+    rep.on_batch(1, 2, 0, batch, logits, 0.0)  # step 1 is still in thread 0: no report yet
+    rep.on_batch(1, 4, 0, batch, logits, 0.0)
+    assert rep.reports == []
+    rep.on_batch(0, 1, 0, batch, logits, 0.0)  # steps 1..2 complete: report 2 (and step 4, handed over)
+    rep.on_batch(0, 3, 0, batch, logits, 0.0)  # steps 1..4 complete: report 4
+    assert [(r["step"], r["examples"]) for r in rep.reports] == [(2, 3 * ROWS), (4, 4 * ROWS)]
+
+
+def test_a_step_report_after_a_pass_report_covers_the_next_pass():
+    """Thread 1 ended pass 0 (and the pass report dropped its states) but has not trained a batch of
+    pass 1 yet: the step report thread 0 makes in pass 1 covers pass 1, not the emptied pass 0
+    (was: 'step metrics, step 4, pass 0, 0 examples: auc=nan')."""
+    rep = MetricsReporter(["auc"], BinaryTask(), threads=2, every_steps=4)
+    batch = make_batches(0, 1)[0]
+    logits = torch.linspace(-2, 2, ROWS)
+    rep.on_batch(0, 1, 0, batch, logits, 0.0)
+    rep.on_batch(1, 2, 0, batch, logits, 0.0)
+    rep.on_epoch_end(0, 0)
+    rep.on_epoch_end(1, 0)  # pass 0 reported
+    rep.on_batch(0, 3, 1, batch, logits, 0.0)
+    rep.on_batch(0, 4, 1, batch, logits, 0.0)
+    assert [(r["kind"], r["step"], r["pass"], r["examples"]) for r in rep.reports] == [
+        ("pass", 2, 0, 2 * ROWS), ("step", 4, 1, 2 * ROWS)]
+
+
+def test_no_report_of_zero_examples(caplog):
+    """A pass without a batch is not reported (nor logged)."""
+    rep = MetricsReporter(["auc"], BinaryTask(), threads=1, every_steps=1)
+    with caplog.at_level(logging.INFO, logger="recps.metrics.reporter"):
+        rep.on_epoch_end(0, 0)
+    assert rep.reports == [] and "0 examples" not in caplog.text
 
 
 def test_a_resumed_run_reports_on_the_steps_of_the_run_it_continues():

@@ -2,7 +2,7 @@
 threads of this process or in a process of their own (where their memory is measured).
 
     attack                                   expected (CURVE, the default)       control (encryption off)
-    replay of a captured request stream      refused in the handshake, counted   the replayed push is applied
+    replay of a captured request stream      refused in the handshake, counted   answered from the at-most-once log, not run
     reply altered on the way (forged)        PSError at once, never the value   the altered value is returned
     reply from an impostor server            PSError, never its rows             -
     wrong token                              PSError within 3 s, counted         -
@@ -246,7 +246,9 @@ def _create_emb(client: PSClient) -> None:
 def test_attack_replay_of_a_captured_request(curve, encryption):
     """The bytes a worker sent (create the table, push -1000 into row 7), captured by a proxy on the
     wire, sent again on a new connection: with CURVE the server refuses the handshake (the
-    connection's cookie and keys are new) and the row stays; without, the push is applied again."""
+    connection's cookie and keys are new) and the row stays. Without, the replayed requests are
+    read as resends (their request ids are in the server's at-most-once log, wire.REQUEST_ONCE) and
+    answered without running again; once the log forgot them (2 x wire.RESEND_WINDOW_S) they would run."""
     encryption(curve)
     server = _ps_server()
     proxy = Proxy(_port(server.endpoint))
@@ -279,9 +281,11 @@ def test_attack_replay_of_a_captured_request(curve, encryption):
                       what="the replayed handshake counted")
             time.sleep(0.2)
             assert server.sparse("emb").pull(torch.tensor([7])).tolist() == [[-1000.0, -1000.0]]
-        else:  # the attack works on the old transport: the test can see it
-            _wait_for(lambda: server.sparse("emb").pull(torch.tensor([7])).tolist() == [[-2000.0, -2000.0]],
-                      what="the replayed push applied")
+        else:  # create and push arrive again: answered from the log, not run
+            _wait_for(lambda: server.resends == 2, what="the replayed requests read as resends")
+            assert server.sparse("emb").pull(torch.tensor([7])).tolist() == [[-1000.0, -1000.0]]
+            with PSClient([server.endpoint], token=TOKEN, timeout_s=10.0) as probe:
+                assert probe.stats()["servers"][0]["resends"] == 2
     finally:
         proxy.close()
         server.stop()

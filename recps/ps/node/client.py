@@ -215,9 +215,9 @@ class PSClient:
 
     # -- table metadata ------------------------------------------------------------------------
 
-    def _request_all(self, verb: str, table: str = "", meta: dict | None = None, servers=None) -> list[Handle]:
+    def _request_all(self, verb: str, table: str = "", meta: dict | None = None, servers=None, once: bool = True) -> list[Handle]:
         servers = range(self.num_servers) if servers is None else servers
-        return [self._transport.request(s, verb, table, meta=meta) for s in servers]
+        return [self._transport.request(s, verb, table, meta=meta, once=once) for s in servers]
 
     def _wait_all(self, handles: list[Handle], timeout: float | None) -> list[Reply]:
         deadline = time.monotonic() + (self.timeout_s if timeout is None else timeout)
@@ -232,7 +232,7 @@ class PSClient:
     def _info(self, name: str, kind: str) -> _Sparse | _Dense:
         info = self._tables.get(name)
         if info is None:  # created by another worker: ask server 0 once
-            reply = self._transport.call(0, "describe", name)
+            reply = self._transport.call(0, "describe", name, once=False)
             info = self._remember(name, parse_spec(str(reply.meta["spec"]), f"describe {name!r}"))
         if info.spec["kind"] != kind:
             raise ConfigError(f"table {name!r} is {info.spec['kind']}; use the {info.spec['kind']} verbs (pull/push vs pull_dense/push_dense)")
@@ -301,7 +301,7 @@ class PSClient:
         """The spec of table `name` (asks server 0 if this client did not create it)."""
         info = self._tables.get(name)
         if info is None:
-            reply = self._transport.call(0, "describe", name)
+            reply = self._transport.call(0, "describe", name, once=False)
             info = self._remember(name, parse_spec(str(reply.meta["spec"]), f"describe {name!r}"))
         return info.spec
 
@@ -342,13 +342,13 @@ class PSClient:
         if order is None:
             if uniq.numel() == 0:
                 return _done(torch.zeros(keys.numel(), width))
-            handle = self._transport.request(0, verb, table, {"keys": uniq}, meta)
+            handle = self._transport.request(0, verb, table, {"keys": uniq}, meta, once=False)  # a read
             return PSHandle([handle], lambda r: r[0].tensors[0] if inverse is None else r[0].tensors[0][inverse], self.timeout_s)
         grouped = uniq[order]  # (U,) keys grouped by server
         handles, pos = [], 0
         for s, n in enumerate(counts):
             if n:
-                handles.append(self._transport.request(s, verb, table, {"keys": grouped[pos : pos + n]}, meta))
+                handles.append(self._transport.request(s, verb, table, {"keys": grouped[pos : pos + n]}, meta, once=False))
             pos += n
 
         def finish(replies: list[Reply]) -> torch.Tensor:
@@ -424,7 +424,7 @@ class PSClient:
     def pull_dense(self, table: str) -> PSHandle[torch.Tensor]:
         """Handle of the (N,) float32 values of dense table `table` (see dense_layout for names)."""
         info: _Dense = self._info(table, "dense")
-        handles = [self._transport.request(s, "pull_dense", table) for s in info.servers]
+        handles = [self._transport.request(s, "pull_dense", table, once=False) for s in info.servers]
         return PSHandle(handles, lambda replies: self._join(info, replies), self.timeout_s)
 
     def push_dense(self, table: str, values, *, meta: Mapping | None = None, return_values: bool = False) -> PSHandle:
@@ -489,7 +489,7 @@ class PSClient:
 
     def stats(self, timeout: float | None = None) -> dict:
         """{"tables": {name: {"kind", "rows", "memory_bytes"}} summed over servers, "servers": [per server]}."""
-        per = [json.loads(str(r.meta["stats"])) for r in self._wait_all(self._request_all("stats"), timeout)]
+        per = [json.loads(str(r.meta["stats"])) for r in self._wait_all(self._request_all("stats", once=False), timeout)]
         tables: dict[str, dict] = {}
         for s in per:
             for name, st in s["tables"].items():

@@ -271,6 +271,11 @@ class PSServer:
         """Messages and connections the transport refused, by reason (TransportServer.rejections)."""
         return self._transport.rejections
 
+    @property
+    def resends(self) -> int:
+        """Requests that arrived again and were answered with their first reply (TransportServer.resends)."""
+        return self._transport.resends
+
     def start(self) -> "PSServer":
         warm_up_kernels()  # before the first request: loading the tables' compiled loops takes ~1 s
         self._transport.start()
@@ -542,7 +547,8 @@ class PSServer:
             pending = {mode: half.pending() for mode, half in self._halves.items()}
         return [], {"stats": json.dumps({"server": self.index, "tables": stats, "pending": pending,
                                          "rejected": self.rejections,
-                                         "handler_errors": self._transport.handler_errors})}
+                                         "handler_errors": self._transport.handler_errors,
+                                         "resends": self._transport.resends})}
 
     def _stop_verb(self, name, fields, meta):
         logger.info("server %d: stop requested by a client", self.index)

@@ -23,8 +23,16 @@ Contract (ps-lite style):
 - Security (`security`): each socket is a CURVE client with the job's keys (derived from the
   token) and takes no frame over wire.MAX_FRAME_BYTES. A server that refuses the handshake
   HANDSHAKE_ATTEMPTS times in a row (another token, or no encryption) fails the requests waiting
-  for it with PSError at once, and so does a reply that fails authentication on an established
-  connection (altered on the way): the outcome of those requests is unknown.
+  for it with PSError at once. A reply that fails authentication on an established connection
+  (altered on the way) fails the requests in flight to that server at once, with PSError: their
+  outcome is unknown.
+- Resends: a connection that drops while requests are in flight on it (the server dropped it
+  after a frame injected on the way failed authentication, or the ZMTP heartbeats found it dead:
+  security.HEARTBEAT_TIMEOUT_S) is reopened by ZeroMQ, and those requests are sent again on it, with
+  the same request ids, until wire.RESEND_WINDOW_S after they were first sent; later, they fail
+  with PSError ("its outcome is unknown"). A request is run at most once (wire.REQUEST_ONCE: the
+  server answers a resend with the first reply) unless it is sent with once=False (a read, which
+  may run again). `resends` counts the requests sent again.
 
 >>> import torch
 >>> from recps.ps.transport import TransportServer
@@ -41,6 +49,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -79,9 +88,11 @@ class Reply:
 class Handle:
     """One request in flight. `wait(timeout)` returns its Reply or raises; see the module docstring."""
 
-    __slots__ = ("server", "endpoint", "verb", "table", "num_keys", "request_id", "_channel", "_done", "_reply", "_error", "_timeout_s")
+    __slots__ = ("server", "endpoint", "verb", "table", "num_keys", "request_id", "_channel", "_done", "_reply", "_error",
+                 "_timeout_s", "_frames", "_sent_at")
 
-    def __init__(self, channel: "_Channel", server: int, endpoint: str, verb: str, table: str, num_keys: int, rid: int, timeout_s: float):
+    def __init__(self, channel: "_Channel", server: int, endpoint: str, verb: str, table: str, num_keys: int, rid: int,
+                 timeout_s: float, frames: list):
         self.server, self.endpoint, self.verb, self.table = server, endpoint, verb, table
         self.num_keys, self.request_id = num_keys, rid
         self._channel = channel
@@ -89,6 +100,8 @@ class Handle:
         self._reply: Reply | None = None
         self._error: PSError | None = None
         self._timeout_s = timeout_s
+        self._frames = frames  # kept for a resend until the reply arrives
+        self._sent_at = time.monotonic()
 
     def done(self) -> bool:
         """Whether the reply (or an error) is in; never blocks beyond a zero-timeout poll."""
@@ -142,8 +155,10 @@ class Handle:
         self._channel.pending.pop(self.request_id, None)
         self._error = error
         self._done = True
+        self._frames = None
 
     def _complete(self, msg: wire.Message) -> None:
+        self._frames = None
         if msg.status == Status.OK:
             self._reply = Reply(msg.tensors, msg.meta)
         elif msg.status == Status.TOKEN_MISMATCH:
@@ -236,7 +251,7 @@ class _Channel:
                 logger.warning("malformed reply from %s: %s", handle.endpoint if handle else "a server", e)
                 if handle is not None:
                     handle._error = PSError(f"server {handle.endpoint} sent a malformed reply to {handle.verb}: {e}")
-                    handle._done = True
+                    handle._done, handle._frames = True, None
                 continue
             handle = self.pending.pop(msg.request_id, None)
             if handle is None:
@@ -245,7 +260,8 @@ class _Channel:
             handle._complete(msg)
 
     def _watch(self, link: _Link) -> None:
-        """Read `link`'s monitor events; fail the requests to its server when it cannot be trusted.
+        """Read `link`'s monitor events; resend the requests in flight when its connection dropped,
+        fail them when the server cannot be trusted.
 
         A failure this side detects (HANDSHAKE_FAILED_PROTOCOL: a box that does not open, another
         mechanism; HANDSHAKE_FAILED_AUTH: refused by the server's ZAP) ends the ZeroMQ session for
@@ -259,7 +275,9 @@ class _Channel:
                 link.established, link.refusals = True, 0
                 continue
             if kind == zmq.EVENT_DISCONNECTED:
-                link.established = False
+                if link.established:  # ZeroMQ reconnects; what the old connection carried may be lost
+                    link.established = False
+                    self._resend(link.server, "the connection dropped")
                 continue
             reason = security.handshake_failure(kind, value)
             endpoint = self.client.endpoints[link.server]
@@ -293,6 +311,30 @@ class _Channel:
         sock.disable_monitor()
         sock.close()
         link.monitor.close()
+
+    def _resend(self, server: int, why: str) -> None:
+        """Send the requests in flight to `server` again (channel lock held), on the socket ZeroMQ
+        reconnects; those first sent more than wire.RESEND_WINDOW_S ago fail instead."""
+        handles = [h for h in self.pending.values() if h.server == server]
+        if not handles:
+            return
+        now, endpoint, resent = time.monotonic(), self.client.endpoints[server], 0
+        for handle in handles:
+            if now - handle._sent_at > wire.RESEND_WINDOW_S:
+                handle._fail(PSError(
+                    f"{self.client.names[server]} at {endpoint}: {why} while {handle.verb} on table {handle.table!r} was "
+                    f"in flight, more than {wire.RESEND_WINDOW_S:g} s after it was sent; not sent again, its outcome is unknown"))
+                continue
+            try:
+                self.socket(server).send_multipart(handle._frames, _NOBLOCK, copy=False)
+            except zmq.Again:
+                handle._fail(PSError(f"server {endpoint}: {_SNDHWM} requests queued and unanswered; it is unreachable or overloaded"))
+                continue
+            resent += 1
+        self.client.resends += resent
+        if resent:
+            logger.warning("%s at %s: %s; %d request%s in flight sent again", self.client.names[server], endpoint, why,
+                           resent, "s" if resent != 1 else "")
 
     def _fail_server(self, server: int, error: PSError) -> None:
         """Fail every request in flight to `server` (channel lock held)."""
@@ -356,7 +398,10 @@ class TransportClient:
         self._local = threading.local()
         self._channels: list[_Channel] = []
         self._channels_lock = threading.Lock()
+        # Request ids: a random session prefix, unique per client for a server's at-most-once log (wire.REQUEST_ONCE).
+        self._session = (secrets.randbits(31) | 1) << 32
         self._ids = itertools.count(1)
+        self.resends = 0  # requests sent again after their connection dropped (see the module docstring)
         self._closed = False
 
     def _channel(self) -> _Channel:
@@ -377,9 +422,12 @@ class TransportClient:
         table: str = "",
         tensors: Sequence[torch.Tensor] | Mapping[str, torch.Tensor] = (),
         meta: Mapping[str, MetaValue] | None = None,
+        *,
+        once: bool = True,
     ) -> Handle:
         """Send `verb` for `table` with `tensors` (a mapping: named fields) and `meta` to server
-        `server`; returns at once."""
+        `server`; returns at once. `once`: the server runs it at most once, also when it is resent
+        (False: a read, which a resend may run again at no harm)."""
         if self._closed:
             raise PSError("the transport client is closed; create a new one")
         if not 0 <= server < len(self.endpoints):
@@ -389,12 +437,13 @@ class TransportClient:
         failed = self._failed.get(server)
         if failed is not None:
             raise failed
-        rid = next(self._ids)
-        frames = wire.encode(wire.REQUEST, rid, verb=verb, text=table, tensors=tensors, meta=meta, token_digest=self._digest)
+        rid = self._session | (next(self._ids) & 0xFFFF_FFFF)
+        kind = wire.REQUEST_ONCE if once and verb != PING else wire.REQUEST
+        frames = wire.encode(kind, rid, verb=verb, text=table, tensors=tensors, meta=meta, token_digest=self._digest)
         first = next(iter(tensors.values() if isinstance(tensors, Mapping) else tensors), None)
         num_keys = int(first.shape[0]) if first is not None and first.dim() else 0
         channel = self._channel()
-        handle = Handle(channel, server, self.endpoints[server], verb, table, num_keys, rid, self.timeout_s)
+        handle = Handle(channel, server, self.endpoints[server], verb, table, num_keys, rid, self.timeout_s, frames)
         with channel.lock:
             sock = channel.socket(server)
             channel.pending[rid] = handle
@@ -409,9 +458,9 @@ class TransportClient:
         return handle
 
     def call(self, server: int, verb: str, table: str = "", tensors: Sequence[torch.Tensor] | Mapping[str, torch.Tensor] = (),
-             meta: Mapping[str, MetaValue] | None = None, timeout: float | None = None) -> Reply:
+             meta: Mapping[str, MetaValue] | None = None, timeout: float | None = None, *, once: bool = True) -> Reply:
         """request(...).wait(timeout)."""
-        return self.request(server, verb, table, tensors, meta).wait(timeout)
+        return self.request(server, verb, table, tensors, meta, once=once).wait(timeout)
 
     def ping(self, server: int, timeout: float | None = None) -> float:
         """Round-trip seconds of an empty request answered by server `server`'s handler threads.

@@ -78,6 +78,8 @@ __all__ = [
     "start_authenticator",
     "handshake_failure",
     "MAX_WIRE_FRAME_BYTES",
+    "HEARTBEAT_IVL_S",
+    "HEARTBEAT_TIMEOUT_S",
 ]
 
 logger = logging.getLogger(__name__)
@@ -148,9 +150,20 @@ def resolve_encryption(curve: bool | None) -> bool:
 _CURVE_OVERHEAD = 256
 MAX_WIRE_FRAME_BYTES = MAX_FRAME_BYTES + _CURVE_OVERHEAD
 
+# ZMTP heartbeats on every connection, both ways (answered by ZeroMQ's I/O threads, never by Python code):
+# a connection on which nothing arrived for HEARTBEAT_TIMEOUT_S after a PING is dropped, and the
+# connecting side reconnects. This is what ends a connection that a frame failing authentication left
+# open but unread (issue 33.1): libzmq 4.3.5 stops reading such a connection instead of closing it when
+# the socket's monitor listens for HANDSHAKE_FAILED_PROTOCOL (sending the event overwrites the errno
+# EPROTO that would close it with EAGAIN), and the transport's monitors listen for it to count and report it.
+HEARTBEAT_IVL_S = 1.0
+HEARTBEAT_TIMEOUT_S = 3.0
+
 
 def _common_options(sock: zmq.Socket) -> None:
     sock.maxmsgsize = MAX_WIRE_FRAME_BYTES  # a larger declared frame disconnects the peer, before any allocation
+    sock.heartbeat_ivl = int(HEARTBEAT_IVL_S * 1000)
+    sock.heartbeat_timeout = int(HEARTBEAT_TIMEOUT_S * 1000)
 
 
 def secure_server_socket(sock: zmq.Socket, keys: CurveKeys | None, handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S) -> None:

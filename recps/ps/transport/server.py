@@ -18,6 +18,17 @@ one frame of wire.MAX_FRAME_BYTES (ZMQ_MAXMSGSIZE) for at most `handshake_timeou
 monitor events). Every rejection is counted by reason (`rejections`) and logged at most once per
 `reject_log_interval_s`.
 
+A connection on which a frame fails authentication (a replayed or forged frame injected on the way)
+is dropped within security.HEARTBEAT_TIMEOUT_S + HEARTBEAT_IVL_S by the ZMTP heartbeats (libzmq
+4.3.5 would stop reading it instead of closing it) and counted as a "handshake" rejection; the
+client reconnects and resends what was in flight (`TransportClient`).
+
+At most once: a request of kind wire.REQUEST_ONCE (the client's default; reads are plain REQUESTs)
+is remembered by its request id for 2 x wire.RESEND_WINDOW_S (at most ONCE_ENTRIES ended ones). A
+resend of one that is still running gets its reply when it ends; a resend of one that ended gets the
+same reply again (kept up to ONCE_REPLY_BYTES; a larger one is answered with an error saying it
+ran). Resends are counted (`resends`).
+
 Handler contract:
 
     handler(verb: str, table: str, fields: dict[str | int, Tensor], meta: dict[str, int | float | bool | str])
@@ -35,6 +46,7 @@ afterwards (return a fresh tensor, or a slice nothing writes to while the reply 
 
 from __future__ import annotations
 
+import collections
 import hmac
 import itertools
 import logging
@@ -65,6 +77,74 @@ _EVENTS, _POLLIN, _NOBLOCK, _RCVMORE, _SRCFD = int(zmq.EVENTS), int(zmq.POLLIN),
 _MONITORED = int(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
                  | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 _POLL_MS = 1000  # the front thread re-checks its stop flag at least this often
+ONCE_REPLY_BYTES = 1 << 16  # a REQUEST_ONCE's reply up to this size is kept for a resend
+ONCE_ENTRIES = 200_000  # REQUEST_ONCEs remembered at most (~250 B each): beyond, the oldest ended are forgotten early
+
+
+class _Once:
+    """One REQUEST_ONCE: when it arrived, its reply once it ended, the resends waiting for that."""
+
+    __slots__ = ("arrived", "reply", "waiting")
+
+    def __init__(self, arrived: float) -> None:
+        self.arrived, self.reply, self.waiting = arrived, None, []
+
+
+class _OnceLog:
+    """The REQUEST_ONCEs of the last `retain_s` seconds by request id (and the running ones, however
+    old), at most `max_entries` (then the oldest ended ones go first, counted in `forgotten_early`: a
+    resend of one of those would run again). Thread-safe; a request id is unique per client
+    (TransportClient: a random session prefix)."""
+
+    def __init__(self, retain_s: float = 2 * wire.RESEND_WINDOW_S, max_entries: int = ONCE_ENTRIES,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.retain_s, self.max_entries, self._clock = retain_s, max_entries, clock
+        self.resends = 0
+        self.forgotten_early = 0
+        self._lock = threading.Lock()
+        self._entries: collections.OrderedDict[int, _Once] = collections.OrderedDict()  # arrival order
+
+    def begin(self, rid: int, identity) -> tuple[bool, list | None]:
+        """(True, None): the first arrival, run it. (False, reply): a resend of one that ended, answer
+        `reply`. (False, None): a resend of one still running: `identity` gets its reply (see end)."""
+        now = self._clock()
+        with self._lock:
+            self._expire(now)
+            entry = self._entries.get(rid)
+            if entry is None:
+                self._entries[rid] = _Once(now)
+                return True, None
+            self.resends += 1
+            if entry.reply is None:
+                entry.waiting.append(identity)
+            return False, entry.reply
+
+    def end(self, rid: int, reply: list) -> list:
+        """Request `rid` ended with `reply`: the identities of its resends that wait for it."""
+        size = sum(memoryview(f).nbytes for f in reply)
+        kept = ([bytes(f) for f in reply] if size <= ONCE_REPLY_BYTES else
+                _error(rid, Status.HANDLER_ERROR, f"this request ran already and its reply ({size} bytes) was not kept "
+                       "for a resend; read the values again"))
+        with self._lock:
+            entry = self._entries.get(rid)
+            if entry is None:
+                return []
+            entry.reply, waiting, entry.waiting = kept, entry.waiting, []
+            return waiting
+
+    def _expire(self, now: float) -> None:
+        """Forget ended requests that arrived more than retain_s ago, or the oldest ended ones beyond
+        max_entries (lock held)."""
+        for _ in range(len(self._entries)):
+            rid, entry = next(iter(self._entries.items()))
+            full = len(self._entries) >= self.max_entries
+            if now - entry.arrived < self.retain_s and not full:
+                return
+            if entry.reply is None:
+                self._entries.move_to_end(rid)  # still running: its resends must find it
+            else:
+                del self._entries[rid]
+                self.forgotten_early += now - entry.arrived < self.retain_s
 
 
 def _endpoint(bind: str, port: int) -> str:
@@ -133,6 +213,7 @@ class TransportServer:
         # a token holder's malformed requests fail in the handler: counted, logged as the rejections are
         self._handler_errors = security.RejectionLog(f"server {self._bind}", reject_log_interval_s, logger,
                                                      what="requests failed in their handler")
+        self._once = _OnceLog()
         self._num_threads = num_threads
         self._name = f"recps-server-{next(_server_ids)}"
         self._ctx: zmq.Context | None = None
@@ -160,6 +241,12 @@ class TransportServer:
     def handler_errors(self) -> dict[str, int]:
         """Requests whose handler raised since start, by verb and error type (e.g. "pull ConfigError")."""
         return self._handler_errors.counts()
+
+    @property
+    def resends(self) -> int:
+        """Requests run at most once (wire.REQUEST_ONCE) that arrived again since start (a client resent
+        them after its connection dropped); each was answered with the first one's reply."""
+        return self._once.resends
 
     @property
     def endpoint(self) -> str:
@@ -338,15 +425,22 @@ class TransportServer:
         finally:
             out.close()
 
-    def _complete_deferred(self, identity, rid: int, verb: str, table: str, future: Future) -> None:
+    def _complete_deferred(self, identity, rid: int, verb: str, table: str, once: bool, future: Future) -> None:
         """Send a deferred reply; runs in whichever thread completed the handler's future."""
         try:
             reply = _reply(rid, future.result(timeout=0))
         except Exception as e:  # noqa: BLE001
             reply = self._handler_error(rid, verb, table, e)
+        self._send_to([identity, *(self._once.end(rid, reply) if once else ())], reply)
+
+    def _send_to(self, identities: list, reply: list) -> None:
+        """Send `reply` to each of `identities` through the front thread (any thread may call it)."""
+        if not identities:
+            return
         with self._deferred_lock:
             if not self._deferred_out.closed:
-                _send(self._deferred_out, [identity, *reply])
+                for identity in identities:
+                    _send(self._deferred_out, [identity, *reply])
 
     def _handler_error(self, rid: int, verb: str, table: str, e: Exception) -> list:
         """The error reply to a request whose handler raised; counted and logged at most once an interval."""
@@ -366,8 +460,8 @@ class TransportServer:
     def _answer(self, identity, frames: Sequence) -> list | None:
         try:
             msg = wire.decode(frames)
-            if msg.kind != wire.REQUEST:
-                raise wire.WireError(f"message kind {msg.kind} sent to a server; requests are kind {wire.REQUEST}")
+            if msg.kind not in wire.REQUESTS:
+                raise wire.WireError(f"message kind {msg.kind} sent to a server; requests are kinds {wire.REQUESTS}")
         except wire.WireError as e:
             rid = wire.peek_request_id(frames[0]) if frames else None
             self._rejections.note("malformed", f"a malformed message: {e}")
@@ -381,15 +475,23 @@ class TransportServer:
             )
         if msg.verb == PING:
             return wire.encode(wire.REPLY, msg.request_id)
+        once = msg.kind == wire.REQUEST_ONCE
+        if once:
+            first, reply = self._once.begin(msg.request_id, identity)
+            if not first:  # a resend: the first one's reply, now or when it ends
+                return reply
         try:
             result = self._handler(msg.verb, msg.text, msg.fields, msg.meta)
             if isinstance(result, Future):
-                args = (identity, msg.request_id, msg.verb, msg.text)
+                args = (identity, msg.request_id, msg.verb, msg.text, once)
                 result.add_done_callback(lambda f: self._complete_deferred(*args, f))
                 return None
-            return _reply(msg.request_id, result)
+            reply = _reply(msg.request_id, result)
         except Exception as e:  # noqa: BLE001 - every handler error goes back to the client
-            return self._handler_error(msg.request_id, msg.verb, msg.text, e)
+            reply = self._handler_error(msg.request_id, msg.verb, msg.text, e)
+        if once:
+            self._send_to(self._once.end(msg.request_id, reply), reply)
+        return reply
 
 
 def _recv_marking(router: zmq.Socket, pending: security.PendingConnections) -> list:

@@ -5,7 +5,8 @@
                        or ceil(bytes / CHUNK_BYTES) frames of CHUNK_BYTES (the last one shorter)
                        for a tensor larger than CHUNK_BYTES
 
-Fixed part, little-endian, 43 bytes: magic b"RCPS", version u8, kind u8 (1 request, 2 reply),
+Fixed part, little-endian, 43 bytes: magic b"RCPS", version u8, kind u8 (1 request, 2 reply,
+3 request to run at most once: a server answers a resend of it, same request id, with its first reply),
 status u16 (`Status`), request id u64, token digest 16 bytes (zeros in replies), tensor count u16,
 verb length u8, text length u32, meta length u32. Then:
 
@@ -68,6 +69,9 @@ __all__ = [
     "MAGIC",
     "VERSION",
     "REQUEST",
+    "REQUEST_ONCE",
+    "REQUESTS",
+    "RESEND_WINDOW_S",
     "REPLY",
     "Status",
     "WireError",
@@ -87,9 +91,14 @@ __all__ = [
 
 MAGIC = b"RCPS"
 VERSION = 3  # 2: tensors carry names; 3: tensors over CHUNK_BYTES travel in chunks
-REQUEST = 1
+REQUEST = 1  # a request a server may run again when the client resends it (reads)
 PING = "__ping__"  # a verb the server's transport answers itself; verbs starting with "__" are reserved
 REPLY = 2
+REQUEST_ONCE = 3  # a request a server runs at most once: a resend (same request id) gets the first reply
+REQUESTS = (REQUEST, REQUEST_ONCE)
+# A client resends a request whose connection dropped at most this long after it first sent it; a
+# server remembers a REQUEST_ONCE (and keeps its reply) twice as long.
+RESEND_WINDOW_S = 60.0
 TOKEN_ENV = "RECPS_CLUSTER_TOKEN"
 
 # magic, version, kind, status, request id, token digest, n tensors, verb, text and meta lengths
@@ -428,7 +437,7 @@ def decode(frames: Sequence) -> Message:
         raise WireError(f"bad magic {bytes(magic)!r}; expected {MAGIC!r} (not a recps peer)")
     if version != VERSION:
         raise WireError(f"protocol version {version}; this process speaks version {VERSION}", Status.VERSION_MISMATCH)
-    if kind not in (REQUEST, REPLY):
+    if kind not in (REQUEST, REPLY, REQUEST_ONCE):
         raise WireError(f"unknown message kind {kind}")
     if status not in _STATUSES:
         raise WireError(f"unknown status code {status}")

@@ -41,14 +41,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from recps.job.checkpoint import read_ps_checkpoint
 from recps.cluster.driver import apply_checkpoint_every
 from recps.config import compose_config, ps_mode, validate_config
 from recps.errors import ConfigError
-from recps.ps.embedding import salted_keys
 from recps.job.build import prepare_dataset
 from tests.helpers.cli import job_process, output_excerpt, torchrun_command
-from tests.helpers.counting import COUNTING_TASK
+from tests.helpers.counting import COUNTING_TASK, assert_exact_counts
 
 DEAD_AFTER_S = 3
 BATCH = 16
@@ -66,26 +64,6 @@ def counting_overrides(tmp_path: Path, mode: str, epochs: int = 1) -> list[str]:
             "trainer.threads=1", "cluster.workers=2", f"trainer.batch_size={BATCH}", f"cluster.checkpoint_every={EVERY}",
             f"cluster.dead_after_s={DEAD_AFTER_S}", f"dataset.dir={tmp_path / 'data'}",
             f"dataset.generate.train_rows={16000 // epochs}", "dataset.generate.test_rows=500", "dataset.generate.vocab=500"]
-
-
-def assert_exact_counts(overrides: list[str], checkpoint: Path) -> int:
-    """Every row of the final checkpoint's embedding_d1 equals -(its key's occurrences in the training
-    split) x trainer.epochs; returns the number of rows."""
-    cfg = compose_config(overrides)
-    data = prepare_dataset(cfg.dataset, seed=int(cfg.seed))
-    keys = []
-    for batch in data.train.batches(BATCH, 0, 1, 0):
-        for feature in batch.sparse.keys():
-            keys.append(salted_keys(batch.sparse[feature].values(), f"t_{feature}"))
-    expected_keys, counts = torch.unique(torch.cat(keys), return_counts=True)  # ascending, as the checkpoint's
-    counts *= int(cfg.trainer.epochs)
-    rows = read_ps_checkpoint(str(checkpoint), tables=["embedding_d1"])["embedding_d1"]
-    assert torch.equal(rows.keys, expected_keys), f"{len(rows)} rows for {expected_keys.numel()} keys"
-    got = -rows.values[:, 0]
-    wrong = (got != counts.to(got.dtype)).nonzero().flatten()
-    assert wrong.numel() == 0, (f"{wrong.numel()} of {len(rows)} rows miscounted, e.g. key {int(rows.keys[wrong[0]])}: "
-                                f"{float(got[wrong[0]])} updates applied for {int(counts[wrong[0]])} occurrences")
-    return len(rows)
 
 
 def train_command(overrides: list[str], run: Path) -> list[str]:

@@ -160,11 +160,11 @@ def _handshake_counts(log: str, port: int) -> int:
 def test_a_job_survives_frames_injected_into_its_links_to_a_server_and_the_coordinator(tmp_path):
     from recps.config import compose_config
     from recps.job.build import prepare_dataset
-    from tests.cluster.test_recovery import BATCH, assert_exact_counts
+    from tests.helpers.counting import COUNTING_TASK, assert_exact_counts
 
-    overrides = ["model=lr", "task._target_=tests.helpers.counting.CountingTask", "ps=async", "ps.table.init_std=0",
+    overrides = ["model=lr", f"task._target_={COUNTING_TASK}", "ps=async", "ps.table.init_std=0",
                  "ps.table.optimizer.name=sgd", "ps.table.optimizer.lr=1", "metrics=off", "progress=false",
-                 "trainer.threads=1", "cluster.workers=1", f"trainer.batch_size={BATCH}", "cluster.dead_after_s=10",
+                 "trainer.threads=1", "cluster.workers=1", "trainer.batch_size=16", "cluster.dead_after_s=10",
                  f"dataset.dir={tmp_path / 'data'}", "dataset.generate.train_rows=16000", "dataset.generate.test_rows=500",
                  "dataset.generate.vocab=500"]
     cfg = compose_config(overrides)

@@ -42,7 +42,8 @@ import torch
 
 from recps.errors import ConfigError, PSError
 
-__all__ = ["ColdStore", "TIER_DIR_ENV", "parse_memory_budget", "budget_rows", "row_bytes"]
+__all__ = ["ColdStore", "TIER_DIR_ENV", "parse_memory_budget", "budget_rows", "row_bytes", "merge_tier_stats",
+           "tier_line"]
 
 _log = logging.getLogger(__name__)
 
@@ -104,6 +105,41 @@ def budget_rows(budget: tuple[str, int] | None, dim: int, state_width: int, meta
         raise ConfigError(f"{where}={value!r} holds no row: a row of dim {dim} takes {per_row} bytes here; "
                           f"give at least {per_row} bytes, a row count, or null for RAM only")
     return rows
+
+
+_SUMMED = ("memory_budget", "rows_memory", "rows_disk", "memory_hits", "disk_hits", "promotions", "evictions",
+           "disk_bytes")
+
+
+def merge_tier_stats(shards: list[dict]) -> dict:
+    """The `tier_stats()` of one table's shards (one per server) -> the table's: counts and budgets
+    summed, `hit_rate` recomputed from the sums (None before any lookup), `servers` = how many.
+
+    >>> a = {"memory_budget": 10, "rows_memory": 10, "rows_disk": 5, "memory_hits": 3, "disk_hits": 1,
+    ...      "promotions": 1, "evictions": 6, "disk_bytes": 4096, "hit_rate": 0.75, "disk_path": "/tmp/x"}
+    >>> merged = merge_tier_stats([a, {**a, "memory_hits": 1, "disk_hits": 3}])
+    >>> merged["rows_disk"], merged["hit_rate"], merged["servers"]
+    (10, 0.5, 2)
+    """
+    out = {k: sum(int(s[k]) for s in shards) for k in _SUMMED}
+    looked = out["memory_hits"] + out["disk_hits"]
+    out["hit_rate"] = out["memory_hits"] / looked if looked else None
+    out["servers"] = len(shards)
+    return out
+
+
+def tier_line(table: str, t: dict) -> str:
+    """One line of a run's closing output for a table with a disk tier (`t`: merge_tier_stats' dict).
+
+    >>> tier_line("emb", {"rows_memory": 940, "rows_disk": 9060, "memory_budget": 1000, "hit_rate": 0.8734,
+    ...                   "promotions": 12000, "evictions": 21060, "disk_bytes": 1048576, "servers": 1})
+    'disk tier of table emb: 940 rows in memory (budget 1000), 9060 on disk (1.0 MiB), hit rate 0.873, 12000 promotions, 21060 evictions'
+    """
+    rate = "no lookups" if t.get("hit_rate") is None else f"hit rate {t['hit_rate']:.3f}"
+    servers = f" over {t['servers']} servers" if t.get("servers", 1) > 1 else ""
+    return (f"disk tier of table {table}: {t['rows_memory']} rows in memory (budget {t['memory_budget']}{servers}), "
+            f"{t['rows_disk']} on disk ({t['disk_bytes'] / 2**20:.1f} MiB), {rate}, {t['promotions']} promotions, "
+            f"{t['evictions']} evictions")
 
 
 def _keys_bytes(keys: torch.Tensor) -> list:

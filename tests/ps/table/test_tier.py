@@ -11,6 +11,7 @@ and a bad budget fails with one line naming the value and the fix.
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -229,3 +230,38 @@ def test_recps_train_checks_the_budget_before_anything_starts():
         validate_config(compose_config(bad), bad)
     good = ["model=deepfm", "ps=async", "ps.table.memory_budget=4GiB"]
     validate_config(compose_config(good), good)
+
+
+# ------------------------------------------------------------------------------ observable
+
+
+def test_a_jobs_metrics_and_closing_lines_report_its_disk_tiers(tmp_path, in_process_cluster):
+    """A PS job whose table is over its budget (the counting model's ~1,500 rows, a 200-row budget):
+    metrics.json's "disk_tier" holds the table's tiers after training, merged over the servers (rows
+    per tier adding up to the checkpoint's rows, lookups, hit rate, promotions, evictions, bytes),
+    and the run's closing output has a line for it; an all-RAM job has neither."""
+    from recps.config import compose_config
+    from recps.job.checkpoint import read_ps_checkpoint
+    from recps.train import summary_lines
+    from tests.helpers.counting import COUNTING_TASK
+
+    base = ["model=lr", f"task._target_={COUNTING_TASK}", "ps=async", "ps.table.init_std=0", "metrics=off",
+            "progress=false", "trainer.threads=1", "cluster.workers=1", "trainer.batch_size=16",
+            f"dataset.dir={tmp_path / 'data'}", "dataset.generate.train_rows=1600", "dataset.generate.test_rows=200",
+            "dataset.generate.vocab=500"]
+    tiered = compose_config([*base, "ps.table.memory_budget=200"])
+    metrics = in_process_cluster(tiered, tmp_path / "tiered", token="tiers")
+    on_disk = json.loads((tmp_path / "tiered" / "metrics.json").read_text())["disk_tier"]
+    assert on_disk == metrics["disk_tier"] and list(on_disk) == ["embedding_d1"]
+    tier = on_disk["embedding_d1"]
+    rows = len(read_ps_checkpoint(str(tmp_path / "tiered" / "checkpoint"), tables=["embedding_d1"])["embedding_d1"])
+    assert tier["servers"] == 1 and tier["memory_budget"] == 200
+    assert 0 < tier["rows_memory"] <= 200 and tier["rows_memory"] + tier["rows_disk"] == rows > 1000
+    assert tier["promotions"] > 0 and tier["evictions"] >= tier["rows_disk"] and tier["disk_bytes"] >= 0
+    assert tier["hit_rate"] == tier["memory_hits"] / (tier["memory_hits"] + tier["disk_hits"]) and 0 < tier["hit_rate"] < 1
+    lines = summary_lines(tiered, metrics)
+    assert lines[-1] == (f"disk tier of table embedding_d1: {tier['rows_memory']} rows in memory (budget 200), "
+                         f"{tier['rows_disk']} on disk ({tier['disk_bytes'] / 2**20:.1f} MiB), hit rate "
+                         f"{tier['hit_rate']:.3f}, {tier['promotions']} promotions, {tier['evictions']} evictions")
+    ram = in_process_cluster(compose_config(base), tmp_path / "ram", token="tiers")
+    assert "disk_tier" not in ram and not any(line.startswith("disk tier") for line in summary_lines(tiered, ram))

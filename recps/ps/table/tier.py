@@ -17,7 +17,9 @@ float32 exactly, and narrows back to the same bits):
     value  (D + S + M) float32: [values (D) | rule state (S) | statistics (M)]
 
 The store is a cache of the table, not a checkpoint: it has no write-ahead log and is removed
-with the table. Checkpoints (`SparseTable.save`) are what survive a process.
+with the table. Checkpoints (`SparseTable.save`) are what survive a process. A process killed
+without its clean-up (kill -9) leaves its store behind: the next store created under the same
+folder on the same host removes those whose process is gone (an `owner` file names host and pid).
 
 Not thread-safe: the owning table serializes calls under its lock.
 
@@ -34,7 +36,9 @@ import logging
 import os
 import re
 import shutil
+import socket
 import tempfile
+import time
 import weakref
 
 import numpy as np
@@ -42,12 +46,17 @@ import torch
 
 from recps.errors import ConfigError, PSError
 
-__all__ = ["ColdStore", "TIER_DIR_ENV", "parse_memory_budget", "budget_rows", "row_bytes", "merge_tier_stats",
-           "tier_line"]
+__all__ = ["ColdStore", "TIER_DIR_ENV", "HOLD_EVICTION_ENV", "parse_memory_budget", "budget_rows", "row_bytes",
+           "merge_tier_stats", "tier_line", "hold_eviction"]
 
 _log = logging.getLogger(__name__)
 
 TIER_DIR_ENV = "RECPS_TIER_DIR"  # where tables create their stores (default: the system's temp folder)
+# A test hook: a file path; the first eviction batch after that file appears removes it and stops for at most
+# HOLD_MAX_S, its rows written to disk and still in memory (tests/cluster: a kill -9 lands there).
+HOLD_EVICTION_ENV = "RECPS_TIER_HOLD_EVICTION"
+HOLD_MAX_S = 300.0
+_OWNER = "owner"  # in a store's folder: "<host> <pid>" of the process it belongs to
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12,
           "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([A-Za-z]*)\s*$")
@@ -157,6 +166,53 @@ def _remove(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def hold_eviction(marker: str | None, table: str, rows: int) -> None:
+    """The HOLD_EVICTION_ENV test hook, called by an eviction batch between its write to disk and
+    its removal from memory: if the file `marker` exists, remove it, say so in the log and sleep
+    HOLD_MAX_S (the test kills the process meanwhile). Once per marker file; nothing without one."""
+    if not marker or not os.path.exists(marker):
+        return
+    try:
+        os.remove(marker)
+    except FileNotFoundError:  # another table's eviction took it
+        return
+    _log.warning("table %s: holding an eviction batch of %d rows, written to disk and still in memory (%s, a test "
+                 "hook), for at most %.0f s", table, rows, HOLD_EVICTION_ENV, HOLD_MAX_S)
+    time.sleep(HOLD_MAX_S)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _sweep_orphans(root: str) -> None:
+    """Remove the stores under `root` left by processes of this host that are gone (a kill -9 runs no
+    clean-up: each would keep its rows' disk space). A folder without an owner file, another host's, or a
+    live process's is left alone."""
+    host = socket.gethostname()
+    try:
+        names = [n for n in os.listdir(root) if n.startswith("recps-tier-")]
+    except OSError:
+        return
+    for n in names:
+        path = os.path.join(root, n)
+        try:
+            with open(os.path.join(path, _OWNER), encoding="utf-8") as f:
+                owner_host, pid = f.read().split()
+            pid = int(pid)
+        except (OSError, ValueError):
+            continue
+        if owner_host == host and pid != os.getpid() and not _alive(pid):
+            _log.info("removing the disk tier store %s of process %d, which is gone", path, pid)
+            _remove(path)
+
+
 class ColdStore:
     """The cold rows of one table shard: int64 key -> (W,) float32 row, in RocksDB at `path`.
 
@@ -174,12 +230,17 @@ class ColdStore:
         self.width = int(width)
         self.name = name
         root = root if root is not None else os.environ.get(TIER_DIR_ENV) or None
+        _sweep_orphans(root or tempfile.gettempdir())
         try:
             self.path = tempfile.mkdtemp(prefix=f"recps-tier-{name}-", dir=root)
+            self._finalizer = weakref.finalize(self, _remove, self.path)
+            owner = f"{socket.gethostname()} {os.getpid()}\n"
+            with open(os.path.join(self.path, _OWNER + ".tmp"), "w", encoding="utf-8") as f:
+                f.write(owner)
+            os.replace(os.path.join(self.path, _OWNER + ".tmp"), os.path.join(self.path, _OWNER))
         except OSError as e:
             raise PSError(f"table {name}: cannot create its disk tier under {root or tempfile.gettempdir()} ({e}); "
                           f"set ${TIER_DIR_ENV} to a writable folder with free space") from None
-        self._finalizer = weakref.finalize(self, _remove, self.path)
         self._db = None
         self.rows = 0  # rows held (the table's moves keep it exact: a put is always of an absent key)
         self._open()

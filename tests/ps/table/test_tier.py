@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -236,7 +237,7 @@ def test_recps_train_checks_the_budget_before_anything_starts():
 
 
 def test_a_jobs_metrics_and_closing_lines_report_its_disk_tiers(tmp_path, in_process_cluster):
-    """A PS job whose table is over its budget (the counting model's ~1,500 rows, a 200-row budget):
+    """A PS job whose table is over its budget (the counting model's thousands of rows, a 200-row budget):
     metrics.json's "disk_tier" holds the table's tiers after training, merged over the servers (rows
     per tier adding up to the checkpoint's rows, lookups, hit rate, promotions, evictions, bytes),
     and the run's closing output has a line for it; an all-RAM job has neither."""
@@ -265,3 +266,32 @@ def test_a_jobs_metrics_and_closing_lines_report_its_disk_tiers(tmp_path, in_pro
                          f"{tier['hit_rate']:.3f}, {tier['promotions']} promotions, {tier['evictions']} evictions")
     ram = in_process_cluster(compose_config(base), tmp_path / "ram", token="tiers")
     assert "disk_tier" not in ram and not any(line.startswith("disk tier") for line in summary_lines(tiered, ram))
+
+
+def test_a_new_store_removes_the_stores_of_processes_that_are_gone(tmp_path):
+    """A kill -9 leaves a store behind (no clean-up runs): the next store created in the same folder removes
+    those whose owner (host, pid) is this host's and gone; a live process's, another host's and a folder
+    without an owner file stay."""
+    import socket
+
+    from recps.ps.table.tier import ColdStore
+
+    def store(name: str, owner: str | None):
+        folder = tmp_path / f"recps-tier-emb-{name}"
+        (folder / "db").mkdir(parents=True)
+        if owner is not None:
+            (folder / "owner").write_text(owner + "\n")
+        return folder
+
+    host = socket.gethostname()
+    gone = store("gone", f"{host} {2**22 + 1}")  # above Linux's PID_MAX_LIMIT: never a live process
+    alive = store("alive", f"{host} {os.getppid()}")
+    elsewhere = store("elsewhere", f"another-{host} {2**22 + 1}")
+    unowned = store("unowned", None)
+    new = ColdStore(4, "emb", str(tmp_path))
+    try:
+        assert not gone.exists() and alive.exists() and elsewhere.exists() and unowned.exists()
+        assert (Path(new.path) / "owner").read_text() == f"{host} {os.getpid()}\n"
+    finally:
+        new.close()
+    assert not Path(new.path).exists()

@@ -263,8 +263,14 @@ class ColdStore:
         self._db.set_write_options(write)
 
     def _fail(self, verb: str, e: Exception, kept: str) -> PSError:
-        return PSError(f"table {self.name}: disk tier {verb} failed at {self.path} ({e}); {kept}; free disk space "
-                       f"there or set ${TIER_DIR_ENV} to another folder")
+        """The error of a failed store call: the path, RocksDB's reason, what the table kept and the fix."""
+        if verb == "read":  # a store that cannot be read (corrupt, removed) is not fixed by space
+            fix = ("the store cannot be read (RocksDB's LOG in that folder says why); resume the job from its last "
+                   "checkpoint (a restart makes a new store)")
+        else:
+            fix = (f"free disk space there or set ${TIER_DIR_ENV} to another folder, then resume the job from its last "
+                   "checkpoint")
+        return PSError(f"table {self.name}: disk tier {verb} failed at {self.path} ({e}); {kept}; {fix}")
 
     def get(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(K,) unique int64 keys -> found (K,) bool and their rows (F, W) float32, in key order."""
@@ -316,11 +322,23 @@ class ColdStore:
     def scan(self, chunk_rows: int):
         """Yield (keys (B,), rows (B, W)) chunks of every row, from a snapshot taken at the first
         chunk: writes made while scanning (e.g. `replace`, `delete` of the chunk) are not seen."""
-        it = self._db.items()
+        expected, seen = self.rows, 0
+        try:
+            it = self._db.items()
+        except Exception as e:
+            raise self._fail("read", e, "nothing was read from it; the table is unchanged") from None
         while True:
-            items = list(itertools.islice(it, chunk_rows))
+            try:
+                items = list(itertools.islice(it, chunk_rows))
+            except Exception as e:
+                raise self._fail("read", e, f"{seen} of its {expected} rows were read; the save, shrink or keys() "
+                                 "that scanned them stopped there") from None
             if not items:
+                if seen != expected:  # RocksDB's iterator ends early on an error, without raising one
+                    raise self._fail("read", RuntimeError(f"the scan ended after {seen} of its {expected} rows"),
+                                     "the save, shrink or keys() that scanned them stopped there") from None
                 return
+            seen += len(items)
             ks, vs = zip(*items)
             keys = torch.from_numpy(np.frombuffer(b"".join(ks), dtype="<i8").copy())
             rows = torch.from_numpy(np.frombuffer(b"".join(vs), dtype="<f4").reshape(-1, self.width).copy())
@@ -328,8 +346,11 @@ class ColdStore:
 
     def clear(self) -> None:
         """Remove every row (the store is recreated empty)."""
-        self._db.close()
-        self._rocksdict.Rdict.destroy(os.path.join(self.path, "db"))
+        try:
+            self._db.close()
+            self._rocksdict.Rdict.destroy(os.path.join(self.path, "db"))
+        except Exception as e:
+            raise self._fail("removal", e, "its rows may still be there") from None
         self.rows = 0
         self._open()
 
@@ -345,8 +366,13 @@ class ColdStore:
         return total
 
     def close(self) -> None:
-        """Close the store and remove its folder."""
-        if self._db is not None:
-            self._db.close()
-            self._db = None
-        self._finalizer()
+        """Close the store and remove its folder (also after a failed write: RocksDB's close then reports
+        the error again, which is logged, not raised: the folder goes either way)."""
+        try:
+            if self._db is not None:
+                db, self._db = self._db, None
+                db.close()
+        except Exception as e:
+            _log.warning("table %s: closing its disk tier at %s: %s; removing it anyway", self.name, self.path, e)
+        finally:
+            self._finalizer()

@@ -12,13 +12,14 @@ and a bad budget fails with one line naming the value and the fix.
 from __future__ import annotations
 
 import json
+import re
 import os
 from pathlib import Path
 
 import pytest
 import torch
 
-from recps.errors import ConfigError
+from recps.errors import ConfigError, PSError
 from recps.ps.modes import server_halves
 from recps.ps.node import PSClient, PSServer, TableConfig
 from recps.ps.table import CountFilterEntry, CtrAccessor, RowWiseAdagradRule, SparseTable
@@ -295,3 +296,81 @@ def test_a_new_store_removes_the_stores_of_processes_that_are_gone(tmp_path):
     finally:
         new.close()
     assert not Path(new.path).exists()
+
+
+# ------------------------------------------------------------------------------ failures of the store
+
+
+def _flushed(table: SparseTable) -> None:
+    """RocksDB writes its files when a memtable flushes (64 MiB of rows, or this call): now."""
+    table._cold._db.flush()
+
+
+def test_a_full_disk_fails_naming_the_store_and_keeps_every_row(tmp_path):
+    """The store's files may not grow (RLIMIT_FSIZE: the write fails as on a full disk, EFBIG for ENOSPC): the
+    flush fails, then every eviction's write, each with one line naming the store's folder, what was kept (the
+    rows are still in memory) and the fix. Nothing is lost: a checkpoint written then holds the all-RAM rows."""
+    import resource
+    import signal
+
+    kw = dict(dim=DIM, optimizer=RowWiseAdagradRule(lr=0.05), accessor=CtrAccessor(**ACCESSOR), name="emb")
+    tiered, ram = SparseTable(memory_budget=BUDGET, tier_dir=str(tmp_path), **kw), SparseTable(**kw)
+    try:
+        for t in (tiered, ram):
+            t.pull(torch.arange(5_000))
+        path = tiered.tier_stats()["disk_path"]
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, hard))
+        try:
+            with pytest.raises(Exception, match="File too large"):
+                _flushed(tiered)
+            for _ in range(2):  # the store refuses every later write too
+                with pytest.raises(PSError, match=(
+                        rf"^table emb: disk tier write failed at {re.escape(path)} \(IO error: .*File too large\); the "
+                        r"rows are still in memory; free disk space there or set \$RECPS_TIER_DIR to another folder, then "
+                        r"resume the job from its last checkpoint$")):
+                    tiered.pull(torch.arange(5_000, 6_000))
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+            signal.signal(signal.SIGXFSZ, handler)
+        ram.pull(torch.arange(5_000, 6_000))
+        assert tiered.tier_stats()["rows_memory"] > BUDGET  # over the budget: what could not go to disk
+        tiered.save(str(tmp_path / "kept"), mode="full")  # reads the store only
+        loaded = SparseTable(**kw)
+        loaded.load(str(tmp_path / "kept"))
+        assert assert_same_rows(loaded, ram).numel() == 6_000
+    finally:
+        tiered.close()
+    assert not os.path.exists(path)  # closed and removed, although RocksDB's close repeats the error
+
+
+def test_an_unreadable_store_fails_naming_it_and_moves_no_row(tmp_path):
+    """The store's file is corrupt: a pull that needs a row on disk, and a save (whose scan RocksDB ends early
+    without an error), fail with one line naming the folder, what was kept and the fix; no row moved."""
+    kw = dict(dim=DIM, optimizer=RowWiseAdagradRule(lr=0.05), name="emb")
+    tiered = SparseTable(memory_budget=BUDGET, tier_dir=str(tmp_path), **kw)
+    try:
+        tiered.pull(torch.arange(20_000))
+        _flushed(tiered)
+        before = tiered.tier_stats()
+        path = before["disk_path"]
+        (sst,) = Path(path, "db").glob("*.sst")
+        with open(sst, "r+b") as f:  # the data blocks' middle: checksums fail
+            size = sst.stat().st_size
+            f.seek(size // 4)
+            f.write(b"\xff" * (size // 2))
+        fix = (r"the store cannot be read \(RocksDB's LOG in that folder says why\); resume the job from its last "
+               r"checkpoint \(a restart makes a new store\)$")
+        with pytest.raises(PSError, match=rf"^table emb: disk tier read failed at {re.escape(path)} \(Corruption: .*\); "
+                                          rf"the table is unchanged; {fix}"):
+            tiered.pull(torch.arange(0, 20_000, 7))
+        with pytest.raises(PSError, match=rf"^table emb: disk tier read failed at {re.escape(path)} \((Corruption: .*|"
+                                          rf"the scan ended after \d+ of its {before['rows_disk']} rows)\); \d* ?(of its "
+                                          rf"\d+ rows were read; )?the save, shrink or keys\(\) that scanned them stopped "
+                                          rf"there; {fix}"):
+            tiered.save(str(tmp_path / "ckpt"), mode="full")
+        after = tiered.tier_stats()
+        assert (after["rows_memory"], after["rows_disk"]) == (before["rows_memory"], before["rows_disk"])
+    finally:
+        tiered.close()

@@ -383,14 +383,6 @@ def test_summary_prints_counts_as_integers_and_rates_to_four_places():
         "stage fine (async, keep 100): auc=0.8322 hits=48395 pass_through=0.2500 gauc=1.0000 | trained 58 steps, "
         "29000 examples, 42,933 ex/s",
         "funnel (500 held-out requests): ndcg@10=0.1617"]
-    tier = {"rows_memory": 9, "rows_disk": 91, "memory_budget": 10, "hit_rate": 0.5, "promotions": 3, "evictions": 94,
-            "disk_bytes": 0, "servers": 2}
-    line = ("disk tier of table fine_emb: 9 rows in memory (budget 10 over 2 servers), 91 on disk (0.0 MiB), hit rate "
-            "0.500, 3 promotions, 94 evictions")
-    assert summary_lines({**metrics, "disk_tier": {"fine_emb": tier}})[-1] == line  # a table with a disk tier
-    from recps.pipeline.incremental import summary_lines as stream_lines
-
-    assert stream_lines({"disk_tier": {"fine_emb": tier}}) == [line]
 
 
 def test_hits_and_csr_rows_match_a_loop():

@@ -269,6 +269,23 @@ def test_a_jobs_metrics_and_closing_lines_report_its_disk_tiers(tmp_path, in_pro
     assert "disk_tier" not in ram and not any(line.startswith("disk tier") for line in summary_lines(tiered, ram))
 
 
+def test_the_funnels_closing_lines_name_their_disk_tiers():
+    """A funnel's (recps.pipeline.runner) and a streaming funnel's (recps.pipeline.incremental) closing
+    output ends with a line per table with a disk tier, merged over the servers."""
+    from recps.pipeline.incremental import summary_lines as stream_lines
+    from recps.pipeline.runner import summary_lines
+
+    tier = {"rows_memory": 9, "rows_disk": 91, "memory_budget": 10, "hit_rate": 0.5, "promotions": 3, "evictions": 94,
+            "disk_bytes": 0, "servers": 2}
+    line = ("disk tier of table fine_emb: 9 rows in memory (budget 10 over 2 servers), 91 on disk (0.0 MiB), hit rate "
+            "0.500, 3 promotions, 94 evictions")
+    funnel = {"stage_order": [], "stages": {}, "stages_trained": {}, "funnel": {"ndcg@10": 0.1617}, "requests": 500,
+              "baselines": {}}
+    assert summary_lines({**funnel, "disk_tier": {"fine_emb": tier}})[-1] == line
+    assert not any(x.startswith("disk tier") for x in summary_lines(funnel))
+    assert stream_lines({"disk_tier": {"fine_emb": tier}}) == [line]
+
+
 def test_a_new_store_removes_the_stores_of_processes_that_are_gone(tmp_path):
     """A kill -9 leaves a store behind (no clean-up runs): the next store created in the same folder removes
     those whose owner (host, pid) is this host's and gone; a live process's, another host's and a folder

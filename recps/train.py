@@ -250,6 +250,8 @@ def summary_lines(cfg: DictConfig, metrics: dict[str, Any]) -> list[str]:
     held-out test split (610 queries): auc=0.8000 recall@10=0.0310
     baseline on the same split, most popular items: auc=0.8300 recall@10=0.0430
     trained 20 steps, 10240 examples, 87345 examples/s
+
+    A table with a disk tier (metrics.json's "disk_tier") adds a line: recps.ps.table.tier.tier_line.
     """
     names = held_out_metric_names(cfg, metrics)
     task_names = {"auc", "logloss", "accuracy", *(str(m) for m in cfg.task.get("metrics") or ())}
@@ -286,6 +288,11 @@ def summary_lines(cfg: DictConfig, metrics: dict[str, Any]) -> list[str]:
         if isinstance(step, int) and isinstance(count, int) and step > count > 0:  # a resumed job's steps
             steps += f" (steps {step - count + 1}-{step})"
         lines.append(f"trained {steps}, {examples}, {metrics['examples_per_sec']:.0f} examples/s")
+    tiers = metrics.get("disk_tier")
+    if isinstance(tiers, dict):  # tables with a disk tier (ps.table.memory_budget)
+        from recps.ps.fleet import tier_line  # deferred: the PS imports torch and zmq
+
+        lines += [tier_line(name, t) for name, t in sorted(tiers.items())]
     return lines
 
 

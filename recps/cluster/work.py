@@ -6,7 +6,8 @@ trains `trainer.threads` Hogwild threads on shards worker * T + thread of W * T 
 checkpoint stopped, pausing for mid-run checkpoints: recps.cluster.checkpoint), sends what is
 queued and waits for the others; worker 0 then evaluates on the held-out split with the servers'
 values, has the servers save their shards under <run dir>/checkpoint and writes
-<run dir>/metrics.json. `ProgressLog` is worker 0's progress line (also the stream's).
+<run dir>/metrics.json (with "disk_tier": each tiered table's statistics after training, when a table
+has a disk tier). `ProgressLog` is worker 0's progress line (also the stream's).
 """
 
 from __future__ import annotations
@@ -165,7 +166,9 @@ def _train(job: Job, strategy: DistributedStrategy, open_fleet, role, out_dir: P
         fleet.barrier("recps.trained")
         if role.index != 0:
             return None
-        # Worker 0: evaluate what the servers hold (every worker's pushes / deltas are in).
+        # Worker 0: the disk tiers as training left them (before the evaluation's reads promote rows),
+        # then evaluate what the servers hold (every worker's pushes / deltas are in).
+        tiers = fleet.tier_stats(tables, timeout=strategy.mode.timeout_s)
         fleet.read_servers()
         metrics: dict[str, Any] = evaluate(job)
         total_examples, total_rate, _, total_cpu = fleet.pull_dense(STATS_TABLE).tolist()
@@ -177,6 +180,8 @@ def _train(job: Job, strategy: DistributedStrategy, open_fleet, role, out_dir: P
         metrics.update(data_metrics(job))
         if pauses is not None:
             metrics["checkpoints"] = pauses.records
+        if tiers:  # tables with a disk tier (ps.table.memory_budget): rows per tier, hit rate, moves, bytes
+            metrics["disk_tier"] = tiers
         if job.settings.checkpoint.save:
             progress = read_progress(ckpt, role.num_workers)
             commit_ps_checkpoint(ckpt, tables, job.settings, {"steps": job.steps_done, "workers": progress,

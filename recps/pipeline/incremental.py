@@ -91,7 +91,7 @@ from recps.pipeline.ease import fit_ease
 from recps.pipeline.funnel import (EXPORT_DIR, ITEM_CF_EXPORT, Funnel, build_index, build_stage_model, dense_width,
                                    export_stage, load_stage, stage_collection)
 from recps.pipeline.runner import load_world, training_examples
-from recps.ps.fleet import DistributedStrategy
+from recps.ps.fleet import DistributedStrategy, tier_line
 from recps.stream import PassLoop, StreamConfig, resume_point
 from recps.stream.plan import StreamPlan, next_day, parse_day
 from recps.stream.source import pass_files, wait_for_splits
@@ -797,6 +797,8 @@ def funnel_stream_work(work: FunnelStreamWork, role, out_dir: Path) -> dict[str,
                                    "servers": role.num_servers,
                                    "train_steps": sum(r["steps"] for r in passes),
                                    "train_examples": sum(r["examples"] for r in passes)}
+        if tiers := fleet.tier_stats(timeout=loop.timeout_s):  # tables with a disk tier (ps.table.memory_budget)
+            metrics["disk_tier"] = tiers
         evaluated = [r for r in passes if r.get("eval")]
         if evaluated:
             metrics["funnel"] = evaluated[-1]["eval"]  # the last pass's, before training on it
@@ -826,7 +828,7 @@ def summary_lines(metrics: dict[str, Any], top_n: int = 10) -> list[str]:
         head += ", ".join(f"{n} {stages[n].get('mode')} {stages[n].get('steps')} steps"
                           for n in [*(o for o in order if o in stages), *(n for n in stages if n not in order)])
         lines.append(head + f" ({r.get('pass_s', float('nan'))} s)")
-    return lines
+    return lines + [tier_line(name, t) for name, t in sorted((metrics.get("disk_tier") or {}).items())]
 
 
 # ------------------------------------------------------------------------------------------ CLI

@@ -53,7 +53,7 @@ from recps.job.build import seed_everything
 from recps.job.loop import Trainer, dense_parameters
 from recps.job.settings import node_settings
 from recps.metrics.ps_merger import PSMerger
-from recps.ps.fleet import DistributedStrategy
+from recps.ps.fleet import DistributedStrategy, tier_line
 from recps.pipeline.stages import (StageSpec, check_data, eval_settings, item_cf_settings, pipeline_specs,
                                   refresh_epochs, schedule, validation_fraction)
 from recps.pipeline.data import (HISTORY_FEATURES, FunnelData, ValidationPeriod, load_world, pair_examples,
@@ -347,6 +347,8 @@ def funnel_work(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -
         fleet.close_communicators()  # every stage trained: what is queued goes out, the threads stop
         tables = {s.name: {t: fleet.table_mode(t) for t in [*collections[s.name].table_dims(),
                                                                           f"{s.name}_dense"]} for s in specs}
+        # the disk tiers as training left them (before the evaluation's reads promote rows); worker 0 writes them
+        tiers = fleet.tier_stats(timeout=timeout_s) if role.index == 0 else {}
 
         # every worker evaluates its share of the held-out requests; the tallies merge through the servers
         merger = PSMerger(fleet.channel(), prefix="recps.pipeline.eval", timeout_s=max(timeout_s, _EVAL_TIMEOUT_S))
@@ -361,6 +363,8 @@ def funnel_work(cfg: DictConfig, role, out_dir: Path, data=None, observers=()) -
             rfs.write_atomic(rfs.join(export_dir, "final_lists.json"), json.dumps(lists), overwrite=True)
             metrics["stages_trained"] = trained
             metrics["server_tables"] = tables  # the mode each table is tagged with on the servers
+            if tiers:  # tables with a disk tier (ps.table.memory_budget)
+                metrics["disk_tier"] = tiers
             metrics["shared_tables"] = {s.name: collections[s.name].shared_tables() for s in specs if s.share}
             metrics["pipeline"] = str(cfg.pipeline.name)
             metrics["stage_order"] = [s.name for s in specs]
@@ -416,4 +420,5 @@ def summary_lines(metrics: dict[str, Any]) -> list[str]:
     lines.append(f"funnel ({_requests(metrics)}): " + " ".join(f"{k}={_fmt(v)}" for k, v in funnel.items()))
     for name, values in (metrics.get("baselines") or {}).items():
         lines.append(f"baseline {name}: " + " ".join(f"{k}={_fmt(v)}" for k, v in values.items()))
-    return lines + list(metrics.get("verdicts") or ())  # "funnel beats ease: no (...)" (recps.pipeline.held_out)
+    tiers = [tier_line(name, t) for name, t in sorted((metrics.get("disk_tier") or {}).items())]
+    return lines + list(metrics.get("verdicts") or ()) + tiers  # "funnel beats ease: no (...)" (recps.pipeline.held_out)

@@ -70,8 +70,9 @@ from recps.ps.node.coordinator import DEFAULT_DEAD_AFTER_S
 from recps.ps.node.server import STORAGE_ROOTS_ENV  # the folders a server may save to and load from
 from recps.ps.transport.security import ENCRYPTION_ENV  # curve (default) or off, the same on every process
 from recps.ps.roles import Role, detect_role_maker
+from recps.ps.table.tier import tier_line  # a tiered table's line in a run's closing output
 
-__all__ = ["Fleet", "WorkerChannel", "DistributedStrategy", "STORAGE_ROOTS_ENV", "ENCRYPTION_ENV", "DistributedOptimizer", "DENSE_TABLE", "ReadsServers", "ServerReader", "init", "read_checkpoint"]
+__all__ = ["Fleet", "WorkerChannel", "DistributedStrategy", "STORAGE_ROOTS_ENV", "ENCRYPTION_ENV", "DistributedOptimizer", "DENSE_TABLE", "ReadsServers", "ServerReader", "init", "read_checkpoint", "tier_line"]
 
 log = logging.getLogger(__name__)
 
@@ -420,6 +421,14 @@ class Fleet:
     def table_mode(self, name: str) -> str:
         """The PS mode table `name` is tagged with on the servers ("sync", "async", "geo")."""
         return self._worker_client("table_mode").table_spec(name)["mode"]
+
+    def tier_stats(self, tables: Sequence[str] | None = None, timeout: float | None = None) -> dict[str, dict]:
+        """{table: its disk tier's statistics merged over the servers} for the tables (of `tables`;
+        None: every table) that have a disk tier (ps.table.memory_budget); {} when none has.
+        Blocks on the servers' stats verb (PSTimeoutError after `timeout`, default the client's)."""
+        stats = self._worker_client("tier_stats").stats(timeout=timeout)["tables"]
+        return {name: t["tier"] for name, t in sorted(stats.items())
+                if "tier" in t and (tables is None or name in tables)}
 
     def load(self, path: str, tables: Sequence[str] | None = None, timeout: float | None = None) -> dict[str, int]:
         """The servers load `tables` (all: None) of the PS checkpoint `path` (any fsspec URL), re-sharded

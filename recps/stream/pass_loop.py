@@ -588,6 +588,8 @@ def stream_work(work: StreamWork, role, out_dir: Path, observers: Sequence = ())
         total_examples, total_rate, _, total_cpu = fleet.pull_dense(STATS_TABLE).tolist()
         metrics: dict[str, Any] = {"stream": {"root": config.root, "out": config.out, "passes": records,
                                               "resumed_from": resume.folder}}
+        if tiers := fleet.tier_stats(tables, timeout=loop.timeout_s):  # tables with a disk tier
+            metrics["disk_tier"] = tiers
         if passes and passes[-1].get("eval"):
             metrics.update(passes[-1]["eval"])  # the last pass's before-training metrics: the objective
         metrics.update(model=settings.model_target, ps=settings.ps, servers=role.num_servers,

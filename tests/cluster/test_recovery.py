@@ -14,6 +14,8 @@ data itself with the project's reader. A lost update leaves a row above that, a 
   does not end; exact counts.
 - the same two kills under `torchrun --max-restarts` (async and GEO): torchrun restarts the processes,
   which find the last committed checkpoint themselves (TORCHELASTIC_RESTART_COUNT); exact counts.
+- a tiered table (ps.table.memory_budget): server0 killed inside an eviction batch (both tiers hold its
+  rows), cluster.restarts=1: exact counts, no disk tier store left behind.
 - stream=hourly (cluster.restarts=3): server0 killed while the stream waits for pass 3; it restarts,
   resumes after its last record, trains pass 3 once; shows equal the data's occurrences.
 - cluster.restarts and cluster.checkpoint_every are checked before anything starts.
@@ -229,6 +231,46 @@ def test_killed_server_then_worker_recovered_with_every_row_counted_once(tmp_pat
     metrics = json.loads((run / "metrics.json").read_text())
     assert len(metrics["restarts"]) == len(restarts), metrics.get("restarts")
     assert assert_exact_counts(overrides, run / "checkpoint") > 1000
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_server_killed_while_it_evicts_to_its_disk_tier_restarts_with_every_row_counted_once(tmp_path, launch_output):
+    """ps.table.memory_budget=200 (the counting model's thousands of rows: most live on disk, every few requests
+    evict a batch): once a checkpoint is committed, server0 is killed (-9) inside an eviction batch, its rows
+    written to disk and not yet removed from memory (RECPS_TIER_HOLD_EVICTION, a test hook: the server logs
+    that it holds there). cluster.restarts=1: the restarted cluster loads the checkpoint into tiered tables and
+    finishes; every row equals its count, the job's metrics report the table's tiers, and no disk tier store is
+    left under RECPS_TIER_DIR (the killed server's is removed by the restarted one, the last at its stop)."""
+    overrides = [*counting_overrides(tmp_path, "async"), "cluster.restarts=1", "ps.table.memory_budget=200"]
+    run, tier_dir, marker = tmp_path / "run", tmp_path / "tier", tmp_path / "hold-eviction"
+    tier_dir.mkdir()
+    env = {**os.environ, "RECPS_TIER_DIR": str(tier_dir), "RECPS_TIER_HOLD_EVICTION": str(marker)}
+    pids: dict[str, int] = {}
+    lines: list[str] = []
+    with job_process(train_command(overrides, run), env=env) as proc:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        launch_output(proc, COMMITTED, lines, pids, deadline)
+        marker.write_text("")  # the next eviction batch holds
+        launch_output(proc, r"\[server0\].*table embedding_d1: holding an eviction batch of \d+ rows", lines, pids,
+                      deadline)
+        killed = pids["server0"]
+        stores = [p for p in tier_dir.iterdir() if (p / "owner").read_text().split()[1] == str(killed)]
+        assert len(stores) == 1, list(tier_dir.iterdir())  # the killed server's store, with rows on disk
+        os.kill(killed, signal.SIGKILL)
+        launch_output(proc, r"restart 1 of 1 in [\d.]+ s: server0 \(pid \d+\) was killed by SIGKILL.*resuming from "
+                            r"\S+/step-\d+", lines, pids, deadline)
+        out = finish(proc, lines)
+    assert proc.returncode == 0, output_excerpt(lines)
+    assert not marker.exists()
+    assert re.search(rf"removing the disk tier store {re.escape(str(stores[0]))} of process {killed}, which is gone",
+                     out), output_excerpt(lines)
+    assert list(tier_dir.iterdir()) == [], list(tier_dir.iterdir())
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert len(metrics["restarts"]) == 1
+    rows = assert_exact_counts(overrides, run / "checkpoint")
+    tier = metrics["disk_tier"]["embedding_d1"]
+    assert tier["rows_memory"] <= 200 and tier["rows_memory"] + tier["rows_disk"] == rows > 1000
 
 
 @pytest.mark.e2e

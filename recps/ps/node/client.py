@@ -51,6 +51,7 @@ from recps.errors import ConfigError, PSError, PSTimeoutError
 from recps.ps.node.coordinator import CoordinatorClient
 from recps.ps.node.specs import DEFAULT_MODE, DenseLayout, check_table_name, dense_spec, parse_spec, sparse_spec, spec_json
 from recps.ps.table import SAVE_MODES, as_keys, partition, unique_keys
+from recps.ps.table.tier import merge_tier_stats
 from recps.ps.transport import Handle, Reply, TransportClient
 
 __all__ = ["PSClient", "PSHandle", "unique_inverse"]
@@ -488,14 +489,21 @@ class PSClient:
         return sum(int(r.meta["deleted"]) for r in self._wait_all(self._request_all("shrink", "", meta), timeout))
 
     def stats(self, timeout: float | None = None) -> dict:
-        """{"tables": {name: {"kind", "rows", "memory_bytes"}} summed over servers, "servers": [per server]}."""
+        """{"tables": {name: {"kind", "rows", "memory_bytes"}} summed over servers, "servers": [per server]}.
+        A table with a disk tier also has "tier": its shards' tier statistics merged
+        (recps.ps.table.tier.merge_tier_stats: rows per tier, hits, hit rate, promotions, evictions, bytes)."""
         per = [json.loads(str(r.meta["stats"])) for r in self._wait_all(self._request_all("stats", once=False), timeout)]
         tables: dict[str, dict] = {}
+        tiers: dict[str, list[dict]] = {}
         for s in per:
             for name, st in s["tables"].items():
                 t = tables.setdefault(name, {"kind": st["kind"], "rows": 0, "memory_bytes": 0})
                 t["rows"] += st["rows"]
                 t["memory_bytes"] += st["memory_bytes"]
+                if "tier" in st:
+                    tiers.setdefault(name, []).append(st["tier"])
+        for name, shards in tiers.items():
+            tables[name]["tier"] = merge_tier_stats(shards)
         return {"tables": tables, "servers": per}
 
     def stop_servers(self, timeout: float | None = None) -> None:

@@ -78,7 +78,7 @@ from recps.ps.table.hashing import PARTITION_SCHEME, Initializer, partition
 from recps.ps.table.key_index import KeyIndex
 from recps.ps.table.keys import as_keys, unique_keys
 from recps.ps.table.optimizers import SGDRule, UpdateRule
-from recps.ps.table.tier import ColdStore
+from recps.ps.table.tier import HOLD_EVICTION_ENV, ColdStore, hold_eviction
 
 __all__ = ["SparseTable", "SAVE_MODES"]
 
@@ -263,6 +263,7 @@ class SparseTable:
             self._cold = ColdStore(self.dim + self._state_width + len(self.meta_columns), name, tier_dir)
             self._clock = 1  # recency: a row's tick is the clock of the last request that touched it
             self._tier_counts = dict.fromkeys(("memory_hits", "disk_hits", "promotions", "evictions"), 0)
+            self._hold = os.environ.get(HOLD_EVICTION_ENV) or None  # a test hook (recps.ps.table.tier)
             capacity = min(int(capacity), memory_budget)  # memory never holds the whole table
         self._reset(int(capacity))
 
@@ -489,6 +490,8 @@ class SparseTable:
             priority += 0.5 * torch.sigmoid(score.to(torch.float64))  # < 1: breaks ties within a tick only
         victims = live[torch.topk(priority, n, largest=False, sorted=False).indices]  # (n,)
         self._cold.put(self._keys[victims], self._payload(victims))
+        if self._hold is not None:
+            hold_eviction(self._hold, self.name, n)  # both tiers hold the victims here
         self._drop(victims)
         self._tier_counts["evictions"] += n
 

@@ -11,12 +11,15 @@ and a bad budget fails with one line naming the value and the fix.
 
 from __future__ import annotations
 
+import json
+import re
 import os
+from pathlib import Path
 
 import pytest
 import torch
 
-from recps.errors import ConfigError
+from recps.errors import ConfigError, PSError
 from recps.ps.modes import server_halves
 from recps.ps.node import PSClient, PSServer, TableConfig
 from recps.ps.table import CountFilterEntry, CtrAccessor, RowWiseAdagradRule, SparseTable
@@ -229,3 +232,162 @@ def test_recps_train_checks_the_budget_before_anything_starts():
         validate_config(compose_config(bad), bad)
     good = ["model=deepfm", "ps=async", "ps.table.memory_budget=4GiB"]
     validate_config(compose_config(good), good)
+
+
+# ------------------------------------------------------------------------------ observable
+
+
+def test_a_jobs_metrics_and_closing_lines_report_its_disk_tiers(tmp_path, in_process_cluster):
+    """A PS job whose table is over its budget (the counting model's thousands of rows, a 200-row budget):
+    metrics.json's "disk_tier" holds the table's tiers after training, merged over the servers (rows
+    per tier adding up to the checkpoint's rows, lookups, hit rate, promotions, evictions, bytes),
+    and the run's closing output has a line for it; an all-RAM job has neither."""
+    from recps.config import compose_config
+    from recps.job.checkpoint import read_ps_checkpoint
+    from recps.train import summary_lines
+    from tests.helpers.counting import COUNTING_TASK
+
+    base = ["model=lr", f"task._target_={COUNTING_TASK}", "ps=async", "ps.table.init_std=0", "metrics=off",
+            "progress=false", "trainer.threads=1", "cluster.workers=1", "trainer.batch_size=16",
+            f"dataset.dir={tmp_path / 'data'}", "dataset.generate.train_rows=1600", "dataset.generate.test_rows=200",
+            "dataset.generate.vocab=500"]
+    tiered = compose_config([*base, "ps.table.memory_budget=200"])
+    metrics = in_process_cluster(tiered, tmp_path / "tiered", token="tiers")
+    on_disk = json.loads((tmp_path / "tiered" / "metrics.json").read_text())["disk_tier"]
+    assert on_disk == metrics["disk_tier"] and list(on_disk) == ["embedding_d1"]
+    tier = on_disk["embedding_d1"]
+    rows = len(read_ps_checkpoint(str(tmp_path / "tiered" / "checkpoint"), tables=["embedding_d1"])["embedding_d1"])
+    assert tier["servers"] == 1 and tier["memory_budget"] == 200
+    assert 0 < tier["rows_memory"] <= 200 and tier["rows_memory"] + tier["rows_disk"] == rows > 1000
+    assert tier["promotions"] > 0 and tier["evictions"] >= tier["rows_disk"] and tier["disk_bytes"] >= 0
+    assert tier["hit_rate"] == tier["memory_hits"] / (tier["memory_hits"] + tier["disk_hits"]) and 0 < tier["hit_rate"] < 1
+    lines = summary_lines(tiered, metrics)
+    assert lines[-1] == (f"disk tier of table embedding_d1: {tier['rows_memory']} rows in memory (budget 200), "
+                         f"{tier['rows_disk']} on disk ({tier['disk_bytes'] / 2**20:.1f} MiB), hit rate "
+                         f"{tier['hit_rate']:.3f}, {tier['promotions']} promotions, {tier['evictions']} evictions")
+    ram = in_process_cluster(compose_config(base), tmp_path / "ram", token="tiers")
+    assert "disk_tier" not in ram and not any(line.startswith("disk tier") for line in summary_lines(tiered, ram))
+
+
+def test_the_funnels_closing_lines_name_their_disk_tiers():
+    """A funnel's (recps.pipeline.runner) and a streaming funnel's (recps.pipeline.incremental) closing
+    output ends with a line per table with a disk tier, merged over the servers."""
+    from recps.pipeline.incremental import summary_lines as stream_lines
+    from recps.pipeline.runner import summary_lines
+
+    tier = {"rows_memory": 9, "rows_disk": 91, "memory_budget": 10, "hit_rate": 0.5, "promotions": 3, "evictions": 94,
+            "disk_bytes": 0, "servers": 2}
+    line = ("disk tier of table fine_emb: 9 rows in memory (budget 10 over 2 servers), 91 on disk (0.0 MiB), hit rate "
+            "0.500, 3 promotions, 94 evictions")
+    funnel = {"stage_order": [], "stages": {}, "stages_trained": {}, "funnel": {"ndcg@10": 0.1617}, "requests": 500,
+              "baselines": {}}
+    assert summary_lines({**funnel, "disk_tier": {"fine_emb": tier}})[-1] == line
+    assert not any(x.startswith("disk tier") for x in summary_lines(funnel))
+    assert stream_lines({"disk_tier": {"fine_emb": tier}}) == [line]
+
+
+def test_a_new_store_removes_the_stores_of_processes_that_are_gone(tmp_path):
+    """A kill -9 leaves a store behind (no clean-up runs): the next store created in the same folder removes
+    those whose owner (host, pid) is this host's and gone; a live process's, another host's and a folder
+    without an owner file stay."""
+    import socket
+
+    from recps.ps.table.tier import ColdStore
+
+    def store(name: str, owner: str | None):
+        folder = tmp_path / f"recps-tier-emb-{name}"
+        (folder / "db").mkdir(parents=True)
+        if owner is not None:
+            (folder / "owner").write_text(owner + "\n")
+        return folder
+
+    host = socket.gethostname()
+    gone = store("gone", f"{host} {2**22 + 1}")  # above Linux's PID_MAX_LIMIT: never a live process
+    alive = store("alive", f"{host} {os.getppid()}")
+    elsewhere = store("elsewhere", f"another-{host} {2**22 + 1}")
+    unowned = store("unowned", None)
+    new = ColdStore(4, "emb", str(tmp_path))
+    try:
+        assert not gone.exists() and alive.exists() and elsewhere.exists() and unowned.exists()
+        assert (Path(new.path) / "owner").read_text() == f"{host} {os.getpid()}\n"
+    finally:
+        new.close()
+    assert not Path(new.path).exists()
+
+
+# ------------------------------------------------------------------------------ failures of the store
+
+
+def _flushed(table: SparseTable) -> None:
+    """RocksDB writes its files when a memtable flushes (64 MiB of rows, or this call): now."""
+    table._cold._db.flush()
+
+
+def test_a_full_disk_fails_naming_the_store_and_keeps_every_row(tmp_path):
+    """The store's files may not grow (RLIMIT_FSIZE: the write fails as on a full disk, EFBIG for ENOSPC): the
+    flush fails, then every eviction's write, each with one line naming the store's folder, what was kept (the
+    rows are still in memory) and the fix. Nothing is lost: a checkpoint written then holds the all-RAM rows."""
+    import resource
+    import signal
+
+    kw = dict(dim=DIM, optimizer=RowWiseAdagradRule(lr=0.05), accessor=CtrAccessor(**ACCESSOR), name="emb")
+    tiered, ram = SparseTable(memory_budget=BUDGET, tier_dir=str(tmp_path), **kw), SparseTable(**kw)
+    try:
+        for t in (tiered, ram):
+            t.pull(torch.arange(5_000))
+        path = tiered.tier_stats()["disk_path"]
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, hard))
+        try:
+            with pytest.raises(Exception, match="File too large"):
+                _flushed(tiered)
+            for _ in range(2):  # the store refuses every later write too
+                with pytest.raises(PSError, match=(
+                        rf"^table emb: disk tier write failed at {re.escape(path)} \(IO error: .*File too large\); the "
+                        r"rows are still in memory; free disk space there or set \$RECPS_TIER_DIR to another folder, then "
+                        r"resume the job from its last checkpoint$")):
+                    tiered.pull(torch.arange(5_000, 6_000))
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+            signal.signal(signal.SIGXFSZ, handler)
+        ram.pull(torch.arange(5_000, 6_000))
+        assert tiered.tier_stats()["rows_memory"] > BUDGET  # over the budget: what could not go to disk
+        tiered.save(str(tmp_path / "kept"), mode="full")  # reads the store only
+        loaded = SparseTable(**kw)
+        loaded.load(str(tmp_path / "kept"))
+        assert assert_same_rows(loaded, ram).numel() == 6_000
+    finally:
+        tiered.close()
+    assert not os.path.exists(path)  # closed and removed, although RocksDB's close repeats the error
+
+
+def test_an_unreadable_store_fails_naming_it_and_moves_no_row(tmp_path):
+    """The store's file is corrupt: a pull that needs a row on disk, and a save (whose scan RocksDB ends early
+    without an error), fail with one line naming the folder, what was kept and the fix; no row moved."""
+    kw = dict(dim=DIM, optimizer=RowWiseAdagradRule(lr=0.05), name="emb")
+    tiered = SparseTable(memory_budget=BUDGET, tier_dir=str(tmp_path), **kw)
+    try:
+        tiered.pull(torch.arange(20_000))
+        _flushed(tiered)
+        before = tiered.tier_stats()
+        path = before["disk_path"]
+        (sst,) = Path(path, "db").glob("*.sst")
+        with open(sst, "r+b") as f:  # the data blocks' middle: checksums fail
+            size = sst.stat().st_size
+            f.seek(size // 4)
+            f.write(b"\xff" * (size // 2))
+        fix = (r"the store cannot be read \(RocksDB's LOG in that folder says why\); resume the job from its last "
+               r"checkpoint \(a restart makes a new store\)$")
+        with pytest.raises(PSError, match=rf"^table emb: disk tier read failed at {re.escape(path)} \(Corruption: .*\); "
+                                          rf"the table is unchanged; {fix}"):
+            tiered.pull(torch.arange(0, 20_000, 7))
+        with pytest.raises(PSError, match=rf"^table emb: disk tier read failed at {re.escape(path)} \((Corruption: .*|"
+                                          rf"the scan ended after \d+ of its {before['rows_disk']} rows)\); \d* ?(of its "
+                                          rf"\d+ rows were read; )?the save, shrink or keys\(\) that scanned them stopped "
+                                          rf"there; {fix}"):
+            tiered.save(str(tmp_path / "ckpt"), mode="full")
+        after = tiered.tier_stats()
+        assert (after["rows_memory"], after["rows_disk"]) == (before["rows_memory"], before["rows_disk"])
+    finally:
+        tiered.close()

@@ -619,13 +619,18 @@ class FunnelLoop(PassLoop):
                 trained[s.name]["validation"] = {"requests": int(period.fit.test_users.numel()),
                                                  "clicks": int(period.labels[0].items.numel()),
                                                  "rows": len(examples), "model": self.model_pass}
-            blob = self.trainers[s.name].export(view)
-            trained[s.name]["export_sha256"] = hashlib.sha256(blob).hexdigest()
-            if self.role.index == 0:
-                rfs.write_atomic(rfs.join(folder, f"{s.name}.pt"), blob, overwrite=True)
-                rfs.write_atomic(rfs.join(self.export_root, f"{s.name}.pt"), blob, overwrite=True)
-            out[s.name] = load_stage(s, blob)
+            out[s.name] = self._export(s, view, folder, trained[s.name])
         return out
+
+    def _export(self, s: StageSpec, view: FunnelData, folder: str, record: dict[str, Any]):
+        """Stage `s` exported from what the servers hold (its sha256 into `record`), written by worker 0 into the
+        pass's folder and as the latest export; returns it loaded (a StageModel)."""
+        blob = self.trainers[s.name].export(view)
+        record["export_sha256"] = hashlib.sha256(blob).hexdigest()
+        if self.role.index == 0:
+            rfs.write_atomic(rfs.join(folder, f"{s.name}.pt"), blob, overwrite=True)
+            rfs.write_atomic(rfs.join(self.export_root, f"{s.name}.pt"), blob, overwrite=True)
+        return load_stage(s, blob)
 
     def _train(self, source: _PassData) -> _PassStats:
         current = source.impressions
@@ -655,12 +660,7 @@ class FunnelLoop(PassLoop):
             prepare_s = time.perf_counter() - t
             trained[s.name] = self.trainers[s.name].fit(examples, seed + s.index + 1000 * self.passes_done, pass_name)
             trained[s.name]["prepare_seconds"] = round(prepare_s, 3)
-            blob = self.trainers[s.name].export(view)
-            trained[s.name]["export_sha256"] = hashlib.sha256(blob).hexdigest()
-            if self.role.index == 0:
-                rfs.write_atomic(rfs.join(folder, f"{s.name}.pt"), blob, overwrite=True)
-                rfs.write_atomic(rfs.join(self.export_root, f"{s.name}.pt"), blob, overwrite=True)
-            stages[s.name] = load_stage(s, blob)
+            stages[s.name] = self._export(s, view, folder, trained[s.name])
             if s.is_retrieval:
                 vectors = stages[s.name].vectors(view, items=torch.arange(view.num_items))  # (I, E)
                 index = build_index(vectors, self.work.index)

@@ -31,6 +31,8 @@ import struct
 import threading
 import time
 
+from tests.helpers.proxy import TcpProxy, shut
+
 __all__ = ["OnPathProxy", "MESSAGE", "ONPATH_ENV"]
 
 MESSAGE = b"\x07MESSAGE"
@@ -66,22 +68,18 @@ def forged(frame: bytes, body: int) -> bytes:
     return bytes(out)
 
 
-class OnPathProxy:
+class OnPathProxy(TcpProxy):
     """See the module docstring. `after`: MESSAGE frames forwarded on a connection before its injection."""
 
     def __init__(self, target: tuple[str, int], plan: list[str], after: int = 20) -> None:
         if any(p not in ("replay", "forge") for p in plan):
             raise ValueError(f"plan={plan}; each injection is 'replay' or 'forge'")
-        self.target, self.plan, self.after = target, list(plan), int(after)
+        super().__init__(target)
+        self.plan, self.after = list(plan), int(after)
         self.events: list[str] = []
         self._cond = threading.Condition()
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.address = self._listener.getsockname()
-        self.endpoint = f"tcp://127.0.0.1:{self.address[1]}"
-        self._sockets: list[socket.socket] = []
-        self._connections = 0
         self._next = 0  # the next injection of the plan
-        threading.Thread(target=self._accept, name="onpath-accept", daemon=True).start()
+        self.start()
 
     def _event(self, text: str) -> None:
         with self._cond:
@@ -101,23 +99,10 @@ class OnPathProxy:
                     raise AssertionError(f"no event {pattern!r} within {timeout} s; events: {self.events}")
                 self._cond.wait(left)
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            try:
-                server = socket.create_connection(self.target)
-            except OSError:
-                client.close()
-                continue
-            n = self._connections
-            self._connections += 1
-            self._sockets += [client, server]
-            self._event(f"connect {n}")
-            threading.Thread(target=self._upstream, args=(n, client, server), daemon=True).start()
-            threading.Thread(target=self._downstream, args=(n, server, client), daemon=True).start()
+    def connected(self, n: int, client: socket.socket, server: socket.socket) -> None:
+        self._event(f"connect {n}")
+        threading.Thread(target=self._upstream, args=(n, client, server), daemon=True).start()
+        threading.Thread(target=self._downstream, args=(n, server, client), daemon=True).start()
 
     def _take(self) -> str | None:
         """The next injection of the plan, or None when it is used up."""
@@ -159,7 +144,7 @@ class OnPathProxy:
             pass
         finally:
             self._event(f"closed {n} by client")
-            _shut(dst)
+            shut(dst)
 
     def _downstream(self, n: int, src: socket.socket, dst: socket.socket) -> None:
         try:
@@ -169,23 +154,7 @@ class OnPathProxy:
             pass
         finally:
             self._event(f"closed {n} by server")
-            _shut(dst)
-
-    def close(self) -> None:
-        self._listener.close()
-        for s in self._sockets:
-            try:
-                s.close()
-            except OSError:
-                pass
-
-
-def _shut(sock: socket.socket) -> None:
-    try:
-        sock.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass
-
+            shut(dst)
 
 def _reroute_transport_clients(routes: str) -> None:
     """Every TransportClient of this process connects through the proxy given for its endpoint."""

@@ -40,6 +40,7 @@ from recps.errors import ConfigError, PSError, PSTimeoutError
 from recps.ps.modes import server_halves
 from recps.ps.node import PSClient, PSServer
 from recps.ps.transport import MAX_FRAME_BYTES, Status, TransportClient, TransportServer, curve_keys, security, wire
+from tests.helpers.proxy import TcpProxy, shut
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -50,31 +51,21 @@ ROOT = Path(__file__).resolve().parents[2]
 # ---------------------------------------------------------------------------------------------- helpers
 
 
-class Proxy:
+class Proxy(TcpProxy):
     """A raw TCP proxy in front of `port`: records what clients send (per connection) and, while
     `tamper` is set, flips the last bit of every chunk the server sends back."""
 
     def __init__(self, port: int) -> None:
-        self.target = ("127.0.0.1", port)
+        super().__init__(("127.0.0.1", port))
         self.tamper = False
         self.captured: list[bytearray] = []  # client -> server bytes, one per connection
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.endpoint = f"tcp://127.0.0.1:{self._listener.getsockname()[1]}"
-        self._sockets: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
+        self.start()
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(self.target)
-            self._sockets += [client, server]
-            record = bytearray()
-            self.captured.append(record)
-            threading.Thread(target=self._pipe, args=(client, server, record, False), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(server, client, None, True), daemon=True).start()
+    def connected(self, n: int, client: socket.socket, server: socket.socket) -> None:
+        record = bytearray()
+        self.captured.append(record)
+        threading.Thread(target=self._pipe, args=(client, server, record, False), daemon=True).start()
+        threading.Thread(target=self._pipe, args=(server, client, None, True), daemon=True).start()
 
     def _pipe(self, src: socket.socket, dst: socket.socket, record, from_server: bool) -> None:
         try:
@@ -87,15 +78,7 @@ class Proxy:
         except OSError:
             pass
         finally:
-            try:
-                dst.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass
-
-    def close(self) -> None:
-        self._listener.close()
-        for s in self._sockets:
-            s.close()
+            shut(dst)
 
 
 def _port(endpoint: str) -> int:

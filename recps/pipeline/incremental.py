@@ -619,10 +619,10 @@ class FunnelLoop(PassLoop):
                 trained[s.name]["validation"] = {"requests": int(period.fit.test_users.numel()),
                                                  "clicks": int(period.labels[0].items.numel()),
                                                  "rows": len(examples), "model": self.model_pass}
-            out[s.name] = self._export(s, view, folder, trained[s.name])
+            out[s.name] = self._export_stage(s, view, folder, trained[s.name])
         return out
 
-    def _export(self, s: StageSpec, view: FunnelData, folder: str, record: dict[str, Any]):
+    def _export_stage(self, s: StageSpec, view: FunnelData, folder: str, record: dict[str, Any]):
         """Stage `s` exported from what the servers hold (its sha256 into `record`), written by worker 0 into the
         pass's folder and as the latest export; returns it loaded (a StageModel)."""
         blob = self.trainers[s.name].export(view)
@@ -660,7 +660,7 @@ class FunnelLoop(PassLoop):
             prepare_s = time.perf_counter() - t
             trained[s.name] = self.trainers[s.name].fit(examples, seed + s.index + 1000 * self.passes_done, pass_name)
             trained[s.name]["prepare_seconds"] = round(prepare_s, 3)
-            stages[s.name] = self._export(s, view, folder, trained[s.name])
+            stages[s.name] = self._export_stage(s, view, folder, trained[s.name])
             if s.is_retrieval:
                 vectors = stages[s.name].vectors(view, items=torch.arange(view.num_items))  # (I, E)
                 index = build_index(vectors, self.work.index)
